@@ -1,0 +1,1 @@
+"""Dramatiq actors: one module per pipeline stage (scan, extract, write, pointer)."""

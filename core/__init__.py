@@ -1,0 +1,1 @@
+"""Configuration, errors, database access, migrations and the command line."""

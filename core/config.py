@@ -1,0 +1,185 @@
+"""Settings from the environment: the only module that reads ``os.environ``.
+
+Every process (web, worker, scheduler, the CLI) builds one frozen :class:`Settings` at start-up
+and passes values on explicitly. A missing or malformed variable is a :class:`ConfigError`
+naming the variable, raised before any work starts.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass, fields
+from typing import Any
+
+from core.errors import ConfigError
+
+#: Variables read by :meth:`Settings.from_env`, with their defaults (``None``: no default).
+#: ``.env.example`` and the README list the same variables; a unit test keeps them in step.
+DEFAULTS: dict[str, str | None] = {
+    "DATABASE_URL": None,
+    "REDIS_URL": "redis://127.0.0.1:6379/0",
+    "MEMORY_SERVICE_URL": "http://127.0.0.1:8000",
+    "MEMORY_SERVICE_TOKEN": None,
+    "LLM_PROVIDER": None,  # "rules" when LLM_BASE_URL is unset, else "openai"
+    "LLM_BASE_URL": None,
+    "LLM_API_KEY": None,
+    "LLM_MODEL": "gpt-4o-mini",
+    "LLM_TIMEOUT_SECONDS": "60",
+    "PORT": "8000",
+    "EXTRACTION_LEASE_SECONDS": "300",
+    "EXTRACTION_CLAIM_SECONDS": "120",
+    "EXTRACTION_CONTEXT_TURNS": "3",
+    "RETRY_MIN_BACKOFF_MS": "1000",
+    "RETRY_MAX_BACKOFF_MS": "300000",
+    "MAX_RETRIES": "20",
+    "SCAN_BATCH_SIZE": "500",
+    "SCAN_MAX_TURNS_PER_AGENT": "1000",
+    "SCAN_INTERVAL_SECONDS": "60",
+    "WORKER_PROCESSES": "2",
+    "WORKER_THREADS": "8",
+    "IDEMPOTENCY_TTL_SECONDS": "86400",
+    "IDEMPOTENCY_LEASE_SECONDS": "30",
+    "MEMORY_MAX_BODY_BYTES": "65536",
+    "HTTP_TIMEOUT_SECONDS": "30",
+    "METRICS_PORT": "9191",
+}
+
+LLM_PROVIDERS = ("openai", "rules")
+
+
+def _int(env: Mapping[str, str], name: str, minimum: int = 0) -> int:
+    raw = env.get(name) or DEFAULTS[name]
+    assert raw is not None
+    try:
+        value = int(raw)
+    except ValueError:
+        raise ConfigError(f"{name} must be a whole number, got {raw!r}", variable=name) from None
+    if value < minimum:
+        raise ConfigError(f"{name} must be at least {minimum}, got {value}", variable=name)
+    return value
+
+
+def _str(env: Mapping[str, str], name: str) -> str | None:
+    value = env.get(name)
+    if value is None or value.strip() == "":
+        return DEFAULTS[name]
+    return value.strip()
+
+
+@dataclass(frozen=True)
+class Settings:
+    """Configuration of one process. Build it with :meth:`from_env`."""
+
+    database_url: str | None
+    redis_url: str
+    memory_service_url: str
+    memory_service_token: str | None
+    llm_provider: str
+    llm_base_url: str | None
+    llm_api_key: str | None
+    llm_model: str
+    llm_timeout_seconds: int
+    port: int
+    extraction_lease_seconds: int
+    extraction_claim_seconds: int
+    extraction_context_turns: int
+    retry_min_backoff_ms: int
+    retry_max_backoff_ms: int
+    max_retries: int
+    scan_batch_size: int
+    scan_max_turns_per_agent: int
+    scan_interval_seconds: int
+    worker_processes: int
+    worker_threads: int
+    idempotency_ttl_seconds: int
+    idempotency_lease_seconds: int
+    memory_max_body_bytes: int
+    http_timeout_seconds: int
+    metrics_port: int
+
+    @classmethod
+    def from_env(cls, env: Mapping[str, str] | None = None) -> Settings:
+        env = os.environ if env is None else env
+        base_url = _str(env, "LLM_BASE_URL")
+        provider = (_str(env, "LLM_PROVIDER") or ("openai" if base_url else "rules")).lower()
+        if provider not in LLM_PROVIDERS:
+            raise ConfigError(
+                f"LLM_PROVIDER must be one of {', '.join(LLM_PROVIDERS)}, got {provider!r}",
+                variable="LLM_PROVIDER",
+            )
+        if provider == "openai" and not base_url:
+            raise ConfigError("LLM_PROVIDER=openai needs LLM_BASE_URL", variable="LLM_BASE_URL")
+        database_url = _str(env, "DATABASE_URL")
+        if database_url is not None and not database_url.startswith(("postgres://", "postgresql://")):
+            raise ConfigError(
+                "DATABASE_URL must be a postgresql:// URL", variable="DATABASE_URL"
+            )
+        redis_url = _str(env, "REDIS_URL")
+        assert redis_url is not None
+        if not redis_url.startswith(("redis://", "rediss://", "unix://")):
+            raise ConfigError("REDIS_URL must be a redis:// URL", variable="REDIS_URL")
+        settings = cls(
+            database_url=database_url,
+            redis_url=redis_url,
+            memory_service_url=(_str(env, "MEMORY_SERVICE_URL") or "").rstrip("/"),
+            memory_service_token=_str(env, "MEMORY_SERVICE_TOKEN"),
+            llm_provider=provider,
+            llm_base_url=base_url.rstrip("/") if base_url else None,
+            llm_api_key=_str(env, "LLM_API_KEY"),
+            llm_model=_str(env, "LLM_MODEL") or "gpt-4o-mini",
+            llm_timeout_seconds=_int(env, "LLM_TIMEOUT_SECONDS", 1),
+            port=_int(env, "PORT", 1),
+            extraction_lease_seconds=_int(env, "EXTRACTION_LEASE_SECONDS", 1),
+            extraction_claim_seconds=_int(env, "EXTRACTION_CLAIM_SECONDS", 1),
+            extraction_context_turns=_int(env, "EXTRACTION_CONTEXT_TURNS", 0),
+            retry_min_backoff_ms=_int(env, "RETRY_MIN_BACKOFF_MS", 1),
+            retry_max_backoff_ms=_int(env, "RETRY_MAX_BACKOFF_MS", 1),
+            max_retries=_int(env, "MAX_RETRIES", 0),
+            scan_batch_size=_int(env, "SCAN_BATCH_SIZE", 1),
+            scan_max_turns_per_agent=_int(env, "SCAN_MAX_TURNS_PER_AGENT", 1),
+            scan_interval_seconds=_int(env, "SCAN_INTERVAL_SECONDS", 1),
+            worker_processes=_int(env, "WORKER_PROCESSES", 1),
+            worker_threads=_int(env, "WORKER_THREADS", 1),
+            idempotency_ttl_seconds=_int(env, "IDEMPOTENCY_TTL_SECONDS", 1),
+            idempotency_lease_seconds=_int(env, "IDEMPOTENCY_LEASE_SECONDS", 1),
+            memory_max_body_bytes=_int(env, "MEMORY_MAX_BODY_BYTES", 1024),
+            http_timeout_seconds=_int(env, "HTTP_TIMEOUT_SECONDS", 1),
+            metrics_port=_int(env, "METRICS_PORT", 1),
+        )
+        if settings.retry_max_backoff_ms < settings.retry_min_backoff_ms:
+            raise ConfigError(
+                "RETRY_MAX_BACKOFF_MS must not be below RETRY_MIN_BACKOFF_MS",
+                variable="RETRY_MAX_BACKOFF_MS",
+            )
+        return settings
+
+    def require_database_url(self) -> str:
+        """The database URL, or a ConfigError: extraction without the session store is refused."""
+        if not self.database_url:
+            raise ConfigError(
+                "DATABASE_URL is not set: the session store is required", variable="DATABASE_URL"
+            )
+        return self.database_url
+
+    def redacted(self) -> dict[str, Any]:
+        """Settings safe to log: secrets and URL passwords masked."""
+        out: dict[str, Any] = {}
+        for f in fields(self):
+            value = getattr(self, f.name)
+            if f.name in ("memory_service_token", "llm_api_key") and value:
+                value = "***"
+            elif f.name.endswith("_url") and isinstance(value, str):
+                value = redact_url(value)
+            out[f.name] = value
+        return out
+
+
+def redact_url(url: str) -> str:
+    """``scheme://user:secret@host`` → ``scheme://user:***@host``."""
+    scheme, sep, rest = url.partition("://")
+    if not sep or "@" not in rest:
+        return url
+    creds, _, host = rest.rpartition("@")
+    user, colon, _ = creds.partition(":")
+    return f"{scheme}://{user}{':***' if colon else ''}@{host}"

@@ -1,0 +1,99 @@
+"""Database handles, tenant transactions and the one place peewee errors are translated.
+
+Row-level security is switched on per transaction: :func:`tenant` runs ``SET LOCAL ROLE
+ibex_app`` and sets ``ibex.org_id`` for that transaction only, so a tenant query sees its own
+org and nothing else, even when ``DATABASE_URL`` names a superuser. The only cross-org read,
+the extraction scan, runs under :func:`scan_scope` as ``ibex_scan``, which may read the identity
+columns of sessions and nothing more.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import uuid
+from collections.abc import Iterator
+from urllib.parse import unquote, urlparse
+
+import peewee
+from playhouse.postgres_ext import PostgresqlExtDatabase
+
+from core.errors import ConfigError, DatabaseUnavailableError
+
+APP_ROLE = "ibex_app"
+SCAN_ROLE = "ibex_scan"
+
+
+def connect_params(url: str) -> dict[str, object]:
+    """psycopg2 keyword arguments for a ``postgresql://`` URL."""
+    parsed = urlparse(url)
+    if parsed.scheme not in ("postgres", "postgresql"):
+        raise ConfigError("DATABASE_URL must be a postgresql:// URL", variable="DATABASE_URL")
+    params: dict[str, object] = {
+        "database": unquote(parsed.path.lstrip("/")) or "postgres",
+        "host": parsed.hostname or "127.0.0.1",
+        "port": parsed.port or 5432,
+    }
+    if parsed.username:
+        params["user"] = unquote(parsed.username)
+    if parsed.password:
+        params["password"] = unquote(parsed.password)
+    for part in filter(None, parsed.query.split("&")):
+        key, _, value = part.partition("=")
+        params[key] = unquote(value)
+    return params
+
+
+def make_database(url: str | None, **options: object) -> PostgresqlExtDatabase:
+    """An unconnected peewee database for ``url``; connects on first use, one per thread."""
+    if not url:
+        raise ConfigError(
+            "DATABASE_URL is not set: the session store is required", variable="DATABASE_URL"
+        )
+    params = connect_params(url)
+    params.setdefault("application_name", "ibex")
+    params.setdefault("connect_timeout", 5)
+    params.update(options)
+    name = params.pop("database")
+    return PostgresqlExtDatabase(name, autorollback=True, register_hstore=False, **params)
+
+
+def _as_uuid(value: uuid.UUID | str) -> str:
+    return str(value if isinstance(value, uuid.UUID) else uuid.UUID(str(value)))
+
+
+@contextlib.contextmanager
+def tenant(db: peewee.Database, org_id: uuid.UUID | str) -> Iterator[None]:
+    """One transaction as the tenant role with ``org_id`` set: row-level security applies."""
+    org = _as_uuid(org_id)
+    with db_errors(), db.atomic():
+        db.execute_sql(f"SET LOCAL ROLE {APP_ROLE}")
+        db.execute_sql("SELECT set_config('ibex.org_id', %s, true)", (org,))
+        yield
+
+
+@contextlib.contextmanager
+def scan_scope(db: peewee.Database) -> Iterator[None]:
+    """One transaction as the scan role: session identities across orgs, nothing else."""
+    with db_errors(), db.atomic():
+        db.execute_sql(f"SET LOCAL ROLE {SCAN_ROLE}")
+        yield
+
+
+@contextlib.contextmanager
+def db_errors() -> Iterator[None]:
+    """Translate connection-level peewee errors into :class:`DatabaseUnavailableError`."""
+    try:
+        yield
+    except (peewee.OperationalError, peewee.InterfaceError) as exc:
+        raise DatabaseUnavailableError(f"database unavailable: {exc}".strip()) from exc
+
+
+def is_unique_violation(exc: BaseException, constraint: str | None = None) -> bool:
+    """Whether ``exc`` is a unique violation (optionally of the named constraint or index)."""
+    orig = getattr(exc, "orig", None) or exc.__cause__ or exc
+    if getattr(orig, "pgcode", None) != "23505":
+        return False
+    if constraint is None:
+        return True
+    diag = getattr(orig, "diag", None)
+    return getattr(diag, "constraint_name", None) == constraint

@@ -1,0 +1,99 @@
+"""Error classes, sorted by what the queue (or the caller) should do with them.
+
+Third-party exceptions are translated into these at exactly one boundary each (httpx in the
+clients, peewee in the stores, marshmallow in :func:`schema.load`), always ``raise ... from``.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+
+class IbexError(Exception):
+    """Base of every error this project raises on purpose."""
+
+
+class ConfigError(IbexError):
+    """Missing or invalid environment, found at start-up."""
+
+    def __init__(self, message: str, *, variable: str | None = None) -> None:
+        super().__init__(message)
+        self.variable = variable
+
+
+class PipelineError(IbexError):
+    """An error a pipeline stage can raise."""
+
+
+class PermanentError(PipelineError):
+    """Retrying cannot help: the message goes straight to the dead-letter queue."""
+
+
+class InvalidMessageError(PermanentError):
+    """A message or input failed validation; ``messages`` holds the errors field by field."""
+
+    def __init__(self, message: str, messages: Any = None) -> None:
+        super().__init__(message)
+        self.messages = messages if messages is not None else {}
+
+
+class NotFoundError(PermanentError):
+    """The session, turn or record a message names does not exist (or is not visible)."""
+
+
+class MemoryRejectedError(PermanentError):
+    """The memory service refused a write with a 4xx other than the success 409s."""
+
+    def __init__(self, message: str, *, status: int, code: str | None = None) -> None:
+        super().__init__(message)
+        self.status = status
+        self.code = code
+
+
+class LLMRejectedError(PermanentError):
+    """The LLM endpoint refused the request (400/401/403/404): fix configuration, then replay."""
+
+    def __init__(self, message: str, *, status: int | None = None) -> None:
+        super().__init__(message)
+        self.status = status
+
+
+class ImmutableTurnError(PermanentError):
+    """A stored turn was offered again with different content: checkpoints never change."""
+
+
+class TransientError(PipelineError):
+    """Retried with backoff."""
+
+
+class MemoryUnavailableError(TransientError):
+    """The memory service could not take the write now (409 in progress, 429, 5xx, network)."""
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        status: int | None = None,
+        code: str | None = None,
+        retry_after: float | None = None,
+    ) -> None:
+        super().__init__(message)
+        self.status = status
+        self.code = code
+        self.retry_after = retry_after
+
+
+class LLMUnavailableError(TransientError):
+    """The LLM timed out, was rate limited, failed with 5xx, or answered unparseably."""
+
+    def __init__(self, message: str, *, status: int | None = None) -> None:
+        super().__init__(message)
+        self.status = status
+
+
+class DatabaseUnavailableError(TransientError):
+    """Postgres could not be reached or the transaction failed in a way worth retrying."""
+
+
+class TurnBusyError(TransientError):
+    """Another delivery holds a live claim on this turn; wait instead of calling the LLM."""

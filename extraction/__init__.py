@@ -1,0 +1,1 @@
+"""Extraction: LLM providers, the prompt, result parsing and the stage functions."""

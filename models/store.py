@@ -1,0 +1,434 @@
+"""SessionStore: typed access to sessions and their turns, always under row-level security.
+
+Tenant operations open a :func:`core.db.tenant` transaction for the org they name; the one
+cross-org read, :meth:`SessionStore.extraction_candidates`, runs as the scan role and returns
+identities only.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import uuid
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from playhouse.postgres_ext import PostgresqlExtDatabase
+
+from core.db import db_errors, make_database, scan_scope, tenant
+from core.errors import ConfigError, ImmutableTurnError, NotFoundError
+from models.base import bind
+from models.sessions import Checkpoint, CheckpointPayload, Session
+
+
+def canonical_json(value: Any) -> str:
+    """Sorted keys, compact separators, UTF-8 kept: one text per JSON value."""
+    return json.dumps(value, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
+
+
+def content_digest(value: Any) -> str:
+    return hashlib.sha256(canonical_json(value).encode("utf-8")).hexdigest()
+
+
+@dataclass(frozen=True)
+class TurnInput:
+    """One turn to append: what the harness recorded for one LLM call."""
+
+    messages: list[dict[str, Any]]
+    completion: dict[str, Any]
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+    latency_ms: int = 0
+    is_streaming: bool = False
+
+    @property
+    def messages_hash(self) -> str:
+        return content_digest(self.messages)
+
+    @property
+    def completion_hash(self) -> str:
+        return content_digest(self.completion)
+
+
+@dataclass(frozen=True)
+class Turn:
+    """One stored turn with its content."""
+
+    session_id: uuid.UUID
+    turn_index: int
+    messages: list[dict[str, Any]]
+    completion: dict[str, Any]
+    prompt_tokens: int
+    completion_tokens: int
+    latency_ms: int
+
+
+@dataclass(frozen=True)
+class Candidate:
+    """A session with unextracted turns: identities and progress only."""
+
+    org_id: uuid.UUID
+    agent_id: uuid.UUID
+    session_id: uuid.UUID
+    last_extracted_turn: int
+    turn_count: int
+
+
+@dataclass(frozen=True)
+class AppendResult:
+    session_id: uuid.UUID
+    created: bool
+    turns_added: int
+    turn_count: int
+
+
+CANDIDATES_SQL = """
+SELECT org_id, agent_id, id, last_extracted_turn, turn_count
+  FROM ibex_core.sessions
+ WHERE status = 'completed' AND deleted_at IS NULL AND last_extracted_turn < turn_count
+   AND (agent_id, id) > (%s::uuid, %s::uuid)
+ ORDER BY agent_id, id
+ LIMIT %s
+"""
+
+_ZERO = "00000000-0000-0000-0000-000000000000"
+
+
+class SessionStore:
+    """Sessions and turns in Postgres. Needs a database: without one it refuses to exist."""
+
+    def __init__(self, db: PostgresqlExtDatabase | None) -> None:
+        if db is None:
+            raise ConfigError(
+                "DATABASE_URL is not set: the session store is required", variable="DATABASE_URL"
+            )
+        self.db = bind(db)
+
+    @classmethod
+    def from_url(cls, url: str | None) -> SessionStore:
+        return cls(make_database(url))
+
+    # -- orgs and agents -------------------------------------------------------------------
+
+    def ensure_org(self, slug: str) -> uuid.UUID:
+        """The org with ``slug``, created when missing (an operator action, outside RLS)."""
+        with db_errors(), self.db.atomic():
+            return self._ensure_org(slug)
+
+    def _ensure_org(self, slug: str) -> uuid.UUID:
+        row = self.db.execute_sql(
+            "INSERT INTO ibex_core.orgs (slug) VALUES (%s) ON CONFLICT (slug) DO NOTHING"
+            " RETURNING id",
+            (slug,),
+        ).fetchone()
+        if row is None:
+            row = self.db.execute_sql(
+                "SELECT id FROM ibex_core.orgs WHERE slug = %s", (slug,)
+            ).fetchone()
+        return uuid.UUID(str(row[0]))
+
+    def find_org(self, slug: str) -> uuid.UUID | None:
+        with db_errors():
+            row = self.db.execute_sql(
+                "SELECT id FROM ibex_core.orgs WHERE slug = %s", (slug,)
+            ).fetchone()
+        return uuid.UUID(str(row[0])) if row else None
+
+    def ensure_agent(self, org_id: uuid.UUID, slug: str) -> uuid.UUID:
+        with tenant(self.db, org_id):
+            return self._ensure_agent(org_id, slug)
+
+    def _ensure_agent(self, org_id: uuid.UUID, slug: str) -> uuid.UUID:
+        row = self.db.execute_sql(
+            "INSERT INTO ibex_core.agents (org_id, slug) VALUES (%s, %s)"
+            " ON CONFLICT (org_id, slug) DO NOTHING RETURNING id",
+            (str(org_id), slug),
+        ).fetchone()
+        if row is None:
+            row = self.db.execute_sql(
+                "SELECT id FROM ibex_core.agents WHERE org_id = %s AND slug = %s",
+                (str(org_id), slug),
+            ).fetchone()
+        return uuid.UUID(str(row[0]))
+
+    # -- sessions --------------------------------------------------------------------------
+
+    def get_session(self, org_id: uuid.UUID, session_id: uuid.UUID) -> Session:
+        with tenant(self.db, org_id):
+            return self._get_session(session_id)
+
+    def _get_session(self, session_id: uuid.UUID, *, for_update: bool = False) -> Session:
+        query = Session.select().where(Session.id == session_id)
+        if for_update:
+            query = query.for_update()
+        session = query.first()
+        if session is None:
+            raise NotFoundError(f"session {session_id} not found")
+        return session
+
+    def find_session(
+        self, org_id: uuid.UUID, agent_id: uuid.UUID, external_id: str
+    ) -> Session | None:
+        with tenant(self.db, org_id):
+            return (
+                Session.select()
+                .where(
+                    Session.org_id == org_id,
+                    Session.agent_id == agent_id,
+                    Session.external_id == external_id,
+                )
+                .first()
+            )
+
+    def create_session(
+        self,
+        org_id: uuid.UUID,
+        agent_id: uuid.UUID,
+        external_id: str | None = None,
+        *,
+        status: str = "active",
+        model: str | None = None,
+        provider: str | None = None,
+    ) -> Session:
+        with tenant(self.db, org_id):
+            session, _ = self._upsert_session(org_id, agent_id, external_id, status, model, provider)
+            return session
+
+    def _upsert_session(
+        self,
+        org_id: uuid.UUID,
+        agent_id: uuid.UUID,
+        external_id: str | None,
+        status: str,
+        model: str | None,
+        provider: str | None,
+    ) -> tuple[Session, bool]:
+        """The session with this external id, locked, created when missing."""
+        completed = "now()" if status == "completed" else "NULL"
+        row = self.db.execute_sql(
+            "INSERT INTO ibex_core.sessions"
+            " (org_id, agent_id, external_id, status, model, provider, completed_at)"
+            f" VALUES (%s, %s, %s, %s, %s, %s, {completed})"
+            " ON CONFLICT (org_id, agent_id, external_id) WHERE external_id IS NOT NULL"
+            " DO NOTHING RETURNING id",
+            (str(org_id), str(agent_id), external_id, status, model, provider),
+        ).fetchone()
+        if row is not None:
+            return self._get_session(uuid.UUID(str(row[0])), for_update=True), True
+        session = (
+            Session.select()
+            .where(
+                Session.org_id == org_id,
+                Session.agent_id == agent_id,
+                Session.external_id == external_id,
+            )
+            .for_update()
+            .first()
+        )
+        assert session is not None
+        return session, False
+
+    def set_status(self, org_id: uuid.UUID, session_id: uuid.UUID, status: str) -> None:
+        """Move a session to ``status``; completing it stamps completed_at once."""
+        with tenant(self.db, org_id):
+            self._set_status(session_id, status)
+
+    def _set_status(self, session_id: uuid.UUID, status: str) -> None:
+        updated = self.db.execute_sql(
+            "UPDATE ibex_core.sessions SET status = %s,"
+            " completed_at = CASE WHEN %s = 'completed' THEN COALESCE(completed_at, now())"
+            "                     ELSE completed_at END"
+            " WHERE id = %s AND deleted_at IS NULL",
+            (status, status, str(session_id)),
+        ).rowcount
+        if not updated:
+            raise NotFoundError(f"session {session_id} not found")
+
+    def complete_session(self, org_id: uuid.UUID, session_id: uuid.UUID) -> None:
+        self.set_status(org_id, session_id, "completed")
+
+    def abandon_session(self, org_id: uuid.UUID, session_id: uuid.UUID) -> None:
+        self.set_status(org_id, session_id, "abandoned")
+
+    def soft_delete_session(self, org_id: uuid.UUID, session_id: uuid.UUID) -> None:
+        with tenant(self.db, org_id):
+            updated = self.db.execute_sql(
+                "UPDATE ibex_core.sessions SET deleted_at = COALESCE(deleted_at, now())"
+                " WHERE id = %s",
+                (str(session_id),),
+            ).rowcount
+        if not updated:
+            raise NotFoundError(f"session {session_id} not found")
+
+    # -- turns -----------------------------------------------------------------------------
+
+    def append_turns(
+        self, org_id: uuid.UUID, session_id: uuid.UUID, turns: Sequence[TurnInput]
+    ) -> AppendResult:
+        """Append ``turns`` as the session's next turn indexes."""
+        with tenant(self.db, org_id):
+            session = self._get_session(session_id, for_update=True)
+            added = self._insert_turns(session, turns, session.turn_count + 1)
+            return AppendResult(session.id, False, added, session.turn_count + added)
+
+    def sync_turns(self, session: Session, turns: Sequence[TurnInput]) -> int:
+        """Make the locked ``session`` hold ``turns`` (turn i+1 = turns[i]); return how many
+        were added. Stored turns must match exactly: checkpoints are immutable."""
+        stored = session.turn_count
+        if stored:
+            rows = (
+                Checkpoint.select(
+                    Checkpoint.turn_index, Checkpoint.messages_hash, Checkpoint.completion_hash
+                )
+                .where(
+                    Checkpoint.session_id == session.id,
+                    Checkpoint.turn_index <= min(stored, len(turns)),
+                )
+                .tuples()
+            )
+            for turn_index, messages_hash, completion_hash in rows:
+                incoming = turns[turn_index - 1]
+                if (incoming.messages_hash, incoming.completion_hash) != (
+                    messages_hash,
+                    completion_hash,
+                ):
+                    raise ImmutableTurnError(
+                        f"turn {turn_index} differs from the stored turn: checkpoints are"
+                        " immutable"
+                    )
+        if len(turns) <= stored:
+            return 0
+        return self._insert_turns(session, turns[stored:], stored + 1)
+
+    def _insert_turns(self, session: Session, turns: Sequence[TurnInput], first: int) -> int:
+        if not turns:
+            return 0
+        checkpoint_rows = []
+        payload_rows = []
+        for offset, turn in enumerate(turns):
+            checkpoint_id = uuid.uuid4()
+            turn_index = first + offset
+            checkpoint_rows.append(
+                {
+                    "id": checkpoint_id,
+                    "org_id": session.org_id,
+                    "session_id": session.id,
+                    "turn_index": turn_index,
+                    "messages_hash": turn.messages_hash,
+                    "completion_hash": turn.completion_hash,
+                    "prompt_tokens": turn.prompt_tokens,
+                    "completion_tokens": turn.completion_tokens,
+                    "latency_ms": turn.latency_ms,
+                    "is_streaming": turn.is_streaming,
+                    "is_complete": True,
+                }
+            )
+            payload_rows.append(
+                {
+                    "checkpoint_id": checkpoint_id,
+                    "org_id": session.org_id,
+                    "session_id": session.id,
+                    "turn_index": turn_index,
+                    "messages": turn.messages,
+                    "completion": turn.completion,
+                }
+            )
+        Checkpoint.insert_many(checkpoint_rows).execute()
+        CheckpointPayload.insert_many(payload_rows).execute()
+        self.db.execute_sql(
+            "UPDATE ibex_core.sessions SET turn_count = %s,"
+            " prompt_tokens = prompt_tokens + %s, completion_tokens = completion_tokens + %s,"
+            " total_latency_ms = total_latency_ms + %s WHERE id = %s",
+            (
+                first + len(turns) - 1,
+                sum(t.prompt_tokens for t in turns),
+                sum(t.completion_tokens for t in turns),
+                sum(t.latency_ms for t in turns),
+                str(session.id),
+            ),
+        )
+        return len(turns)
+
+    def read_turns(
+        self, org_id: uuid.UUID, session_id: uuid.UUID, first: int, last: int
+    ) -> list[Turn]:
+        """Turns ``first..last`` (inclusive) with their content, in order."""
+        with tenant(self.db, org_id):
+            rows = (
+                Checkpoint.select(
+                    Checkpoint.turn_index,
+                    Checkpoint.prompt_tokens,
+                    Checkpoint.completion_tokens,
+                    Checkpoint.latency_ms,
+                    CheckpointPayload.messages,
+                    CheckpointPayload.completion,
+                )
+                .join(
+                    CheckpointPayload,
+                    on=(CheckpointPayload.checkpoint_id == Checkpoint.id),
+                )
+                .where(
+                    Checkpoint.session_id == session_id,
+                    Checkpoint.turn_index.between(max(first, 1), last),
+                )
+                .order_by(Checkpoint.turn_index)
+                .tuples()
+            )
+            return [
+                Turn(session_id, ti, msgs, comp, pt, ct, lat)
+                for ti, pt, ct, lat, msgs, comp in rows
+            ]
+
+    def read_turn(self, org_id: uuid.UUID, session_id: uuid.UUID, turn_index: int) -> Turn:
+        turns = self.read_turns(org_id, session_id, turn_index, turn_index)
+        if not turns:
+            raise NotFoundError(f"turn {turn_index} of session {session_id} not found")
+        return turns[0]
+
+    # -- extraction ------------------------------------------------------------------------
+
+    def extraction_candidates(
+        self, limit: int, after: tuple[uuid.UUID, uuid.UUID] | None = None
+    ) -> list[Candidate]:
+        """Completed, undeleted sessions with unextracted turns, keyset-paginated by
+        (agent_id, session_id): the cross-org read, identities only."""
+        agent_after, session_after = (str(after[0]), str(after[1])) if after else (_ZERO, _ZERO)
+        with scan_scope(self.db):
+            rows = self.db.execute_sql(
+                CANDIDATES_SQL, (agent_after, session_after, limit)
+            ).fetchall()
+        return [
+            Candidate(
+                uuid.UUID(str(org)), uuid.UUID(str(agent)), uuid.UUID(str(sid)), int(p), int(n)
+            )
+            for org, agent, sid, p, n in rows
+        ]
+
+    def advance_pointer(self, org_id: uuid.UUID, session_id: uuid.UUID, turn: int) -> int:
+        """Move ``last_extracted_turn`` up to ``turn`` (never down, never past turn_count);
+        return the pointer now stored."""
+        with tenant(self.db, org_id):
+            return self.advance_pointer_in_txn(session_id, turn)
+
+    def advance_pointer_in_txn(self, session_id: uuid.UUID, turn: int) -> int:
+        row = self.db.execute_sql(
+            "UPDATE ibex_core.sessions"
+            " SET last_extracted_turn = GREATEST(last_extracted_turn, LEAST(%s, turn_count))"
+            " WHERE id = %s RETURNING last_extracted_turn",
+            (turn, str(session_id)),
+        ).fetchone()
+        if row is None:
+            raise NotFoundError(f"session {session_id} not found")
+        return int(row[0])
+
+
+__all__ = [
+    "AppendResult",
+    "Candidate",
+    "SessionStore",
+    "Turn",
+    "TurnInput",
+    "canonical_json",
+    "content_digest",
+]
