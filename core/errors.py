@@ -44,10 +44,18 @@ class NotFoundError(PermanentError):
 class MemoryRejectedError(PermanentError):
     """The memory service refused a write with a 4xx other than the success 409s."""
 
-    def __init__(self, message: str, *, status: int, code: str | None = None) -> None:
+    def __init__(
+        self,
+        message: str,
+        *,
+        status: int,
+        code: str | None = None,
+        server_message: str | None = None,
+    ) -> None:
         super().__init__(message)
         self.status = status
         self.code = code
+        self.server_message = server_message
 
 
 class LLMRejectedError(PermanentError):
@@ -76,11 +84,13 @@ class MemoryUnavailableError(TransientError):
         status: int | None = None,
         code: str | None = None,
         retry_after: float | None = None,
+        server_message: str | None = None,
     ) -> None:
         super().__init__(message)
         self.status = status
         self.code = code
         self.retry_after = retry_after
+        self.server_message = server_message
 
 
 class LLMUnavailableError(TransientError):

@@ -1,0 +1,248 @@
+"""MemoryClient: every status the service can answer, mapped onto what the queue does."""
+
+from __future__ import annotations
+
+import json
+import uuid
+from collections.abc import Callable
+
+import httpx
+import pytest
+
+from core.errors import MemoryRejectedError, MemoryUnavailableError
+from memory_service.client import (
+    MemoryClient,
+    WriteOutcome,
+    canonical_body,
+    parse_retry_after,
+)
+
+ORG = uuid.UUID("11111111-1111-4111-8111-111111111111")
+MEMORY_ID = uuid.UUID("22222222-2222-4222-8222-222222222222")
+BODY = {"agent_id": str(uuid.uuid4()), "content": "Dana is allergic to peanuts.", "kind": "fact"}
+KEY = "5d1c8a1e-0000-5000-8000-000000000001"
+
+Handler = Callable[[httpx.Request], httpx.Response]
+
+
+def client_for(handler: Handler) -> MemoryClient:
+    return MemoryClient(
+        "http://memory.test", "ibex_secret_token", transport=httpx.MockTransport(handler)
+    )
+
+
+def error(
+    status: int,
+    code: str,
+    message: str = "m",
+    headers: dict[str, str] | None = None,
+    **extra: object,
+) -> Handler:
+    def handler(request: httpx.Request) -> httpx.Response:
+        return httpx.Response(
+            status, json={"error": {"code": code, "message": message, **extra}}, headers=headers
+        )
+
+    return handler
+
+
+def test_201_returns_the_memory_id_and_sends_the_headers() -> None:
+    seen: list[httpx.Request] = []
+
+    def handler(request: httpx.Request) -> httpx.Response:
+        seen.append(request)
+        return httpx.Response(201, json={"id": str(MEMORY_ID)})
+
+    with client_for(handler) as client:
+        outcome = client.create_memory(ORG, BODY, KEY)
+    assert outcome == WriteOutcome(201, MEMORY_ID, None, False)
+    (request,) = seen
+    assert request.method == "POST"
+    assert request.url.path == "/v1/memories"
+    assert request.headers["Authorization"] == "Bearer ibex_secret_token"
+    assert request.headers["X-IBEX-Org-ID"] == str(ORG)
+    assert request.headers["X-Idempotency-Key"] == KEY
+    assert request.headers["Content-Type"] == "application/json"
+    assert json.loads(request.content) == BODY
+
+
+def test_the_body_is_byte_for_byte_the_same_whatever_the_key_order() -> None:
+    reordered = dict(reversed(list(BODY.items())))
+    assert canonical_body(reordered) == canonical_body(BODY)
+    assert canonical_body({"a": "é"}) == '{"a":"é"}'.encode()
+
+
+def test_replayed_201_is_flagged() -> None:
+    def handler(request: httpx.Request) -> httpx.Response:
+        return httpx.Response(
+            201, json={"id": str(MEMORY_ID)}, headers={"Idempotent-Replayed": "true"}
+        )
+
+    assert client_for(handler).create_memory(ORG, BODY, KEY) == WriteOutcome(
+        201, MEMORY_ID, None, True
+    )
+
+
+@pytest.mark.parametrize("status", [200, 202, 204])
+def test_other_2xx_are_success(status: int) -> None:
+    outcome = client_for(lambda r: httpx.Response(status)).create_memory(ORG, BODY, KEY)
+    assert outcome == WriteOutcome(status, None, None, False)
+
+
+def test_duplicate_content_is_success_with_the_existing_id() -> None:
+    handler = error(409, "DUPLICATE_CONTENT", existing_id=str(MEMORY_ID))
+    assert client_for(handler).create_memory(ORG, BODY, KEY) == WriteOutcome(
+        409, MEMORY_ID, "DUPLICATE_CONTENT", False
+    )
+
+
+def test_idempotency_conflict_is_success_with_or_without_an_id() -> None:
+    without = client_for(error(409, "IDEMPOTENCY_CONFLICT")).create_memory(ORG, BODY, KEY)
+    assert without == WriteOutcome(409, None, "IDEMPOTENCY_CONFLICT", False)
+    with_id = client_for(
+        error(409, "IDEMPOTENCY_CONFLICT", existing_id=str(MEMORY_ID))
+    ).create_memory(ORG, BODY, KEY)
+    assert with_id.memory_id == MEMORY_ID
+
+
+def test_in_progress_is_retryable_with_retry_after() -> None:
+    handler = error(409, "IDEMPOTENCY_IN_PROGRESS", "still running", {"Retry-After": "2"})
+    with pytest.raises(MemoryUnavailableError) as info:
+        client_for(handler).create_memory(ORG, BODY, KEY)
+    assert info.value.status == 409
+    assert info.value.code == "IDEMPOTENCY_IN_PROGRESS"
+    assert info.value.retry_after == 2.0
+    assert info.value.server_message == "still running"
+    assert "still running" in str(info.value)
+
+
+@pytest.mark.parametrize("status", [408, 429, 500, 502, 503, 504, 599])
+def test_retryable_statuses(status: int) -> None:
+    handler = error(status, "SOME_CODE", "try later", {"Retry-After": "7"})
+    with pytest.raises(MemoryUnavailableError) as info:
+        client_for(handler).create_memory(ORG, BODY, KEY)
+    assert (info.value.status, info.value.code, info.value.retry_after) == (
+        status,
+        "SOME_CODE",
+        7.0,
+    )
+
+
+def test_5xx_without_a_json_body_is_retryable() -> None:
+    handler: Handler = lambda r: httpx.Response(502, text="<html>bad gateway</html>")  # noqa: E731
+    with pytest.raises(MemoryUnavailableError) as info:
+        client_for(handler).create_memory(ORG, BODY, KEY)
+    assert (info.value.status, info.value.code, info.value.retry_after) == (502, None, None)
+
+
+@pytest.mark.parametrize(
+    ("status", "code"),
+    [
+        (400, "MALFORMED_JSON"),
+        (401, "UNAUTHORIZED"),
+        (403, "FORBIDDEN"),
+        (404, "NOT_FOUND"),
+        (405, "METHOD_NOT_ALLOWED"),
+        (409, "SOMETHING_ELSE"),
+        (410, "GONE"),
+        (413, "BODY_TOO_LARGE"),
+        (415, "UNSUPPORTED_MEDIA_TYPE"),
+        (422, "VALIDATION_FAILED"),
+    ],
+)
+def test_other_4xx_are_permanent(status: int, code: str) -> None:
+    handler = error(status, code, "the reason")
+    with pytest.raises(MemoryRejectedError) as info:
+        client_for(handler).create_memory(ORG, BODY, KEY)
+    assert (info.value.status, info.value.code) == (status, code)
+    assert info.value.server_message == "the reason"
+    assert "the reason" in str(info.value)
+
+
+def test_409_without_a_code_is_permanent() -> None:
+    with pytest.raises(MemoryRejectedError) as info:
+        client_for(lambda r: httpx.Response(409, text="conflict")).create_memory(ORG, BODY, KEY)
+    assert (info.value.status, info.value.code) == (409, None)
+
+
+def test_a_redirect_is_permanent_not_followed() -> None:
+    handler: Handler = lambda r: httpx.Response(307, headers={"Location": "/elsewhere"})  # noqa: E731
+    with pytest.raises(MemoryRejectedError) as info:
+        client_for(handler).create_memory(ORG, BODY, KEY)
+    assert info.value.status == 307
+
+
+@pytest.mark.parametrize(
+    "exc",
+    [
+        httpx.ConnectTimeout("connect timed out"),
+        httpx.ReadTimeout("read timed out"),
+        httpx.WriteTimeout("write timed out"),
+        httpx.PoolTimeout("pool timed out"),
+        httpx.ConnectError("connection refused"),
+        httpx.ReadError("connection reset"),
+        httpx.RemoteProtocolError("server disconnected"),
+    ],
+)
+def test_network_failures_are_retryable(exc: httpx.TransportError) -> None:
+    def handler(request: httpx.Request) -> httpx.Response:
+        raise exc
+
+    with pytest.raises(MemoryUnavailableError) as info:
+        client_for(handler).create_memory(ORG, BODY, KEY)
+    assert info.value.status is None
+    assert info.value.__cause__ is exc
+
+
+def test_the_token_never_appears_in_errors_or_repr() -> None:
+    def handler(request: httpx.Request) -> httpx.Response:
+        raise httpx.ConnectError("refused")
+
+    client = client_for(handler)
+    with pytest.raises(MemoryUnavailableError) as info:
+        client.create_memory(ORG, BODY, KEY)
+    assert "ibex_secret_token" not in str(info.value)
+    assert "ibex_secret_token" not in repr(client)
+
+
+def test_an_empty_token_is_refused() -> None:
+    with pytest.raises(ValueError, match="token"):
+        MemoryClient("http://memory.test", "")
+
+
+def test_retry_after_forms() -> None:
+    assert parse_retry_after("3") == 3.0
+    assert parse_retry_after(None) is None
+    assert parse_retry_after("soon") is None
+    assert parse_retry_after("-5") == 0.0
+    assert parse_retry_after("Wed, 21 Oct 2015 07:28:00 GMT") == 0.0  # in the past
+
+
+def test_get_and_list_and_delete() -> None:
+    def handler(request: httpx.Request) -> httpx.Response:
+        if request.method == "DELETE":
+            return httpx.Response(204 if request.url.path.endswith(str(MEMORY_ID)) else 404)
+        if request.url.path == f"/v1/memories/{MEMORY_ID}":
+            return httpx.Response(200, json={"id": str(MEMORY_ID)})
+        if request.url.path == "/v1/memories":
+            cursor = request.url.params.get("cursor")
+            if cursor is None:
+                assert request.url.params["limit"] == "1"
+                return httpx.Response(200, json={"items": [{"id": "a"}], "next_cursor": "c1"})
+            return httpx.Response(200, json={"items": [{"id": "b"}], "next_cursor": None})
+        return httpx.Response(404, json={"error": {"code": "NOT_FOUND", "message": "no"}})
+
+    client = client_for(handler)
+    assert client.get_memory(ORG, MEMORY_ID) == {"id": str(MEMORY_ID)}
+    assert client.get_memory(ORG, uuid.uuid4()) is None
+    assert [m["id"] for m in client.iter_memories(ORG, page_size=1)] == ["a", "b"]
+    assert client.delete_memory(ORG, MEMORY_ID) is True
+    assert client.delete_memory(ORG, uuid.uuid4()) is False
+
+
+def test_reads_classify_failures() -> None:
+    with pytest.raises(MemoryUnavailableError):
+        client_for(error(503, "UNAVAILABLE")).get_memory(ORG, MEMORY_ID)
+    with pytest.raises(MemoryRejectedError) as info:
+        client_for(error(403, "FORBIDDEN_ORG")).list_memories(ORG)
+    assert info.value.code == "FORBIDDEN_ORG"
