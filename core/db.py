@@ -54,7 +54,7 @@ def make_database(url: str | None, **options: object) -> PostgresqlExtDatabase:
     params.setdefault("connect_timeout", 5)
     params.update(options)
     name = params.pop("database")
-    return PostgresqlExtDatabase(name, autorollback=True, register_hstore=False, **params)
+    return PostgresqlExtDatabase(name, register_hstore=False, **params)
 
 
 def _as_uuid(value: uuid.UUID | str) -> str:

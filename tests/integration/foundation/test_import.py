@@ -1,0 +1,168 @@
+"""``ibex import``: the JSON Lines contract of DESIGN section 4, through the real CLI."""
+
+from __future__ import annotations
+
+import io
+import json
+from pathlib import Path
+
+import pytest
+
+from core.cli import main
+from models import Checkpoint, CheckpointPayload, Session
+from models.store import content_digest
+
+
+def _line(session: str = "conv-1", turns: int = 2, **extra) -> str:
+    record = {
+        "org": "acme",
+        "agent": "support-bot",
+        "session": session,
+        "status": "completed",
+        "model": "gpt-4o-mini",
+        "provider": "openai",
+        "turns": [
+            {
+                "messages": [{"role": "user", "content": f"message {i}"}],
+                "completion": {"role": "assistant", "content": f"reply {i}"},
+                "prompt_tokens": 20,
+                "completion_tokens": 5,
+                "latency_ms": 600,
+            }
+            for i in range(1, turns + 1)
+        ],
+    }
+    record.update(extra)
+    return json.dumps(record)
+
+
+@pytest.fixture
+def run_import(db, database_url, monkeypatch, tmp_path: Path, capsys):
+    monkeypatch.setenv("DATABASE_URL", database_url)
+
+    def run(*lines: str, stdin: bool = False) -> tuple[int, str, str]:
+        text = "\n".join(lines) + "\n"
+        if stdin:
+            monkeypatch.setattr("sys.stdin", io.StringIO(text))
+            code = main(["import", "-"])
+        else:
+            path = tmp_path / "sessions.jsonl"
+            path.write_text(text)
+            code = main(["import", str(path)])
+        out, err = capsys.readouterr()
+        return code, out, err
+
+    return run
+
+
+def _sessions(db) -> dict[str, Session]:
+    # Read as the owner (superuser) to see every org.
+    return {s.external_id: s for s in Session.select()}
+
+
+def test_a_good_file_imports_everything(db, run_import) -> None:
+    code, out, err = run_import(_line("conv-1", 2), _line("conv-2", 3))
+    assert code == 0, err
+    assert out.strip() == (
+        "2 sessions created, 0 extended, 0 unchanged, 5 turns added, 0 lines rejected"
+    )
+    sessions = _sessions(db)
+    assert sessions["conv-1"].turn_count == 2 and sessions["conv-2"].turn_count == 3
+    assert sessions["conv-1"].status == "completed"
+    assert sessions["conv-1"].completed_at is not None
+    assert sessions["conv-2"].prompt_tokens == 60
+    first = (
+        Checkpoint.select()
+        .where(Checkpoint.session_id == sessions["conv-1"].id, Checkpoint.turn_index == 1)
+        .get()
+    )
+    assert first.messages_hash == content_digest([{"role": "user", "content": "message 1"}])
+    payload = CheckpointPayload.get(CheckpointPayload.checkpoint_id == first.id)
+    assert payload.completion == {"role": "assistant", "content": "reply 1"}
+
+
+def test_bad_lines_are_reported_and_good_lines_kept(db, run_import) -> None:
+    bad_role = json.loads(_line("conv-4"))
+    bad_role["turns"][1]["messages"][0]["role"] = ""
+    lines = [
+        _line("conv-1"),
+        "{not json",
+        _line("conv-2", status="finished"),
+        json.dumps(bad_role),
+        json.dumps({"org": "acme", "agent": "support-bot", "turns": []}),
+        _line("conv-3", turns=1, model=7),
+        "[1, 2]",
+        _line("conv-5"),
+    ]
+    code, out, err = run_import(*lines)
+    assert code == 1
+    assert "2 sessions created" in out and "6 lines rejected" in out
+    assert "line 2: malformed JSON" in err
+    assert "line 3: invalid session: status: Must be one of" in err
+    assert "line 4: invalid session: turns[1].messages[0].role: must not be empty" in err
+    assert "line 5: invalid session: session: Missing data for required field" in err
+    assert "line 6: invalid session: model: Not a valid string" in err
+    assert "line 7: a line must be a JSON object" in err
+    assert set(_sessions(db)) == {"conv-1", "conv-5"}
+
+
+def test_reimport_appends_only_new_turns_and_keeps_the_pointer(db, store, run_import) -> None:
+    assert run_import(_line("conv-1", 2))[0] == 0
+    session = _sessions(db)["conv-1"]
+    store.advance_pointer(session.org_id, session.id, 2)
+    code, out, _ = run_import(_line("conv-1", 4))
+    assert code == 0
+    assert "0 sessions created, 1 extended, 0 unchanged, 2 turns added" in out
+    again = _sessions(db)["conv-1"]
+    assert (again.turn_count, again.last_extracted_turn) == (4, 2)
+    assert Checkpoint.select().where(Checkpoint.session_id == session.id).count() == 4
+    code, out, _ = run_import(_line("conv-1", 4))
+    assert code == 0 and "1 unchanged, 0 turns added" in out
+
+
+def test_a_changed_turn_is_rejected_and_nothing_of_the_line_lands(db, run_import) -> None:
+    assert run_import(_line("conv-1", 2))[0] == 0
+    changed = json.loads(_line("conv-1", 3))
+    changed["turns"][0]["completion"]["content"] = "a different reply"
+    code, out, err = run_import(json.dumps(changed))
+    assert code == 1
+    assert "line 1: turn 1 differs from the stored turn" in err
+    assert _sessions(db)["conv-1"].turn_count == 2  # turn 3 was not appended either
+
+
+def test_a_zero_turn_session_is_valid_and_is_not_a_candidate(db, store, run_import) -> None:
+    code, out, _ = run_import(_line("empty", 0))
+    assert code == 0 and "1 sessions created" in out and "0 turns added" in out
+    assert _sessions(db)["empty"].turn_count == 0
+    assert store.extraction_candidates(limit=10) == []
+
+
+def test_standard_input(db, run_import) -> None:
+    code, out, _ = run_import(_line("conv-1", 1), "", _line("conv-2", 1), stdin=True)
+    assert code == 0
+    assert "2 sessions created" in out
+    assert set(_sessions(db)) == {"conv-1", "conv-2"}
+
+
+def test_status_defaults_to_completed_and_can_move_on(db, run_import) -> None:
+    record = json.loads(_line("conv-1", 1))
+    del record["status"]
+    assert run_import(json.dumps(record))[0] == 0
+    assert _sessions(db)["conv-1"].status == "completed"
+    assert run_import(_line("conv-2", 1, status="active"))[0] == 0
+    assert _sessions(db)["conv-2"].completed_at is None
+    assert run_import(_line("conv-2", 2, status="completed"))[0] == 0
+    assert _sessions(db)["conv-2"].status == "completed"
+    assert _sessions(db)["conv-2"].completed_at is not None
+
+
+def test_a_missing_file_is_an_error(db, database_url, monkeypatch, capsys) -> None:
+    monkeypatch.setenv("DATABASE_URL", database_url)
+    assert main(["import", "/nonexistent/file.jsonl"]) == 1
+    assert "cannot read /nonexistent/file.jsonl" in capsys.readouterr().err
+
+
+def test_import_without_a_database_url_fails_closed(monkeypatch, capsys) -> None:
+    monkeypatch.delenv("DATABASE_URL", raising=False)
+    assert main(["import", "-"]) == 1
+    assert "DATABASE_URL" in capsys.readouterr().err

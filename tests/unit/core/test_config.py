@@ -1,0 +1,71 @@
+"""Settings come from the environment in one place, with clear errors."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import pytest
+
+from core.config import DEFAULTS, Settings, redact_url
+from core.errors import ConfigError
+
+ROOT = Path(__file__).resolve().parents[3]
+
+
+def test_defaults_need_nothing_but_leave_the_database_unset() -> None:
+    settings = Settings.from_env({})
+    assert settings.database_url is None
+    assert settings.llm_provider == "rules"
+    assert settings.redis_url == "redis://127.0.0.1:6379/0"
+    assert settings.worker_threads == 8
+    with pytest.raises(ConfigError, match="DATABASE_URL is not set") as info:
+        settings.require_database_url()
+    assert info.value.variable == "DATABASE_URL"
+
+
+def test_llm_base_url_selects_the_openai_provider() -> None:
+    settings = Settings.from_env({"LLM_BASE_URL": "http://127.0.0.1:9/v1/"})
+    assert settings.llm_provider == "openai"
+    assert settings.llm_base_url == "http://127.0.0.1:9/v1"
+
+
+@pytest.mark.parametrize(
+    ("env", "variable"),
+    [
+        ({"MAX_RETRIES": "many"}, "MAX_RETRIES"),
+        ({"WORKER_THREADS": "0"}, "WORKER_THREADS"),
+        ({"LLM_PROVIDER": "magic"}, "LLM_PROVIDER"),
+        ({"LLM_PROVIDER": "openai"}, "LLM_BASE_URL"),
+        ({"DATABASE_URL": "mysql://x"}, "DATABASE_URL"),
+        ({"REDIS_URL": "http://x"}, "REDIS_URL"),
+        ({"RETRY_MIN_BACKOFF_MS": "500", "RETRY_MAX_BACKOFF_MS": "100"}, "RETRY_MAX_BACKOFF_MS"),
+    ],
+)
+def test_invalid_values_name_the_variable(env: dict[str, str], variable: str) -> None:
+    with pytest.raises(ConfigError, match=variable) as info:
+        Settings.from_env(env)
+    assert info.value.variable == variable
+
+
+def test_redacted_settings_hide_secrets() -> None:
+    settings = Settings.from_env(
+        {
+            "DATABASE_URL": "postgresql://ibex:hunter2@db:5432/ibex",
+            "MEMORY_SERVICE_TOKEN": "ibex_secret_token",
+            "LLM_API_KEY": "sk-secret",
+        }
+    )
+    text = repr(settings.redacted())
+    assert "hunter2" not in text and "ibex_secret_token" not in text and "sk-secret" not in text
+    assert "postgresql://ibex:***@db:5432/ibex" in text
+    assert redact_url("redis://127.0.0.1:6379/0") == "redis://127.0.0.1:6379/0"
+
+
+def test_env_example_and_readme_list_every_variable() -> None:
+    example = (ROOT / ".env.example").read_text()
+    listed = set(re.findall(r"^#?\s*([A-Z][A-Z0-9_]+)=", example, flags=re.MULTILINE))
+    readme = (ROOT / "README.md").read_text()
+    for name in DEFAULTS:
+        assert name in listed, f"{name} missing from .env.example"
+        assert f"`{name}`" in readme, f"{name} missing from README.md"

@@ -1,0 +1,34 @@
+"""Guards on the package layout."""
+
+from __future__ import annotations
+
+import importlib
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[3]
+
+
+@pytest.mark.parametrize("name", ["actors", "models", "schema", "core", "extraction"])
+def test_generic_package_names_resolve_inside_this_repository(name: str) -> None:
+    # `actors`, `models` and `schema` are also names of unrelated packages on PyPI.
+    module = importlib.import_module(name)
+    assert module.__file__ is not None
+    assert Path(module.__file__).resolve().parent == ROOT / name
+
+
+def test_schema_imports_no_io_libraries() -> None:
+    for path in (ROOT / "schema").glob("*.py"):
+        text = path.read_text()
+        for banned in ("dramatiq", "peewee", "httpx", "redis", "falcon"):
+            assert f"import {banned}" not in text, f"{path.name} imports {banned}"
+
+
+def test_procfile_names_the_contract_processes() -> None:
+    lines = dict(
+        line.split(":", 1) for line in (ROOT / "Procfile").read_text().splitlines() if line
+    )
+    assert set(lines) == {"release", "web", "worker", "scheduler"}
+    assert lines["release"].strip() == "ibex migrate"
+    assert "dramatiq actors" in lines["worker"] and "$PORT" in lines["web"]
