@@ -1,0 +1,124 @@
+"""One turn's extraction result: the value object, its persisted form, and LLM output parsing.
+
+The persisted form (:meth:`ExtractionResult.to_json`) is what the first successful extraction of
+a turn stores and every later delivery reuses, so a memory's ordinal (its position in
+``memories``) and its wording never change after that. :func:`parse_llm_content` is the only
+place raw model text becomes memories.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Iterable
+from dataclasses import dataclass
+from typing import Any
+
+from core.errors import InvalidMessageError, LLMUnavailableError
+from schema import describe_errors, load
+from schema.extraction import ExtractionResultSchema
+
+_SCHEMA = ExtractionResultSchema()
+
+# A whole answer wrapped in a Markdown fence: ```json ... ``` or ``` ... ```.
+_FENCE = re.compile(r"^```[ \t]*[A-Za-z0-9_+-]*[ \t]*\r?\n?(?P<body>.*?)\r?\n?[ \t]*```$", re.S)
+
+
+@dataclass(frozen=True)
+class ExtractedMemory:
+    """One memory: stripped content and one of ``fact | preference | event | other``."""
+
+    content: str
+    kind: str
+
+    def to_json(self) -> dict[str, str]:
+        return {"content": self.content, "kind": self.kind}
+
+
+@dataclass(frozen=True)
+class ExtractionResult:
+    """The memories of one turn, in ordinal order, with what producing them cost."""
+
+    memories: tuple[ExtractedMemory, ...]
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+    provider: str = ""
+    model: str = ""
+
+    def to_json(self) -> dict[str, Any]:
+        """The canonical persisted form: ``{"memories": [{"content", "kind"}, ...]}``."""
+        return {"memories": [m.to_json() for m in self.memories]}
+
+    @classmethod
+    def from_json(cls, data: Any) -> ExtractionResult:
+        """Rebuild a result from :meth:`to_json` output, validating it on the way.
+
+        Nothing is reordered or removed: the stored list is the truth the ordinals refer to.
+        Invalid stored data raises :class:`~core.errors.InvalidMessageError`.
+        """
+        loaded = load(_SCHEMA, data, what="extraction result")
+        return cls(memories=tuple(_memories(loaded["memories"])))
+
+
+def _memories(items: Iterable[dict[str, str]]) -> list[ExtractedMemory]:
+    return [ExtractedMemory(content=item["content"], kind=item["kind"]) for item in items]
+
+
+def strip_code_fence(text: str) -> str:
+    """``text`` without surrounding whitespace and without one surrounding Markdown fence."""
+    stripped = text.strip()
+    match = _FENCE.match(stripped)
+    return match.group("body").strip() if match else stripped
+
+
+def dedupe(memories: Iterable[ExtractedMemory]) -> list[ExtractedMemory]:
+    """Drop memories whose exact content appeared earlier in the list; keep order."""
+    seen: set[str] = set()
+    out: list[ExtractedMemory] = []
+    for memory in memories:
+        if memory.content not in seen:
+            seen.add(memory.content)
+            out.append(memory)
+    return out
+
+
+def parse_llm_content(text: str) -> list[ExtractedMemory]:
+    """The memories in an LLM's answer, validated, stripped, de-duplicated, in order.
+
+    Raises :class:`~core.errors.LLMUnavailableError` for anything that is not the expected
+    JSON object: a model answering garbage is a transient failure to retry (a bounded number
+    of times), never "no memories". The error names what was wrong, not the text itself, so
+    conversation content does not end up in logs.
+    """
+    if not isinstance(text, str):
+        raise LLMUnavailableError(f"unparseable LLM output: content is {type(text).__name__}")
+    body = strip_code_fence(text)
+    if not body:
+        raise LLMUnavailableError("unparseable LLM output: empty content")
+    try:
+        data = json.loads(body)
+    except ValueError as exc:
+        raise LLMUnavailableError(
+            f"unparseable LLM output: not JSON ({exc.__class__.__name__} at"
+            f" {getattr(exc, 'pos', '?')} of {len(body)} characters)"
+        ) from exc
+    if not isinstance(data, dict):
+        raise LLMUnavailableError(
+            f"unparseable LLM output: expected a JSON object, got {type(data).__name__}"
+        )
+    try:
+        loaded = load(_SCHEMA, data, what="LLM output")
+    except InvalidMessageError as exc:
+        raise LLMUnavailableError(
+            f"unparseable LLM output: {describe_errors(exc.messages)}"
+        ) from exc
+    return dedupe(_memories(loaded["memories"]))
+
+
+__all__ = [
+    "ExtractedMemory",
+    "ExtractionResult",
+    "dedupe",
+    "parse_llm_content",
+    "strip_code_fence",
+]
