@@ -132,8 +132,9 @@ def run_import(args: argparse.Namespace, settings: Settings) -> int:
             store,
             stream,
             lambda r: progress.update(
-                r.lines, f"{r.sessions_created + r.sessions_extended} sessions, "
-                f"{r.turns_added} turns, {r.lines_rejected} rejected"
+                r.lines,
+                f"{r.sessions_created + r.sessions_extended} sessions, "
+                f"{r.turns_added} turns, {r.lines_rejected} rejected",
             ),
         )
     except UnicodeDecodeError as exc:

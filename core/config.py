@@ -111,10 +111,10 @@ class Settings:
         if provider == "openai" and not base_url:
             raise ConfigError("LLM_PROVIDER=openai needs LLM_BASE_URL", variable="LLM_BASE_URL")
         database_url = _str(env, "DATABASE_URL")
-        if database_url is not None and not database_url.startswith(("postgres://", "postgresql://")):
-            raise ConfigError(
-                "DATABASE_URL must be a postgresql:// URL", variable="DATABASE_URL"
-            )
+        if database_url is not None and not database_url.startswith(
+            ("postgres://", "postgresql://")
+        ):
+            raise ConfigError("DATABASE_URL must be a postgresql:// URL", variable="DATABASE_URL")
         redis_url = _str(env, "REDIS_URL")
         assert redis_url is not None
         if not redis_url.startswith(("redis://", "rediss://", "unix://")):

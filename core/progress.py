@@ -10,9 +10,7 @@ from typing import TextIO
 class Progress:
     """``Progress(total=None).update(done, detail)`` redraws at most ten times a second."""
 
-    def __init__(
-        self, label: str, total: int | None = None, stream: TextIO | None = None
-    ) -> None:
+    def __init__(self, label: str, total: int | None = None, stream: TextIO | None = None) -> None:
         self.label = label
         self.total = total
         self.stream = stream if stream is not None else sys.stderr

@@ -9,10 +9,10 @@ field and the rest of the file still imports.
 from __future__ import annotations
 
 import json
-
-import peewee
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
+
+import peewee
 
 from core.db import APP_ROLE, db_errors
 from core.errors import IbexError, InvalidMessageError

@@ -192,7 +192,9 @@ class SessionStore:
         provider: str | None = None,
     ) -> Session:
         with tenant(self.db, org_id):
-            session, _ = self._upsert_session(org_id, agent_id, external_id, status, model, provider)
+            session, _ = self._upsert_session(
+                org_id, agent_id, external_id, status, model, provider
+            )
             return session
 
     def _upsert_session(
@@ -294,8 +296,7 @@ class SessionStore:
                     completion_hash,
                 ):
                     raise ImmutableTurnError(
-                        f"turn {turn_index} differs from the stored turn: checkpoints are"
-                        " immutable"
+                        f"turn {turn_index} differs from the stored turn: checkpoints are immutable"
                     )
         if len(turns) <= stored:
             return 0

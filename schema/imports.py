@@ -54,7 +54,5 @@ class SessionLineSchema(Schema):
     session = fields.String(required=True, validate=validate.Length(min=1, max=255))
     status = fields.String(load_default="completed", validate=validate.OneOf(SESSION_STATUSES))
     model = fields.String(load_default=None, allow_none=True, validate=validate.Length(max=200))
-    provider = fields.String(
-        load_default=None, allow_none=True, validate=validate.Length(max=200)
-    )
+    provider = fields.String(load_default=None, allow_none=True, validate=validate.Length(max=200))
     turns = fields.List(fields.Nested(TurnSchema), required=True)

@@ -15,8 +15,14 @@ def turn(text: str, reply: str = "ok") -> TurnInput:
     )
 
 
-def make_session(store: SessionStore, org: str, agent: str = "bot", turns: int = 2,
-                 external_id: str = "s1", status: str = "completed"):
+def make_session(
+    store: SessionStore,
+    org: str,
+    agent: str = "bot",
+    turns: int = 2,
+    external_id: str = "s1",
+    status: str = "completed",
+):
     org_id = store.ensure_org(org)
     agent_id = store.ensure_agent(org_id, agent)
     session = store.create_session(org_id, agent_id, external_id, status=status)

@@ -124,7 +124,7 @@ def test_a_changed_turn_is_rejected_and_nothing_of_the_line_lands(db, run_import
     assert run_import(_line("conv-1", 2))[0] == 0
     changed = json.loads(_line("conv-1", 3))
     changed["turns"][0]["completion"]["content"] = "a different reply"
-    code, out, err = run_import(json.dumps(changed))
+    code, _out, err = run_import(json.dumps(changed))
     assert code == 1
     assert "line 1: turn 1 differs from the stored turn" in err
     assert _sessions(db)["conv-1"].turn_count == 2  # turn 3 was not appended either

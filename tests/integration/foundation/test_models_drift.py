@@ -56,7 +56,9 @@ def test_models_match_the_sql(db) -> None:
                 )
             model_null = bool(field.null)
             if model_null != sql_null and not field.primary_key:
-                problems.append(f"{meta.table_name}.{name}: null model {model_null}, SQL {sql_null}")
+                problems.append(
+                    f"{meta.table_name}.{name}: null model {model_null}, SQL {sql_null}"
+                )
         primary = db.execute_sql(
             "SELECT a.attname FROM pg_index i"
             " JOIN pg_attribute a ON a.attrelid = i.indrelid AND a.attnum = ANY(i.indkey)"

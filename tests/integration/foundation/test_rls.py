@@ -24,11 +24,13 @@ def _count(db, table: str) -> int:
 
 def test_the_test_connection_is_a_superuser(db) -> None:
     # The point of the following tests: RLS holds although DATABASE_URL names a superuser.
-    assert db.execute_sql("SELECT rolsuper FROM pg_roles WHERE rolname = current_user").fetchone()[0]
+    assert db.execute_sql("SELECT rolsuper FROM pg_roles WHERE rolname = current_user").fetchone()[
+        0
+    ]
 
 
 def test_with_org_a_set_only_a_is_visible(db, two_orgs) -> None:
-    (org_a, _, session_a), (org_b, _, session_b) = two_orgs
+    (org_a, _, session_a), (org_b, _, _session_b) = two_orgs
     with tenant(db, org_a):
         assert db.execute_sql("SELECT current_user").fetchone()[0] == "ibex_app"
         sessions = db.execute_sql("SELECT id, org_id FROM ibex_core.sessions").fetchall()
@@ -51,9 +53,7 @@ def test_the_role_does_not_outlive_the_transaction(db, two_orgs) -> None:
     (org_a, _, _), _ = two_orgs
     with tenant(db, org_a):
         pass
-    row = db.execute_sql(
-        "SELECT current_user, current_setting('ibex.org_id', true)"
-    ).fetchone()
+    row = db.execute_sql("SELECT current_user, current_setting('ibex.org_id', true)").fetchone()
     assert row[0] != "ibex_app"
     assert row[1] in (None, "")
 

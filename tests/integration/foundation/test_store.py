@@ -90,7 +90,7 @@ def test_deleting_a_directive_version_detaches_its_sessions(db, store) -> None:
 
 
 def test_a_session_cannot_point_at_another_orgs_directive_version(db, store) -> None:
-    org_a, _, session_a = make_session(store, "org-a")
+    _org_a, _, session_a = make_session(store, "org-a")
     org_b, _, _ = make_session(store, "org-b")
     with tenant(db, org_b):
         directive = db.execute_sql(
@@ -146,14 +146,14 @@ def test_sync_refuses_a_changed_turn(db, store) -> None:
 
 
 def test_candidates_are_completed_undeleted_sessions_with_pending_turns(db, store) -> None:
-    org_id, agent_id, done = make_session(store, "acme", external_id="done", turns=2)
+    org_id, _agent_id, done = make_session(store, "acme", external_id="done", turns=2)
     store.advance_pointer(org_id, done, 2)
     _, _, pending = make_session(store, "acme", external_id="pending", turns=2)
     make_session(store, "acme", external_id="active", turns=2, status="active")
     _, _, deleted = make_session(store, "acme", external_id="deleted", turns=2)
     store.soft_delete_session(org_id, deleted)
     make_session(store, "acme", external_id="empty", turns=0)
-    org_b, _, other = make_session(store, "other", external_id="x", turns=1)
+    _org_b, _, other = make_session(store, "other", external_id="x", turns=1)
     ids = {c.session_id for c in store.extraction_candidates(limit=100)}
     assert ids == {pending, other}
 
@@ -195,7 +195,11 @@ def test_the_candidate_query_uses_the_partial_index(db, store) -> None:
             row[0]
             for row in db.execute_sql(
                 "EXPLAIN " + CANDIDATES_SQL,
-                ("00000000-0000-0000-0000-000000000000", "00000000-0000-0000-0000-000000000000", 500),
+                (
+                    "00000000-0000-0000-0000-000000000000",
+                    "00000000-0000-0000-0000-000000000000",
+                    500,
+                ),
             ).fetchall()
         )
     assert "idx_sessions_agent_extraction" in plan, plan
