@@ -183,3 +183,10 @@ def redact_url(url: str) -> str:
     creds, _, host = rest.rpartition("@")
     user, colon, _ = creds.partition(":")
     return f"{scheme}://{user}{':***' if colon else ''}@{host}"
+
+
+def child_environment(overrides: Mapping[str, str]) -> dict[str, str]:
+    """This process's environment with ``overrides``: what a spawned process should see."""
+    env = dict(os.environ)
+    env.update(overrides)
+    return env

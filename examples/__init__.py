@@ -1,0 +1,1 @@
+"""Sample data shipped with the package: the conversations `ibex demo` imports."""
