@@ -97,3 +97,14 @@ def is_unique_violation(exc: BaseException, constraint: str | None = None) -> bo
         return True
     diag = getattr(orig, "diag", None)
     return getattr(diag, "constraint_name", None) == constraint
+
+
+OPS_ROLE = "ibex_ops"
+
+
+@contextlib.contextmanager
+def operator_scope(db: peewee.Database) -> Iterator[None]:
+    """One read-only transaction across every org, for operator commands (status, dlq)."""
+    with db_errors(), db.atomic():
+        db.execute_sql(f"SET LOCAL ROLE {OPS_ROLE}")
+        yield

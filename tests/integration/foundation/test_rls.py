@@ -101,3 +101,15 @@ def test_the_scan_role_reads_identities_across_orgs_but_no_content(db, store, tw
 def test_an_unknown_org_sees_nothing(db, two_orgs) -> None:
     with tenant(db, uuid.uuid4()):
         assert _count(db, "sessions") == 0
+
+
+def test_the_operator_role_reads_every_org_and_writes_nothing(db, two_orgs) -> None:
+    from core.db import operator_scope
+
+    with operator_scope(db):
+        assert _count(db, "sessions") == 2
+        assert _count(db, "checkpoints") == 5
+    with pytest.raises(peewee.ProgrammingError, match="permission denied"), operator_scope(db):
+        db.execute_sql("UPDATE ibex_core.sessions SET status = 'error'")
+    with pytest.raises(peewee.ProgrammingError, match="permission denied"), operator_scope(db):
+        db.execute_sql("SELECT token_hash FROM ibex_memory.api_tokens")
