@@ -97,6 +97,8 @@ class Settings:
     memory_max_body_bytes: int
     http_timeout_seconds: int
     metrics_port: int
+    #: The variables that were set (non-empty) in the environment, defaults aside.
+    explicit: frozenset[str] = frozenset()
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None) -> Settings:
@@ -146,6 +148,7 @@ class Settings:
             memory_max_body_bytes=_int(env, "MEMORY_MAX_BODY_BYTES", 1024),
             http_timeout_seconds=_int(env, "HTTP_TIMEOUT_SECONDS", 1),
             metrics_port=_int(env, "METRICS_PORT", 1),
+            explicit=frozenset(name for name in DEFAULTS if (env.get(name) or "").strip()),
         )
         if settings.retry_max_backoff_ms < settings.retry_min_backoff_ms:
             raise ConfigError(

@@ -1,0 +1,205 @@
+"""Operator commands: ``ibex status``, ``ibex dlq ...`` and ``ibex demo``."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from typing import Any
+
+from core.cli import EXIT_FAILURE, EXIT_OK, EXIT_USAGE, register
+from core.config import Settings
+
+#: The pipeline's queues, as ``actors.broker`` names them; listed here so that operator
+#: commands do not have to load the worker (and its broker) to read the backlog.
+PIPELINE_QUEUES = ("scan", "extract", "write", "pointer")
+
+
+def _add_status(sub: Any) -> None:
+    p = sub.add_parser("status", help="extraction backlog per org, queues and dead letters")
+    p.add_argument("--json", action="store_true", help="stable JSON output")
+
+
+def _add_dlq(sub: Any) -> None:
+    p = sub.add_parser("dlq", help="list, show, replay or purge dead letters")
+    dsub = p.add_subparsers(dest="dlq_command", metavar="ACTION", required=True)
+    ls = dsub.add_parser("list", help="list open dead letters")
+    ls.add_argument("--queue")
+    ls.add_argument("--actor")
+    ls.add_argument("--json", action="store_true")
+    show = dsub.add_parser("show", help="show one dead letter with its payload and traceback")
+    show.add_argument("id")
+    show.add_argument("--json", action="store_true")
+    replay = dsub.add_parser("replay", help="send dead letters back to their queue, once")
+    replay.add_argument("ids", nargs="*", metavar="ID")
+    replay.add_argument("--all", action="store_true", help="every open dead letter (filtered)")
+    replay.add_argument("--queue")
+    replay.add_argument("--actor")
+    replay.add_argument("--dry-run", action="store_true", help="say what would be replayed")
+    purge = dsub.add_parser("purge", help="delete open dead letters")
+    purge.add_argument("--queue")
+    purge.add_argument("--older-than", metavar="AGE", help="e.g. 90s, 30m, 12h, 7d")
+    purge.add_argument("--yes", action="store_true", help="do not ask for confirmation")
+
+
+def _add_demo(sub: Any) -> None:
+    p = sub.add_parser("demo", help="run the whole system on this machine with sample data")
+    p.add_argument("--fresh", action="store_true", help="start over with empty data")
+    p.add_argument("--data-dir", help="where embedded servers keep data (~/.ibex/demo)")
+    p.add_argument("--workers", type=int, default=2, help="worker processes (default 2)")
+    p.add_argument("--threads", type=int, default=4, help="threads per worker (default 4)")
+    p.add_argument("--timeout", type=float, default=300.0, help="seconds to wait for drain")
+
+
+register("status", _add_status, "extraction.commands:run_status")
+register("dlq", _add_dlq, "extraction.commands:run_dlq")
+register("demo", _add_demo, "extraction.demo:run_demo")
+
+
+def _redis(settings: Settings):  # type: ignore[no-untyped-def]
+    import redis
+
+    return redis.Redis.from_url(settings.redis_url, socket_timeout=5, socket_connect_timeout=5)
+
+
+def _db(settings: Settings):  # type: ignore[no-untyped-def]
+    from core.db import make_database
+    from models import bind
+
+    return bind(make_database(settings.require_database_url()))
+
+
+def run_status(args: argparse.Namespace, settings: Settings) -> int:
+    import redis
+
+    from extraction.status import collect, render
+
+    db = _db(settings)
+    client = _redis(settings)
+    try:
+        status = collect(db, client, queues=list(PIPELINE_QUEUES))
+    except redis.RedisError as exc:
+        print(f"ibex status: Redis unavailable ({exc}); showing Postgres only", file=sys.stderr)
+        status = collect(db, None, queues=list(PIPELINE_QUEUES))
+    if args.json:
+        print(json.dumps(status.as_json(), indent=2, sort_keys=True))
+    else:
+        print(render(status))
+    return EXIT_OK
+
+
+def run_dlq(args: argparse.Namespace, settings: Settings) -> int:
+    from extraction.deadletters import DeadLetterStore
+
+    store = DeadLetterStore(
+        _db(settings), _redis(settings), lease_seconds=settings.extraction_lease_seconds
+    )
+    action = args.dlq_command
+    if action == "list":
+        return _dlq_list(store, args)
+    if action == "show":
+        return _dlq_show(store, args)
+    if action == "replay":
+        return _dlq_replay(store, args)
+    return _dlq_purge(store, args)
+
+
+def _dlq_list(store: Any, args: argparse.Namespace) -> int:
+    letters = store.list(queue=args.queue, actor=args.actor)
+    if args.json:
+        print(json.dumps([letter.as_json() for letter in letters], indent=2, sort_keys=True))
+        return EXIT_OK
+    if not letters:
+        print("no dead letters")
+        return EXIT_OK
+    print(f"{'ID':<8} {'QUEUE':<8} {'ACTOR':<16} {'FAILED AT':<20} {'TRIES':>5}  SLOT / ERROR")
+    for letter in letters:
+        print(
+            f"{letter.ref[:8]:<8} {letter.queue:<8} {letter.actor:<16}"
+            f" {letter.failed_at.strftime('%Y-%m-%d %H:%M:%S'):<20} {letter.attempts:>5}"
+            f"  {letter.slot}"
+        )
+        print(f"{'':<8} {letter.exception_type or '?'}: {letter.exception_message or ''}")
+    print(f"{len(letters)} dead letters")
+    return EXIT_OK
+
+
+def _dlq_show(store: Any, args: argparse.Namespace) -> int:
+    letter = store.get(args.id)
+    if letter is None:
+        print(f"ibex dlq: no open dead letter {args.id}", file=sys.stderr)
+        return EXIT_FAILURE
+    data = letter.as_json(full=True)
+    if args.json:
+        print(json.dumps(data, indent=2, sort_keys=True, default=str))
+        return EXIT_OK
+    for key in (
+        "id",
+        "redis_message_id",
+        "message_id",
+        "queue",
+        "actor",
+        "org_id",
+        "session_id",
+        "turn_index",
+        "ordinal",
+        "failed_at",
+        "attempts",
+        "exception_type",
+        "exception_message",
+        "in_redis",
+        "in_mirror",
+    ):
+        print(f"{key:>18}: {data[key]}")
+    print("           payload:")
+    print(json.dumps(data["payload"], indent=2, sort_keys=True))
+    print("         traceback:")
+    print(data["traceback"] or "(none)")
+    return EXIT_OK
+
+
+def _dlq_replay(store: Any, args: argparse.Namespace) -> int:
+    from core.progress import Progress
+
+    if args.all == bool(args.ids):
+        print("ibex dlq replay: give dead letter IDs or --all (not both)", file=sys.stderr)
+        return EXIT_USAGE
+    if args.all:
+        refs = [letter.ref for letter in store.list(queue=args.queue, actor=args.actor)]
+    else:
+        refs = list(args.ids)
+    progress = Progress("replaying", total=len(refs))
+    report = store.replay(refs, dry_run=args.dry_run, progress=progress.update)
+    progress.close()
+    for ref in report.missing:
+        print(f"ibex dlq replay: no dead letter {ref}", file=sys.stderr)
+    print(report.summary(dry_run=args.dry_run))
+    return EXIT_FAILURE if report.missing else EXIT_OK
+
+
+def _dlq_purge(store: Any, args: argparse.Namespace) -> int:
+    from extraction.deadletters import parse_age
+
+    older = None
+    if args.older_than:
+        try:
+            older = parse_age(args.older_than)
+        except ValueError as exc:
+            print(f"ibex dlq purge: {exc}", file=sys.stderr)
+            return EXIT_USAGE
+    if not args.yes:
+        if not sys.stdin.isatty():
+            print(
+                "ibex dlq purge: refusing without --yes (no terminal to confirm on)",
+                file=sys.stderr,
+            )
+            return EXIT_FAILURE
+        scope = f"queue {args.queue}" if args.queue else "all queues"
+        age = f" older than {args.older_than}" if args.older_than else ""
+        answer = input(f"Purge dead letters of {scope}{age}? This cannot be undone [y/N] ")
+        if answer.strip().lower() not in ("y", "yes"):
+            print("nothing purged")
+            return EXIT_OK
+    count = store.purge(queue=args.queue, older_than=older)
+    print(f"purged {count} dead letters")
+    return EXIT_OK

@@ -1,0 +1,335 @@
+"""``ibex demo``: the whole system on one machine, with the sample conversations.
+
+Embedded Postgres and Redis when ``DATABASE_URL`` / ``REDIS_URL`` are unset (the ``embedded``
+extra), migrations, a service token, the sample sessions of ``examples/``, the memory service
+under gunicorn, real ``dramatiq`` worker processes, one scan, a progress bar until the backlog
+drains, then a summary and a few memories. Everything it started is stopped on the way out,
+Ctrl-C included. Data stays under ``~/.ibex/demo`` (``--data-dir``), so a second run is fast;
+``--fresh`` starts over.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import importlib.resources
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+from core.cli import EXIT_FAILURE, EXIT_OK
+from core.config import Settings, child_environment
+from core.embedded import EmbeddedPostgres, EmbeddedRedis, default_demo_folder, free_port
+from core.errors import ConfigError
+from core.progress import Progress
+
+
+@dataclass
+class Summary:
+    sessions: int
+    turns: int
+    memories: int
+    llm_calls: int
+    duplicate_slots: int
+    duplicate_contents: int
+    failed_turns: int
+    seconds: float
+
+    @property
+    def llm_calls_per_turn(self) -> float:
+        return self.llm_calls / self.turns if self.turns else 0.0
+
+    def lines(self) -> list[str]:
+        return [
+            f"sessions extracted  {self.sessions}",
+            f"turns extracted     {self.turns}",
+            f"memories            {self.memories}",
+            f"LLM calls           {self.llm_calls} ({self.llm_calls_per_turn:.2f} per turn)",
+            f"duplicates          {self.duplicate_slots + self.duplicate_contents}",
+            f"failed turns        {self.failed_turns}",
+            f"wall time           {self.seconds:.1f}s",
+        ]
+
+
+class Processes:
+    """Child process groups, all stopped on exit (SIGTERM, then SIGKILL)."""
+
+    def __init__(self) -> None:
+        self.children: list[tuple[str, subprocess.Popen[bytes]]] = []
+
+    def start(self, name: str, argv: list[str], env: dict[str, str], log: Path) -> None:
+        handle = log.open("ab")
+        process = subprocess.Popen(
+            argv, env=env, stdout=handle, stderr=subprocess.STDOUT, start_new_session=True
+        )
+        handle.close()
+        self.children.append((name, process))
+
+    def check(self) -> None:
+        for name, process in self.children:
+            if process.poll() is not None:
+                raise ConfigError(f"the {name} process exited with status {process.returncode}")
+
+    def stop(self) -> None:
+        for _, process in self.children:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(process.pid, signal.SIGTERM)
+        deadline = time.monotonic() + 15
+        for _, process in self.children:
+            try:
+                process.wait(timeout=max(0.1, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                with contextlib.suppress(ProcessLookupError):
+                    os.killpg(process.pid, signal.SIGKILL)
+                process.wait(timeout=5)
+        self.children.clear()
+
+
+def _examples_text() -> str:
+    return (
+        importlib.resources.files("examples")
+        .joinpath("conversations.jsonl")
+        .read_text(encoding="utf-8")
+    )
+
+
+def _wait_http(url: str, processes: Processes, timeout: float = 30.0) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        processes.check()
+        with contextlib.suppress(httpx.HTTPError):
+            if httpx.get(url, timeout=1.0).status_code == 200:
+                return
+        time.sleep(0.2)
+    raise ConfigError(f"{url} did not answer within {timeout:.0f}s")
+
+
+@contextlib.contextmanager
+def _stack(args: argparse.Namespace, settings: Settings) -> Iterator[dict[str, Any]]:
+    folder = Path(args.data_dir).expanduser() if args.data_dir else default_demo_folder()
+    if args.fresh and folder.exists():
+        shutil.rmtree(folder)
+    folder.mkdir(parents=True, exist_ok=True)
+    postgres = EmbeddedPostgres(folder / "postgres")
+    redis_server = EmbeddedRedis(folder / "redis")
+    processes = Processes()
+    try:
+        database_url = settings.database_url or postgres.start()
+        redis_url = settings.redis_url if "REDIS_URL" in settings.explicit else redis_server.start()
+        yield {
+            "folder": folder,
+            "database_url": database_url,
+            "redis_url": redis_url,
+            "processes": processes,
+            "embedded": (settings.database_url is None, "REDIS_URL" not in settings.explicit),
+        }
+    finally:
+        processes.stop()
+        redis_server.stop()
+        postgres.stop()
+
+
+def run_demo(args: argparse.Namespace, settings: Settings) -> int:
+    from core.db import make_database
+    from core.migrate import migrate
+    from memory_service.auth import display_prefix, generate_token, hash_token
+    from memory_service.store import TokenStore
+    from models import bind
+    from models.importer import import_lines
+    from models.store import SessionStore
+
+    started = time.monotonic()
+    with _stack(args, settings) as stack:
+        folder: Path = stack["folder"]
+        pg_embedded, redis_embedded = stack["embedded"]
+        print(f"data folder         {folder}")
+        print(f"postgres            {'embedded' if pg_embedded else 'DATABASE_URL'}")
+        print(f"redis               {'embedded' if redis_embedded else 'REDIS_URL'}")
+        print(f"extractor           {settings.llm_provider}")
+        migrate(stack["database_url"])
+        db = bind(make_database(stack["database_url"]))
+        store = SessionStore(db)
+        report = import_lines(store, _examples_text().splitlines())
+        print(f"imported            {report.summary()}")
+
+        token = generate_token()
+        TokenStore(db).create(
+            org_id=None,
+            name="ibex demo",
+            token_hash=hash_token(token),
+            prefix=display_prefix(token),
+            scopes=["memory:read", "memory:write"],
+        )
+        port = free_port()
+        env = child_environment(
+            {
+                "DATABASE_URL": stack["database_url"],
+                "REDIS_URL": stack["redis_url"],
+                "MEMORY_SERVICE_URL": f"http://127.0.0.1:{port}",
+                "MEMORY_SERVICE_TOKEN": token,
+                "PORT": str(port),
+                "RETRY_MIN_BACKOFF_MS": "200",
+                "RETRY_MAX_BACKOFF_MS": "5000",
+                "PYTHONUNBUFFERED": "1",
+            }
+        )
+        processes: Processes = stack["processes"]
+        logs = folder / "logs"
+        logs.mkdir(exist_ok=True)
+        processes.start(
+            "memory service",
+            [
+                sys.executable,
+                "-m",
+                "gunicorn",
+                "--bind",
+                f"127.0.0.1:{port}",
+                "--workers",
+                "2",
+                "memory_service.wsgi:application",
+            ],
+            env,
+            logs / "web.log",
+        )
+        _wait_http(f"http://127.0.0.1:{port}/healthz", processes)
+        processes.start(
+            "worker",
+            [
+                sys.executable,
+                "-m",
+                "dramatiq",
+                "actors",
+                "--processes",
+                str(args.workers),
+                "--threads",
+                str(args.threads),
+            ],
+            env,
+            logs / "worker.log",
+        )
+        scan = subprocess.run(
+            [sys.executable, "-m", "core.cli", "scan"],
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=120,
+            check=False,
+        )
+        if scan.returncode != 0:
+            raise ConfigError(f"the scan failed: {scan.stderr.strip() or scan.stdout.strip()}")
+        print(f"scan                {scan.stdout.strip().splitlines()[-1] if scan.stdout else ''}")
+        drained = _wait_for_drain(db, processes, args.timeout)
+        summary = _summary(db, time.monotonic() - started)
+        print()
+        for line in summary.lines():
+            print(line)
+        print()
+        _print_samples(db)
+        print()
+        print(f"logs                {logs}")
+        if not drained:
+            print(
+                f"ibex demo: the backlog did not drain within {args.timeout:.0f}s", file=sys.stderr
+            )
+            return EXIT_FAILURE
+    return EXIT_OK if summary.duplicate_slots + summary.duplicate_contents == 0 else EXIT_FAILURE
+
+
+def _backlog(db: Any) -> tuple[int, int, int]:
+    """(turns done, turns above every pointer, failed turns) across all orgs."""
+    from core.db import operator_scope
+
+    with operator_scope(db):
+        lag = db.execute_sql(
+            "SELECT coalesce(sum(turn_count - last_extracted_turn), 0) FROM ibex_core.sessions"
+            " WHERE status = 'completed' AND deleted_at IS NULL"
+        ).fetchone()[0]
+        done, failed = db.execute_sql(
+            "SELECT count(*) FILTER (WHERE state = 'done'), count(*) FILTER (WHERE state ="
+            " 'failed') FROM ibex_core.extraction_turns"
+        ).fetchone()
+    return int(done), int(lag), int(failed)
+
+
+def _wait_for_drain(db: Any, processes: Processes, timeout: float) -> bool:
+    done, lag, failed = _backlog(db)
+    progress = Progress("extracting", total=done + lag)
+    deadline = time.monotonic() + timeout
+    try:
+        while lag > failed:
+            if time.monotonic() > deadline:
+                return False
+            processes.check()
+            progress.update(done, f"turns, {failed} failed")
+            time.sleep(0.25)
+            done, lag, failed = _backlog(db)
+        progress.update(done, f"turns, {failed} failed", force=True)
+    finally:
+        progress.close()
+    return True
+
+
+def _summary(db: Any, seconds: float) -> Summary:
+    from core.db import operator_scope
+
+    with operator_scope(db):
+        sessions, turns = db.execute_sql(
+            "SELECT count(*) FILTER (WHERE last_extracted_turn = turn_count AND turn_count > 0),"
+            " coalesce(sum(last_extracted_turn), 0) FROM ibex_core.sessions"
+            " WHERE status = 'completed' AND deleted_at IS NULL"
+        ).fetchone()
+        memories = db.execute_sql(
+            "SELECT count(*) FROM ibex_memory.memories WHERE deleted_at IS NULL"
+        ).fetchone()[0]
+        llm_calls, failed = db.execute_sql(
+            "SELECT coalesce(sum(llm_calls), 0), count(*) FILTER (WHERE state = 'failed')"
+            " FROM ibex_core.extraction_turns"
+        ).fetchone()
+        duplicate_slots = db.execute_sql(
+            "SELECT count(*) FROM (SELECT 1 FROM ibex_memory.memories"
+            " WHERE session_id IS NOT NULL GROUP BY org_id, session_id, turn_index, ordinal"
+            " HAVING count(*) > 1) d"
+        ).fetchone()[0]
+        duplicate_contents = db.execute_sql(
+            "SELECT count(*) FROM (SELECT 1 FROM ibex_memory.memories WHERE deleted_at IS NULL"
+            " GROUP BY org_id, agent_id, content_hash HAVING count(*) > 1) d"
+        ).fetchone()[0]
+    return Summary(
+        int(sessions),
+        int(turns),
+        int(memories),
+        int(llm_calls),
+        int(duplicate_slots),
+        int(duplicate_contents),
+        int(failed),
+        seconds,
+    )
+
+
+def _print_samples(db: Any, limit: int = 8) -> None:
+    from core.db import operator_scope
+
+    with operator_scope(db):
+        rows = db.execute_sql(
+            "SELECT o.slug, a.slug, m.kind, m.content FROM ibex_memory.memories m"
+            " JOIN ibex_core.orgs o ON o.id = m.org_id"
+            " JOIN ibex_core.agents a ON a.id = m.agent_id"
+            " WHERE m.deleted_at IS NULL ORDER BY m.session_id, m.turn_index, m.ordinal"
+            " LIMIT %s",
+            (limit,),
+        ).fetchall()
+    if not rows:
+        print("(no memories)")
+        return
+    print(f"{'ORG':<9} {'AGENT':<17} {'KIND':<11} MEMORY")
+    for org, agent, kind, content in rows:
+        print(f"{org:<9} {agent:<17} {kind:<11} {content}")

@@ -1,0 +1,245 @@
+"""``ibex status``: the extraction backlog per org and in total.
+
+Read as the operator role (every org, read only). Turn counts partition the unextracted turns
+of completed sessions (everything above each session's pointer):
+
+- ``pending``: not yet sent, or sent and its lease expired (the next scan sends it);
+- ``in_flight``: sent under a live lease;
+- ``waiting``: done, but above an earlier turn that is not done yet (the pointer waits);
+- ``failed``: dead-lettered, blocking its session's pointer until replayed.
+
+``done`` counts every turn the pipeline has finished; ``pointer_lag`` is the number of turns
+above the pointers, i.e. the sum of the four above.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+import peewee
+import redis
+
+from core.db import operator_scope
+
+BACKLOG_SQL = """
+WITH candidates AS (
+    SELECT s.id, s.org_id, s.last_extracted_turn, s.turn_count, s.completed_at, s.updated_at
+      FROM ibex_core.sessions s
+     WHERE s.status = 'completed' AND s.deleted_at IS NULL
+       AND s.last_extracted_turn < s.turn_count
+), above AS (
+    SELECT c.org_id, c.id AS session_id, t.state, t.lease_expires_at, t.created_at
+      FROM candidates c
+      JOIN ibex_core.extraction_turns t
+        ON t.session_id = c.id AND t.turn_index > c.last_extracted_turn
+)
+SELECT o.id, o.slug,
+       (SELECT count(*) FROM candidates c WHERE c.org_id = o.id),
+       (SELECT coalesce(sum(c.turn_count - c.last_extracted_turn), 0)
+          FROM candidates c WHERE c.org_id = o.id),
+       (SELECT count(*) FROM above a WHERE a.org_id = o.id AND a.state <> 'done'
+           AND a.state <> 'failed' AND a.lease_expires_at > now()),
+       (SELECT count(*) FROM above a WHERE a.org_id = o.id AND a.state = 'done'),
+       (SELECT count(*) FROM above a WHERE a.org_id = o.id AND a.state = 'failed'),
+       (SELECT count(DISTINCT a.session_id) FROM above a
+         WHERE a.org_id = o.id AND a.state = 'failed'),
+       (SELECT count(*) FROM ibex_core.extraction_turns t
+         WHERE t.org_id = o.id AND t.state = 'done'),
+       (SELECT min(coalesce(c.completed_at, c.updated_at)) FROM candidates c
+         WHERE c.org_id = o.id),
+       (SELECT coalesce(sum(t.llm_calls), 0) FROM ibex_core.extraction_turns t
+         WHERE t.org_id = o.id AND t.updated_at > now() - interval '1 hour'),
+       (SELECT coalesce(sum(t.prompt_tokens + t.completion_tokens), 0)
+          FROM ibex_core.extraction_turns t
+         WHERE t.org_id = o.id AND t.extracted_at > now() - interval '1 hour'),
+       (SELECT count(*) FROM ibex_memory.memories m
+         WHERE m.org_id = o.id AND m.deleted_at IS NULL)
+  FROM ibex_core.orgs o
+ ORDER BY o.slug
+"""
+
+
+@dataclass
+class OrgBacklog:
+    org_id: str
+    org: str
+    sessions_pending: int = 0
+    turns_pending: int = 0
+    turns_in_flight: int = 0
+    turns_waiting: int = 0
+    turns_failed: int = 0
+    turns_done: int = 0
+    pointer_lag: int = 0
+    sessions_blocked: int = 0
+    oldest_pending_age_seconds: float | None = None
+    llm_calls_last_hour: int = 0
+    tokens_last_hour: int = 0
+    memories: int = 0
+
+
+_SUMMED = (
+    "sessions_pending",
+    "turns_pending",
+    "turns_in_flight",
+    "turns_waiting",
+    "turns_failed",
+    "turns_done",
+    "pointer_lag",
+    "sessions_blocked",
+    "llm_calls_last_hour",
+    "tokens_last_hour",
+    "memories",
+)
+
+
+@dataclass
+class Status:
+    orgs: list[OrgBacklog]
+    total: dict[str, Any]
+    queues: dict[str, dict[str, int]] = field(default_factory=dict)
+    generated_at: str = ""
+
+    def as_json(self) -> dict[str, Any]:
+        return {
+            "generated_at": self.generated_at,
+            "total": self.total,
+            "orgs": [asdict(o) for o in self.orgs],
+            "queues": self.queues,
+        }
+
+
+def collect(
+    db: peewee.Database,
+    client: redis.Redis | None,
+    *,
+    queues: list[str],
+    namespace: str = "dramatiq",
+) -> Status:
+    now = dt.datetime.now(dt.UTC)
+    with operator_scope(db):
+        rows = db.execute_sql(BACKLOG_SQL).fetchall()
+        mirror = dict(
+            db.execute_sql(
+                "SELECT queue_name, count(*) FROM ibex_core.dead_letters"
+                " WHERE replayed_at IS NULL AND purged_at IS NULL GROUP BY queue_name"
+            ).fetchall()
+        )
+    orgs = []
+    for (
+        org_id,
+        slug,
+        sessions,
+        lag,
+        in_flight,
+        waiting,
+        failed,
+        blocked,
+        done,
+        oldest,
+        calls,
+        tokens,
+        memories,
+    ) in rows:
+        pending = int(lag) - int(in_flight) - int(waiting) - int(failed)
+        orgs.append(
+            OrgBacklog(
+                org_id=str(org_id),
+                org=slug,
+                sessions_pending=int(sessions),
+                turns_pending=pending,
+                turns_in_flight=int(in_flight),
+                turns_waiting=int(waiting),
+                turns_failed=int(failed),
+                turns_done=int(done),
+                pointer_lag=int(lag),
+                sessions_blocked=int(blocked),
+                oldest_pending_age_seconds=(
+                    round((now - oldest).total_seconds(), 1) if oldest else None
+                ),
+                llm_calls_last_hour=int(calls),
+                tokens_last_hour=int(tokens),
+                memories=int(memories),
+            )
+        )
+    total: dict[str, Any] = {name: sum(getattr(o, name) for o in orgs) for name in _SUMMED}
+    ages = [o.oldest_pending_age_seconds for o in orgs if o.oldest_pending_age_seconds is not None]
+    total["oldest_pending_age_seconds"] = max(ages) if ages else None
+    queue_stats: dict[str, dict[str, int]] = {}
+    names = set(queues) | set(mirror)
+    if client is not None:
+        for name in sorted(names):
+            key = f"{namespace}:{name}"
+            queue_stats[name] = {
+                "ready": int(client.llen(key)),
+                "delayed": int(client.llen(f"{key}.DQ")),
+                "dead_redis": int(client.zcard(f"{key}.XQ")),
+                "dead_mirror": int(mirror.get(name, 0)),
+            }
+    else:
+        for name in sorted(names):
+            queue_stats[name] = {"dead_mirror": int(mirror.get(name, 0))}
+    return Status(orgs, total, queue_stats, now.isoformat())
+
+
+def render(status: Status) -> str:
+    """A table for terminals."""
+    columns = [
+        ("org", "org"),
+        ("sessions", "sessions_pending"),
+        ("pending", "turns_pending"),
+        ("in flight", "turns_in_flight"),
+        ("waiting", "turns_waiting"),
+        ("failed", "turns_failed"),
+        ("done", "turns_done"),
+        ("lag", "pointer_lag"),
+        ("blocked", "sessions_blocked"),
+        ("oldest", "oldest_pending_age_seconds"),
+        ("LLM/h", "llm_calls_last_hour"),
+        ("memories", "memories"),
+    ]
+    rows = [[_cell(getattr(o, key)) for _, key in columns] for o in status.orgs]
+    rows.append(["TOTAL"] + [_cell(status.total.get(key)) for _, key in columns[1:]])
+    header = [title for title, _ in columns]
+    widths = [max(len(r[i]) for r in [header, *rows]) for i in range(len(header))]
+    lines = [
+        "  ".join(
+            h.rjust(w) if i else h.ljust(w)
+            for i, (h, w) in enumerate(zip(header, widths, strict=True))
+        )
+    ]
+    for row in rows:
+        lines.append(
+            "  ".join(
+                c.rjust(w) if i else c.ljust(w)
+                for i, (c, w) in enumerate(zip(row, widths, strict=True))
+            )
+        )
+    if status.queues:
+        lines.append("")
+        lines.append("queue                ready  delayed  dead(redis)  dead(mirror)")
+        for name, q in status.queues.items():
+            lines.append(
+                f"{name:<20} {q.get('ready', 0):>5}  {q.get('delayed', 0):>7}"
+                f"  {q.get('dead_redis', 0):>11}  {q.get('dead_mirror', 0):>12}"
+            )
+    return "\n".join(lines)
+
+
+def _cell(value: Any) -> str:
+    if value is None:
+        return "-"
+    if isinstance(value, float):
+        return _age(value)
+    return str(value)
+
+
+def _age(seconds: float) -> str:
+    if seconds < 120:
+        return f"{seconds:.0f}s"
+    if seconds < 7200:
+        return f"{seconds / 60:.0f}m"
+    if seconds < 172800:
+        return f"{seconds / 3600:.1f}h"
+    return f"{seconds / 86400:.1f}d"
