@@ -28,7 +28,7 @@ def _turn_state(db, org_id, session_id, turn_index, state, *, lease="NULL", llm_
 def known_state(db, store):
     # acme / s1: 5 turns, pointer 1; turn 2 in flight, turn 3 failed, turn 4 done (waiting),
     # turn 5 never sent.
-    org_a, agent_a, s1 = make_session(store, "acme", external_id="s1", turns=5)
+    org_a, _, s1 = make_session(store, "acme", external_id="s1", turns=5)
     _turn_state(db, org_a, s1, 1, "done")
     store.advance_pointer(org_a, s1, 1)
     _turn_state(db, org_a, s1, 2, "pending", lease="now() + interval '5 minutes'")
