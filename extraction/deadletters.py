@@ -383,7 +383,7 @@ class DeadLetterStore:
                     "UPDATE ibex_core.extraction_turns"
                     " SET state = CASE WHEN result IS NULL THEN 'pending'::ibex_core.turn_state"
                     "                  ELSE 'extracted'::ibex_core.turn_state END,"
-                    "     last_error = NULL,"
+                    "     last_error = NULL, attempts = 0,"
                     "     lease_expires_at = now() + make_interval(secs => %s)"
                     " WHERE session_id = %s AND turn_index = %s AND state = 'failed'",
                     (self.lease_seconds, letter.session_id, letter.turn_index),
