@@ -101,6 +101,7 @@ _NOT_NAMES = _words(
     afraid alone alive awake aware ashamed allergic vegan vegetarian married single divorced
     pregnant retired unemployed employed right wrong correct serious kidding joking
     later anytime tomorrow tonight now soon maybe whenever when if asap whatever anything
+    my me i im and or but because please thanks
     """
 )
 
@@ -682,15 +683,20 @@ def _rule_remember(clause: str) -> list[Memory]:
     x = clean_object(inner)
     if not x or len(x) > MAX_CLAUSE_CHARS:
         return []
-    subject = re.match(r"^(?:i|i'm|i am|im)\s+(?P<verb>[\w']+)(?P<rest>.*)$", x, re.I)
+    subject = re.match(
+        r"^(?:i|i'm|i am|im)\s+(?P<adverbs>(?:(?:always|usually|never|often|sometimes|rarely"
+        r"|really|also|just|still|only|definitely|generally|normally)\s+)*)(?P<verb>[\w']+)"
+        r"(?P<rest>.*)$",
+        x,
+        re.I,
+    )
     if subject:
         if re.match(r"^(?:i'm|i am|im)\b", x, re.I):
             text = "The user is " + x.split(None, 2 if x.lower().startswith("i am") else 1)[-1]
             return [(sentence(third_person(text)), "fact")]
-        verb = subject.group("verb")
-        return [
-            (sentence(f"The user {conjugate(verb)}{third_person(subject.group('rest'))}"), "fact")
-        ]
+        verb = conjugate(subject.group("verb"))
+        rest = third_person(subject.group("rest"))
+        return [(sentence(f"The user {subject.group('adverbs')}{verb}{rest}"), "fact")]
     if re.match(r"^my\b", x, re.I):
         return [(sentence("The user's" + third_person(x[2:])), "fact")]
     return [(sentence(_user_as_object(x)), "fact")]
@@ -743,7 +749,7 @@ def extract_text(text: str) -> list[ExtractedMemory]:
         for clause in clauses(sent):
             for content, kind in _match_clause(clause):
                 out.append(ExtractedMemory(content=content, kind=kind))
-    return out
+    return dedupe(out)
 
 
 def extract_rules(turn: Turn) -> list[ExtractedMemory]:

@@ -1,0 +1,1 @@
+"""Extraction providers against a fake OpenAI-compatible server over real loopback HTTP."""

@@ -1,0 +1,1 @@
+"""Unit tests of extraction: providers, prompt, result parsing, the rules extractor."""
