@@ -1,0 +1,120 @@
+"""``create_app(settings)``: the memory service as a Falcon WSGI app. No import-time state.
+
+Resources live in :mod:`memory_service.resources`; Postgres access in :mod:`.store` (under
+row-level security), idempotency records in :mod:`.idempotency`, tokens in :mod:`.auth`.
+
+Database connections come from a small pool and go back to it after each request, so a process
+holds at most one connection per thread that is serving a request, whatever the thread count.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+import falcon
+import peewee
+import redis
+from playhouse.pool import MaxConnectionsExceeded, PooledDatabase
+from playhouse.postgres_ext import PooledPostgresqlExtDatabase
+
+from core.config import Settings
+from core.db import connect_params
+from core.errors import ConfigError
+from memory_service import errors
+from memory_service.auth import Authenticator
+from memory_service.idempotency import IdempotencyStore
+from memory_service.openapi import build_spec
+from memory_service.resources import (
+    HealthResource,
+    MemoriesResource,
+    MemoryResource,
+    OpenApiResource,
+    ReadyResource,
+    Service,
+)
+from memory_service.store import MemoryStore, TokenStore
+
+log = logging.getLogger(__name__)
+
+POOL_MAX_CONNECTIONS = 32
+POOL_WAIT_SECONDS = 10
+REDIS_TIMEOUT_SECONDS = 2.0
+
+
+def make_pool(url: str | None, *, max_connections: int = POOL_MAX_CONNECTIONS) -> peewee.Database:
+    """A pooled peewee database for ``url``: a request borrows one connection and returns it."""
+    if not url:
+        raise ConfigError(
+            "DATABASE_URL is not set: the memory service needs Postgres", variable="DATABASE_URL"
+        )
+    params = connect_params(url)
+    params.setdefault("application_name", "ibex-memory")
+    params.setdefault("connect_timeout", 5)
+    name = params.pop("database")
+    return PooledPostgresqlExtDatabase(
+        name,
+        max_connections=max_connections,
+        timeout=POOL_WAIT_SECONDS,
+        stale_timeout=300,
+        register_hstore=False,
+        **params,
+    )
+
+
+class ReturnConnection:
+    """Falcon middleware: hand a pooled connection back once the response is decided."""
+
+    def __init__(self, db: peewee.Database) -> None:
+        self.db = db
+        self.pooled = isinstance(db, PooledDatabase)
+
+    def process_response(
+        self, req: falcon.Request, resp: falcon.Response, resource: Any, req_succeeded: bool
+    ) -> None:
+        if not self.pooled or self.db.is_closed():
+            return
+        try:
+            self.db.close()
+        except peewee.PeeweeException:
+            log.exception("could not return a database connection to the pool")
+
+
+def create_app(
+    settings: Settings,
+    *,
+    db: peewee.Database | None = None,
+    redis_client: redis.Redis | None = None,
+    token_cache_seconds: float = 2.0,
+) -> falcon.App:
+    """The WSGI app. ``db`` and ``redis_client`` default to ones built from ``settings``."""
+    if db is None:
+        db = make_pool(settings.database_url)
+    if redis_client is None:
+        redis_client = redis.Redis.from_url(
+            settings.redis_url,
+            socket_timeout=REDIS_TIMEOUT_SECONDS,
+            socket_connect_timeout=REDIS_TIMEOUT_SECONDS,
+            health_check_interval=30,
+        )
+    store = MemoryStore(db)
+    service = Service(
+        store=store,
+        idempotency=IdempotencyStore(
+            redis_client,
+            ttl_seconds=settings.idempotency_ttl_seconds,
+            lease_seconds=settings.idempotency_lease_seconds,
+        ),
+        auth=Authenticator(TokenStore(db), cache_seconds=token_cache_seconds),
+        max_body_bytes=settings.memory_max_body_bytes,
+    )
+    app = falcon.App(middleware=[ReturnConnection(db)])
+    app.req_options.strip_url_path_trailing_slash = True
+    errors.register(app)
+    app.add_error_handler(MaxConnectionsExceeded, errors.handle_unavailable)
+    app.add_route("/v1/memories", MemoriesResource(service))
+    app.add_route("/v1/memories/{memory_id:uuid}", MemoryResource(service))
+    app.add_route("/healthz", HealthResource())
+    app.add_route("/readyz", ReadyResource(store, redis_client))
+    app.add_route("/openapi.json", OpenApiResource(build_spec(settings.memory_max_body_bytes)))
+    return app

@@ -1,0 +1,51 @@
+"""Canonical forms: normalised content, its hash, and the request fingerprint.
+
+Pure functions, no I/O. Both hashes are part of the service's durable state (stored on every
+row), so changing either changes which requests count as "the same": treat them as a format.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import unicodedata
+from collections.abc import Mapping
+from typing import Any
+
+#: The request a fingerprint describes; only one route takes an idempotency key today.
+CREATE_ROUTE = "POST|/v1/memories|"
+
+
+def normalize_content(text: str) -> str:
+    """NFKC, case-folded, whitespace runs collapsed to one space and trimmed.
+
+    NFKC is applied again after case folding because folding can produce sequences that are
+    not in NFKC (the Unicode NFKC_Casefold recipe), and NFKC can turn characters such as
+    U+00A0 into plain spaces, so whitespace is collapsed last.
+    """
+    folded = unicodedata.normalize("NFKC", unicodedata.normalize("NFKC", text).casefold())
+    return " ".join(folded.split())
+
+
+def content_hash(text: str) -> str:
+    """SHA-256 (hex) of the normalised content: equal for texts that differ only in form."""
+    return hashlib.sha256(normalize_content(text).encode("utf-8")).hexdigest()
+
+
+def canonical_json(value: Any) -> str:
+    """Sorted keys, compact separators, non-ASCII kept: one text per JSON value."""
+    return json.dumps(value, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
+
+
+def fingerprint(validated_body: Mapping[str, Any]) -> str:
+    """``POST|/v1/memories|`` + the canonical JSON of the validated body.
+
+    Computed over the validated body, never the raw bytes, so key order, whitespace and
+    escapes do not matter, while any change of value does.
+    """
+    return CREATE_ROUTE + canonical_json(validated_body)
+
+
+def fingerprint_digest(validated_body: Mapping[str, Any]) -> str:
+    """SHA-256 (hex) of :func:`fingerprint`: what Redis and the row store, at a fixed size."""
+    return hashlib.sha256(fingerprint(validated_body).encode("utf-8")).hexdigest()

@@ -1,0 +1,127 @@
+"""``ibex token create|list|revoke``: API tokens of the memory service (DESIGN section 8).
+
+``create`` prints the token once, on standard output, and stores only its SHA-256 hash; the
+org is created when missing (the same ``INSERT ... ON CONFLICT`` as the session store's).
+Registered with :func:`core.cli.register` when the CLI loads its extensions.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import uuid
+from typing import Any
+
+from core.cli import EXIT_FAILURE, EXIT_OK, register
+from core.config import Settings
+from schema.common import SLUG
+from schema.memory import SCOPES
+
+
+def _add_token(sub: Any) -> None:
+    token = sub.add_parser("token", help="create, list and revoke memory service API tokens")
+    actions = token.add_subparsers(dest="action", metavar="ACTION")
+    actions.required = True
+
+    create = actions.add_parser("create", help="create a token and print it once")
+    owner = create.add_mutually_exclusive_group(required=True)
+    owner.add_argument("--org", metavar="SLUG", help="the org the token belongs to")
+    owner.add_argument(
+        "--service", action="store_true", help="a service token: acts for the org in X-IBEX-Org-ID"
+    )
+    create.add_argument(
+        "--scope",
+        action="append",
+        choices=SCOPES,
+        required=True,
+        help="memory:read and/or memory:write (repeat the option)",
+    )
+    create.add_argument("--name", help="a label shown by 'ibex token list'")
+
+    listing = actions.add_parser(
+        "list", help="list tokens (prefix, scopes, state; never the token)"
+    )
+    listing.add_argument("--json", action="store_true", help="stable JSON output")
+
+    revoke = actions.add_parser("revoke", help="revoke a token by id")
+    revoke.add_argument("id", help="the token id shown by 'ibex token list'")
+
+
+register("token", _add_token, "memory_service.commands:run_token")
+
+
+def run_token(args: argparse.Namespace, settings: Settings) -> int:
+    from core.db import make_database
+    from memory_service.store import TokenStore
+
+    store = TokenStore(make_database(settings.require_database_url()))
+    try:
+        if args.action == "create":
+            return _create(store, args)
+        if args.action == "list":
+            return _list(store, args)
+        return _revoke(store, args)
+    finally:
+        store.db.close()
+
+
+def _create(store: Any, args: argparse.Namespace) -> int:
+    from memory_service.auth import display_prefix, generate_token, hash_token
+
+    org_id: uuid.UUID | None = None
+    if args.org is not None:
+        if not SLUG.match(args.org):
+            print(f"ibex token create: invalid org slug {args.org!r}", file=sys.stderr)
+            return EXIT_FAILURE
+        org_id = store.ensure_org(args.org)
+    token = generate_token()
+    scopes = sorted(set(args.scope))
+    row = store.create(
+        org_id=org_id,
+        name=args.name,
+        token_hash=hash_token(token),
+        prefix=display_prefix(token),
+        scopes=scopes,
+    )
+    owner = f"org {args.org} ({org_id})" if org_id else "service (any org via X-IBEX-Org-ID)"
+    print(token)
+    print(
+        f"created token {row.id} for {owner}, scopes {' '.join(scopes)};"
+        " it is shown only this once",
+        file=sys.stderr,
+    )
+    return EXIT_OK
+
+
+def _list(store: Any, args: argparse.Namespace) -> int:
+    rows = store.list()
+    if args.json:
+        print(json.dumps([r.public() for r in rows], indent=2, sort_keys=True))
+        return EXIT_OK
+    if not rows:
+        print("no tokens")
+        return EXIT_OK
+    print(f"{'ID':36}  {'PREFIX':12}  {'OWNER':36}  {'SCOPES':25}  {'STATE':7}  NAME")
+    for r in rows:
+        owner = str(r.org_id) if r.org_id else "service"
+        state = "revoked" if r.revoked_at else "active"
+        print(
+            f"{r.id!s:36}  {r.prefix:12}  {owner:36}  {','.join(r.scopes):25}  {state:7}"
+            f"  {r.name or ''}"
+        )
+    return EXIT_OK
+
+
+def _revoke(store: Any, args: argparse.Namespace) -> int:
+    try:
+        token_id = uuid.UUID(args.id)
+    except ValueError:
+        print(f"ibex token revoke: {args.id!r} is not a token id", file=sys.stderr)
+        return EXIT_FAILURE
+    row = store.revoke(token_id)
+    if row is None:
+        print(f"ibex token revoke: no token {token_id}", file=sys.stderr)
+        return EXIT_FAILURE
+    print(f"revoked token {row.id} ({row.prefix}…)")
+    return EXIT_OK

@@ -1,0 +1,252 @@
+"""The OpenAPI 3 document of the service, generated from the marshmallow schemas (apispec).
+
+Every route, every status code it can answer and every body, including the error body, is
+listed here; a test walks the app's routes and checks nothing is missing.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from apispec import APISpec
+from apispec.ext.marshmallow import MarshmallowPlugin
+
+from schema.memory import (
+    ERROR_CODES,
+    MAX_IDEMPOTENCY_KEY_CHARS,
+    ErrorSchema,
+    HealthSchema,
+    MemoryCreateSchema,
+    MemoryListQuerySchema,
+    MemoryPageSchema,
+    MemorySchema,
+)
+
+TITLE = "IBEX memory service"
+VERSION = "1.0.0"
+
+
+def _error(description: str, **headers: Any) -> dict[str, Any]:
+    response: dict[str, Any] = {
+        "description": description,
+        "content": {"application/json": {"schema": "Error"}},
+    }
+    if headers:
+        response["headers"] = headers
+    return response
+
+
+RETRY_AFTER = {
+    "Retry-After": {
+        "description": "Seconds to wait before retrying.",
+        "schema": {"type": "integer", "minimum": 0},
+    }
+}
+WWW_AUTHENTICATE = {"WWW-Authenticate": {"schema": {"type": "string"}}}
+
+AUTH_ERRORS = {
+    "401": _error("Missing, unknown or revoked token (UNAUTHORIZED).", **WWW_AUTHENTICATE),
+    "403": _error("The token lacks the scope (INSUFFICIENT_SCOPE) or the org (FORBIDDEN_ORG)."),
+}
+COMMON_ERRORS = {
+    "500": _error("Unexpected error (INTERNAL_ERROR)."),
+    "503": _error("Postgres unavailable (UNAVAILABLE).", **RETRY_AFTER),
+}
+
+
+def _with_org_errors(responses: dict[str, Any]) -> dict[str, Any]:
+    responses.setdefault(
+        "400",
+        _error(
+            "Malformed X-IBEX-Org-ID (INVALID_HEADER) or none with a service token (ORG_REQUIRED)."
+        ),
+    )
+    return {**responses, **AUTH_ERRORS, **COMMON_ERRORS}
+
+
+ORG_HEADER = {
+    "in": "header",
+    "name": "X-IBEX-Org-ID",
+    "required": False,
+    "description": "The org to act for: required with a service token; an org token may "
+    "only name its own org.",
+    "schema": {"type": "string", "format": "uuid"},
+}
+MEMORY_ID = {
+    "in": "path",
+    "name": "memory_id",
+    "required": True,
+    "schema": {"type": "string", "format": "uuid"},
+}
+
+
+def build_spec(max_body_bytes: int) -> dict[str, Any]:
+    spec = APISpec(
+        title=TITLE,
+        version=VERSION,
+        openapi_version="3.0.3",
+        plugins=[MarshmallowPlugin()],
+        info={
+            "description": "Stores memories with durable idempotency and exact dedup "
+            '(DESIGN section 6). Every error body is `{"error": {"code", "message", '
+            "...}}`; codes: " + ", ".join(ERROR_CODES) + "."
+        },
+    )
+    spec.components.security_scheme("bearer", {"type": "http", "scheme": "bearer"})
+    for name, schema in (
+        ("MemoryCreate", MemoryCreateSchema),
+        ("Memory", MemorySchema),
+        ("MemoryPage", MemoryPageSchema),
+        ("Error", ErrorSchema),
+        ("Health", HealthSchema),
+    ):
+        spec.components.schema(name, schema=schema)
+
+    secured: list[dict[str, list[str]]] = [{"bearer": []}]
+    location = {"Location": {"description": "The new memory.", "schema": {"type": "string"}}}
+    replayed = {
+        "Idempotent-Replayed": {
+            "description": "`true` when answered from the idempotency record.",
+            "schema": {"type": "string", "enum": ["true"]},
+        }
+    }
+    spec.path(
+        path="/v1/memories",
+        operations={
+            "post": {
+                "operationId": "createMemory",
+                "summary": "Store a memory (idempotent with X-Idempotency-Key).",
+                "security": secured,
+                "parameters": [
+                    ORG_HEADER,
+                    {
+                        "in": "header",
+                        "name": "X-Idempotency-Key",
+                        "required": False,
+                        "description": "Scoped per org. The same key with the same body "
+                        "replays the first answer; with another body it conflicts.",
+                        "schema": {
+                            "type": "string",
+                            "minLength": 1,
+                            "maxLength": MAX_IDEMPOTENCY_KEY_CHARS,
+                        },
+                    },
+                ],
+                "requestBody": {
+                    "required": True,
+                    "description": f"At most {max_body_bytes} bytes.",
+                    "content": {"application/json": {"schema": "MemoryCreate"}},
+                },
+                "responses": _with_org_errors(
+                    {
+                        "201": {
+                            "description": "Stored (or replayed, see Idempotent-Replayed).",
+                            "headers": {**location, **replayed},
+                            "content": {"application/json": {"schema": "Memory"}},
+                        },
+                        "400": _error(
+                            "Malformed JSON (MALFORMED_JSON) or header (INVALID_HEADER, "
+                            "ORG_REQUIRED)."
+                        ),
+                        "409": _error(
+                            "IDEMPOTENCY_CONFLICT (the key was used with another body), "
+                            "IDEMPOTENCY_IN_PROGRESS (with Retry-After) or DUPLICATE_CONTENT "
+                            "(with existing_id). A stored 409 is replayed with "
+                            "Idempotent-Replayed.",
+                            **RETRY_AFTER,
+                            **replayed,
+                        ),
+                        "413": _error(f"Body over {max_body_bytes} bytes (BODY_TOO_LARGE)."),
+                        "422": _error("Validation failed, field by field (VALIDATION_FAILED)."),
+                    }
+                ),
+            },
+            "get": {
+                "operationId": "listMemories",
+                "summary": "List memories, newest first, with cursor pagination.",
+                "security": secured,
+                "parameters": [ORG_HEADER, {"in": "query", "schema": MemoryListQuerySchema}],
+                "responses": _with_org_errors(
+                    {
+                        "200": {
+                            "description": "One page.",
+                            "content": {"application/json": {"schema": "MemoryPage"}},
+                        },
+                        "422": _error("Invalid query parameter (VALIDATION_FAILED)."),
+                    }
+                ),
+            },
+        },
+    )
+    spec.path(
+        path="/v1/memories/{memory_id}",
+        operations={
+            "get": {
+                "operationId": "getMemory",
+                "summary": "One memory of the org.",
+                "security": secured,
+                "parameters": [MEMORY_ID, ORG_HEADER],
+                "responses": _with_org_errors(
+                    {
+                        "200": {
+                            "description": "The memory.",
+                            "content": {"application/json": {"schema": "Memory"}},
+                        },
+                        "404": _error("No such memory in this org (NOT_FOUND)."),
+                    }
+                ),
+            },
+            "delete": {
+                "operationId": "deleteMemory",
+                "summary": "Soft-delete a memory; its content may be written again.",
+                "security": secured,
+                "parameters": [MEMORY_ID, ORG_HEADER],
+                "responses": _with_org_errors(
+                    {
+                        "204": {"description": "Deleted."},
+                        "404": _error("No such memory in this org (NOT_FOUND)."),
+                    }
+                ),
+            },
+        },
+    )
+    health = {"application/json": {"schema": "Health"}}
+    spec.path(
+        path="/healthz",
+        operations={
+            "get": {
+                "operationId": "healthz",
+                "summary": "The process is up.",
+                "responses": {"200": {"description": "Up.", "content": health}},
+            }
+        },
+    )
+    spec.path(
+        path="/readyz",
+        operations={
+            "get": {
+                "operationId": "readyz",
+                "summary": "Postgres and Redis answer.",
+                "responses": {
+                    "200": {"description": "Ready.", "content": health},
+                    "503": {"description": "A dependency does not answer.", "content": health},
+                },
+            }
+        },
+    )
+    spec.path(
+        path="/openapi.json",
+        operations={
+            "get": {
+                "operationId": "openapi",
+                "summary": "This document.",
+                "responses": {
+                    "200": {
+                        "description": "OpenAPI 3 document.",
+                        "content": {"application/json": {"schema": {"type": "object"}}},
+                    }
+                },
+            }
+        },
+    )
+    return spec.to_dict()

@@ -1,0 +1,399 @@
+"""Memories and API tokens in Postgres: the durable half of idempotency and dedup.
+
+Every memory query runs inside :func:`core.db.tenant`, so row-level security scopes it to one
+org even when the connection is a superuser's. peewee errors are translated here and nowhere
+else: connection trouble becomes :class:`~core.errors.DatabaseUnavailableError` (through
+``core.db``), constraint violations become typed results.
+
+A write is one ``INSERT ... ON CONFLICT DO NOTHING``: the unique constraints, not a check before
+the insert, decide. When it inserts nothing, a second statement in the same transaction reads the
+row that won. Postgres makes a conflicting insert wait for the transaction holding the other row,
+so by then that row is committed and visible (READ COMMITTED takes a new snapshot per statement).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import datetime as dt
+import enum
+import uuid
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import peewee
+from psycopg2.extras import Json
+
+from core.db import APP_ROLE, db_errors, is_unique_violation, tenant
+from core.errors import DatabaseUnavailableError
+
+COLUMNS = (
+    "id, org_id, agent_id, session_id, turn_index, ordinal, content, content_hash, kind,"
+    " metadata, created_at, idempotency_key, request_fingerprint"
+)
+
+INSERT_SQL = f"""
+INSERT INTO ibex_memory.memories
+    (org_id, agent_id, session_id, turn_index, ordinal, content, content_hash, kind, metadata,
+     idempotency_key, request_fingerprint)
+VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s)
+ON CONFLICT DO NOTHING
+RETURNING {COLUMNS}
+"""
+
+# The row that beat us: the key's row first (a replay or a conflict), else the live content.
+WINNER_SQL = f"""
+SELECT {COLUMNS}, COALESCE(idempotency_key = %s, false) AS by_key
+  FROM ibex_memory.memories
+ WHERE org_id = %s
+   AND (idempotency_key = %s
+        OR (agent_id = %s AND content_hash = %s AND deleted_at IS NULL))
+ ORDER BY by_key DESC
+ LIMIT 1
+"""
+
+BY_KEY_SQL = f"""
+SELECT {COLUMNS} FROM ibex_memory.memories WHERE org_id = %s AND idempotency_key = %s
+"""
+
+GET_SQL = f"""
+SELECT {COLUMNS} FROM ibex_memory.memories WHERE org_id = %s AND id = %s AND deleted_at IS NULL
+"""
+
+DELETE_SQL = """
+UPDATE ibex_memory.memories SET deleted_at = now()
+ WHERE org_id = %s AND id = %s AND deleted_at IS NULL
+"""
+
+ORG_FK = "memories_org_id_fkey"
+
+
+@dataclass(frozen=True)
+class NewMemory:
+    """A validated write, with its normalised-content hash and request fingerprint."""
+
+    agent_id: uuid.UUID
+    content: str
+    content_hash: str
+    kind: str
+    metadata: dict[str, Any]
+    session_id: uuid.UUID | None
+    turn_index: int | None
+    ordinal: int | None
+    idempotency_key: str | None
+    fingerprint: str
+
+
+@dataclass(frozen=True)
+class MemoryRow:
+    id: uuid.UUID
+    org_id: uuid.UUID
+    agent_id: uuid.UUID
+    session_id: uuid.UUID | None
+    turn_index: int | None
+    ordinal: int | None
+    content: str
+    content_hash: str
+    kind: str
+    metadata: dict[str, Any]
+    created_at: dt.datetime
+    idempotency_key: str | None
+    request_fingerprint: str | None
+
+    @classmethod
+    def from_db(cls, row: Sequence[Any]) -> MemoryRow:
+        return cls(
+            id=uuid.UUID(str(row[0])),
+            org_id=uuid.UUID(str(row[1])),
+            agent_id=uuid.UUID(str(row[2])),
+            session_id=uuid.UUID(str(row[3])) if row[3] is not None else None,
+            turn_index=row[4],
+            ordinal=row[5],
+            content=row[6],
+            content_hash=row[7],
+            kind=row[8],
+            metadata=row[9],
+            created_at=row[10],
+            idempotency_key=row[11],
+            request_fingerprint=row[12],
+        )
+
+    def as_json(self) -> dict[str, Any]:
+        """The public representation (``schema.memory.MemorySchema``), JSON-ready."""
+        source = None
+        if self.session_id is not None:
+            source = {
+                "session_id": str(self.session_id),
+                "turn_index": self.turn_index,
+                "ordinal": self.ordinal,
+            }
+        return {
+            "id": str(self.id),
+            "org_id": str(self.org_id),
+            "agent_id": str(self.agent_id),
+            "content": self.content,
+            "content_hash": self.content_hash,
+            "kind": self.kind,
+            "source": source,
+            "metadata": self.metadata,
+            "created_at": self.created_at.astimezone(dt.UTC).isoformat(),
+        }
+
+
+class Outcome(enum.Enum):
+    CREATED = "created"
+    #: A row with this key exists (compare fingerprints: a replay or a conflict).
+    KEY_EXISTS = "key_exists"
+    #: A live row of this org and agent holds the same normalised content.
+    CONTENT_EXISTS = "content_exists"
+    UNKNOWN_AGENT = "unknown_agent"
+    UNKNOWN_ORG = "unknown_org"
+
+
+@dataclass(frozen=True)
+class CreateResult:
+    outcome: Outcome
+    row: MemoryRow | None = None
+
+
+class MemoryStore:
+    """Tenant-scoped reads and writes of ``ibex_memory.memories``."""
+
+    def __init__(self, db: peewee.Database) -> None:
+        self.db = db
+
+    def create(self, org_id: uuid.UUID, new: NewMemory) -> CreateResult:
+        params = (
+            str(org_id),
+            str(new.agent_id),
+            str(new.session_id) if new.session_id else None,
+            new.turn_index,
+            new.ordinal,
+            new.content,
+            new.content_hash,
+            new.kind,
+            Json(new.metadata),
+            new.idempotency_key,
+            new.fingerprint if new.idempotency_key is not None else None,
+        )
+        # A loser can find no winner only if the winner was soft-deleted in between; the
+        # content is then free again, so try once more.
+        for _ in range(3):
+            try:
+                with tenant(self.db, org_id):
+                    row = self.db.execute_sql(INSERT_SQL, params).fetchone()
+                    if row is not None:
+                        return CreateResult(Outcome.CREATED, MemoryRow.from_db(row))
+                    winner = self.db.execute_sql(
+                        WINNER_SQL,
+                        (
+                            new.idempotency_key,
+                            str(org_id),
+                            new.idempotency_key,
+                            str(new.agent_id),
+                            new.content_hash,
+                        ),
+                    ).fetchone()
+            except peewee.IntegrityError as exc:
+                return CreateResult(_foreign_key_outcome(exc))
+            if winner is not None:
+                by_key = bool(winner[-1])
+                outcome = Outcome.KEY_EXISTS if by_key else Outcome.CONTENT_EXISTS
+                return CreateResult(outcome, MemoryRow.from_db(winner[:-1]))
+        raise DatabaseUnavailableError("memory insert kept conflicting with vanishing rows")
+
+    def find_by_key(self, org_id: uuid.UUID, idempotency_key: str) -> MemoryRow | None:
+        with tenant(self.db, org_id):
+            row = self.db.execute_sql(BY_KEY_SQL, (str(org_id), idempotency_key)).fetchone()
+        return MemoryRow.from_db(row) if row else None
+
+    def get(self, org_id: uuid.UUID, memory_id: uuid.UUID) -> MemoryRow | None:
+        with tenant(self.db, org_id):
+            row = self.db.execute_sql(GET_SQL, (str(org_id), str(memory_id))).fetchone()
+        return MemoryRow.from_db(row) if row else None
+
+    def list(
+        self,
+        org_id: uuid.UUID,
+        *,
+        agent_id: uuid.UUID | None,
+        session_id: uuid.UUID | None,
+        limit: int,
+        after: tuple[dt.datetime, uuid.UUID] | None,
+    ) -> list[MemoryRow]:
+        """Newest first; ``after`` is the (created_at, id) of the last row already seen."""
+        where = ["org_id = %s", "deleted_at IS NULL"]
+        params: list[Any] = [str(org_id)]
+        if agent_id is not None:
+            where.append("agent_id = %s")
+            params.append(str(agent_id))
+        if session_id is not None:
+            where.append("session_id = %s")
+            params.append(str(session_id))
+        if after is not None:
+            where.append("(created_at, id) < (%s, %s::uuid)")
+            params.extend([after[0], str(after[1])])
+        params.append(limit)
+        sql = (
+            f"SELECT {COLUMNS} FROM ibex_memory.memories WHERE {' AND '.join(where)}"
+            " ORDER BY created_at DESC, id DESC LIMIT %s"
+        )
+        with tenant(self.db, org_id):
+            rows = self.db.execute_sql(sql, params).fetchall()
+        return [MemoryRow.from_db(r) for r in rows]
+
+    def soft_delete(self, org_id: uuid.UUID, memory_id: uuid.UUID) -> bool:
+        with tenant(self.db, org_id):
+            cursor = self.db.execute_sql(DELETE_SQL, (str(org_id), str(memory_id)))
+            return bool(cursor.rowcount)
+
+    def ping(self) -> None:
+        with db_errors():
+            self.db.execute_sql("SELECT 1").fetchone()
+
+
+def _foreign_key_outcome(exc: peewee.IntegrityError) -> Outcome:
+    """Which reference a failed insert named: the org (403) or the agent (422)."""
+    orig = getattr(exc, "orig", None) or exc.__cause__ or exc
+    if getattr(orig, "pgcode", None) != "23503":
+        if is_unique_violation(exc):  # cannot happen with ON CONFLICT DO NOTHING
+            raise DatabaseUnavailableError("unexpected unique violation") from exc
+        raise exc
+    constraint = getattr(getattr(orig, "diag", None), "constraint_name", None)
+    return Outcome.UNKNOWN_ORG if constraint == ORG_FK else Outcome.UNKNOWN_AGENT
+
+
+# -- API tokens ----------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class TokenRow:
+    id: uuid.UUID
+    org_id: uuid.UUID | None
+    name: str | None
+    token_hash: str
+    prefix: str
+    scopes: tuple[str, ...]
+    is_service: bool
+    created_at: dt.datetime
+    last_used_at: dt.datetime | None
+    revoked_at: dt.datetime | None
+
+    @classmethod
+    def from_db(cls, row: Sequence[Any]) -> TokenRow:
+        return cls(
+            id=uuid.UUID(str(row[0])),
+            org_id=uuid.UUID(str(row[1])) if row[1] is not None else None,
+            name=row[2],
+            token_hash=row[3],
+            prefix=row[4],
+            scopes=tuple(row[5]),
+            is_service=bool(row[6]),
+            created_at=row[7],
+            last_used_at=row[8],
+            revoked_at=row[9],
+        )
+
+    def public(self) -> dict[str, Any]:
+        """What ``ibex token list --json`` prints: never the hash."""
+        data = dataclasses.asdict(self)
+        data.pop("token_hash")
+        for name in ("id", "org_id"):
+            data[name] = str(data[name]) if data[name] is not None else None
+        for name in ("created_at", "last_used_at", "revoked_at"):
+            value = data[name]
+            data[name] = value.astimezone(dt.UTC).isoformat() if value is not None else None
+        data["scopes"] = list(self.scopes)
+        return data
+
+
+TOKEN_COLUMNS = (
+    "id, org_id, name, token_hash, prefix, scopes, is_service,"  # noqa: S105 (column names)
+    " created_at, last_used_at, revoked_at"
+)
+
+
+class TokenStore:
+    """``ibex_memory.api_tokens``. Lookups run as the tenant role (no org is known yet; the
+    table is readable by it and not row-secured); creation and revocation are operator actions.
+    """
+
+    def __init__(self, db: peewee.Database) -> None:
+        self.db = db
+
+    def lookup(self, token_hash: str) -> TokenRow | None:
+        """The token with this hash, revoked or not; stamps ``last_used_at`` at most per minute."""
+        with db_errors(), self.db.atomic():
+            self.db.execute_sql(f"SET LOCAL ROLE {APP_ROLE}")
+            row = self.db.execute_sql(
+                f"SELECT {TOKEN_COLUMNS} FROM ibex_memory.api_tokens WHERE token_hash = %s",
+                (token_hash,),
+            ).fetchone()
+            if row is None:
+                return None
+            token = TokenRow.from_db(row)
+            if token.revoked_at is None and (
+                token.last_used_at is None
+                or token.last_used_at < dt.datetime.now(dt.UTC) - dt.timedelta(minutes=1)
+            ):
+                self.db.execute_sql(
+                    "UPDATE ibex_memory.api_tokens SET last_used_at = now() WHERE id = %s",
+                    (str(token.id),),
+                )
+        return token
+
+    def create(
+        self,
+        *,
+        org_id: uuid.UUID | None,
+        name: str | None,
+        token_hash: str,
+        prefix: str,
+        scopes: Sequence[str],
+    ) -> TokenRow:
+        with db_errors(), self.db.atomic():
+            row = self.db.execute_sql(
+                "INSERT INTO ibex_memory.api_tokens"
+                " (org_id, name, token_hash, prefix, scopes, is_service)"
+                f" VALUES (%s, %s, %s, %s, %s, %s) RETURNING {TOKEN_COLUMNS}",
+                (
+                    str(org_id) if org_id else None,
+                    name,
+                    token_hash,
+                    prefix,
+                    list(scopes),
+                    org_id is None,
+                ),
+            ).fetchone()
+        return TokenRow.from_db(row)
+
+    def list(self) -> list[TokenRow]:
+        with db_errors():
+            rows = self.db.execute_sql(
+                f"SELECT {TOKEN_COLUMNS} FROM ibex_memory.api_tokens ORDER BY created_at, id"
+            ).fetchall()
+        return [TokenRow.from_db(r) for r in rows]
+
+    def revoke(self, token_id: uuid.UUID) -> TokenRow | None:
+        """Mark the token revoked (idempotent); None if there is no such token."""
+        with db_errors(), self.db.atomic():
+            row = self.db.execute_sql(
+                "UPDATE ibex_memory.api_tokens SET revoked_at = COALESCE(revoked_at, now())"
+                f" WHERE id = %s RETURNING {TOKEN_COLUMNS}",
+                (str(token_id),),
+            ).fetchone()
+        return TokenRow.from_db(row) if row else None
+
+    def ensure_org(self, slug: str) -> uuid.UUID:
+        """The org with ``slug``, created when missing (the same statement as SessionStore's)."""
+        with db_errors(), self.db.atomic():
+            row = self.db.execute_sql(
+                "INSERT INTO ibex_core.orgs (slug) VALUES (%s) ON CONFLICT (slug) DO NOTHING"
+                " RETURNING id",
+                (slug,),
+            ).fetchone()
+            if row is None:
+                row = self.db.execute_sql(
+                    "SELECT id FROM ibex_core.orgs WHERE slug = %s", (slug,)
+                ).fetchone()
+        return uuid.UUID(str(row[0]))

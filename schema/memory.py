@@ -1,0 +1,224 @@
+"""Payloads of the memory service (DESIGN section 6): requests, responses and error bodies.
+
+The service validates with these schemas and ``/openapi.json`` is generated from them, so the
+document cannot drift from what the code accepts. No I/O here.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from marshmallow import RAISE, Schema, ValidationError, fields, validate, validates_schema
+
+from schema.common import StrictInteger
+
+#: Mirrors the CHECK on ``ibex_memory.memories.kind`` (a unit test keeps them in step).
+MEMORY_KINDS = ("fact", "preference", "event", "other")
+SCOPES = ("memory:read", "memory:write")
+MAX_CONTENT_CHARS = 4000
+MAX_METADATA_BYTES = 16384
+MAX_METADATA_DEPTH = 16
+MAX_IDEMPOTENCY_KEY_CHARS = 255
+DEFAULT_PAGE_SIZE = 50
+MAX_PAGE_SIZE = 200
+
+#: Every error code the service answers with; documented in the OpenAPI error schema.
+ERROR_CODES = (
+    "MALFORMED_JSON",
+    "INVALID_HEADER",
+    "ORG_REQUIRED",
+    "UNAUTHORIZED",
+    "INSUFFICIENT_SCOPE",
+    "FORBIDDEN_ORG",
+    "NOT_FOUND",
+    "METHOD_NOT_ALLOWED",
+    "IDEMPOTENCY_CONFLICT",
+    "IDEMPOTENCY_IN_PROGRESS",
+    "DUPLICATE_CONTENT",
+    "BODY_TOO_LARGE",
+    "VALIDATION_FAILED",
+    "BAD_REQUEST",
+    "INTERNAL_ERROR",
+    "UNAVAILABLE",
+)
+
+
+def _storable_text(text: str) -> None:
+    """Postgres text cannot hold NUL, and UTF-8 cannot encode lone surrogates."""
+    if "\x00" in text:
+        raise ValidationError("must not contain NUL characters")
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        raise ValidationError("must be valid Unicode (no lone surrogates)") from None
+
+
+def _check_json_value(value: Any, depth: int) -> None:
+    if depth > MAX_METADATA_DEPTH:
+        raise ValidationError(f"must not nest deeper than {MAX_METADATA_DEPTH} levels")
+    if isinstance(value, str):
+        _storable_text(value)
+    elif isinstance(value, dict):
+        for key, item in value.items():
+            if not isinstance(key, str):
+                raise ValidationError("keys must be strings")
+            _storable_text(key)
+            _check_json_value(item, depth + 1)
+    elif isinstance(value, list):
+        for item in value:
+            _check_json_value(item, depth + 1)
+    elif isinstance(value, float):
+        if value != value or value in (float("inf"), float("-inf")):
+            raise ValidationError("numbers must be finite")
+    elif value is not None and not isinstance(value, bool | int):
+        raise ValidationError("must be plain JSON")
+
+
+def _metadata_valid(value: dict[str, Any]) -> None:
+    _check_json_value(value, 1)
+    size = len(json.dumps(value, separators=(",", ":"), ensure_ascii=False).encode("utf-8"))
+    if size > MAX_METADATA_BYTES:
+        raise ValidationError(f"must be at most {MAX_METADATA_BYTES} bytes as JSON")
+
+
+def _content_valid(text: str) -> None:
+    _storable_text(text)
+    if not text.split():
+        raise ValidationError("must not be blank")
+
+
+class MemorySourceSchema(Schema):
+    """Where the memory was extracted from: one ordinal of one turn of a session."""
+
+    class Meta:
+        unknown = RAISE
+
+    session_id = fields.UUID(required=True)
+    turn_index = StrictInteger(
+        load_default=None, allow_none=True, validate=validate.Range(min=1, max=2**31 - 1)
+    )
+    ordinal = StrictInteger(
+        load_default=None, allow_none=True, validate=validate.Range(min=0, max=2**31 - 1)
+    )
+
+
+class MemoryCreateSchema(Schema):
+    """Body of ``POST /v1/memories``."""
+
+    class Meta:
+        unknown = RAISE
+
+    agent_id = fields.UUID(required=True, metadata={"description": "An agent of the org."})
+    content = fields.String(
+        required=True,
+        validate=[validate.Length(min=1, max=MAX_CONTENT_CHARS), _content_valid],
+        metadata={
+            "description": "The memory. Deduplicated per org and agent after NFKC, case "
+            "folding and whitespace collapsing."
+        },
+    )
+    kind = fields.String(load_default="fact", validate=validate.OneOf(MEMORY_KINDS))
+    source = fields.Nested(MemorySourceSchema, load_default=None, allow_none=True)
+    metadata = fields.Dict(
+        keys=fields.String(),
+        values=fields.Raw(allow_none=True),
+        load_default=dict,
+        validate=_metadata_valid,
+        metadata={"description": f"Free-form JSON object, at most {MAX_METADATA_BYTES} bytes."},
+    )
+
+
+class MemorySchema(Schema):
+    """A stored memory, as every read and write returns it."""
+
+    class Meta:
+        unknown = RAISE
+
+    id = fields.UUID(required=True)
+    org_id = fields.UUID(required=True)
+    agent_id = fields.UUID(required=True)
+    content = fields.String(required=True)
+    content_hash = fields.String(
+        required=True,
+        validate=validate.Regexp(r"^[0-9a-f]{64}$"),
+        metadata={"description": "SHA-256 (hex) of the normalised content."},
+    )
+    kind = fields.String(required=True, validate=validate.OneOf(MEMORY_KINDS))
+    source = fields.Nested(MemorySourceSchema, required=True, allow_none=True)
+    metadata = fields.Dict(keys=fields.String(), values=fields.Raw(allow_none=True), required=True)
+    created_at = fields.AwareDateTime(required=True)
+
+
+class MemoryPageSchema(Schema):
+    """One page of ``GET /v1/memories``, newest first."""
+
+    class Meta:
+        unknown = RAISE
+
+    items = fields.List(fields.Nested(MemorySchema), required=True)
+    next_cursor = fields.String(
+        required=True,
+        allow_none=True,
+        metadata={"description": "Pass as `cursor` for the next page; null on the last page."},
+    )
+
+
+class MemoryListQuerySchema(Schema):
+    """Query parameters of ``GET /v1/memories``."""
+
+    class Meta:
+        unknown = RAISE
+
+    agent_id = fields.UUID()
+    session_id = fields.UUID()
+    limit = fields.Integer(
+        load_default=DEFAULT_PAGE_SIZE, validate=validate.Range(min=1, max=MAX_PAGE_SIZE)
+    )
+    cursor = fields.String(
+        validate=validate.Length(min=1, max=512),
+        metadata={"description": "Opaque; the `next_cursor` of the previous page."},
+    )
+
+
+class ErrorDetailSchema(Schema):
+    class Meta:
+        unknown = RAISE
+
+    code = fields.String(required=True, validate=validate.OneOf(ERROR_CODES))
+    message = fields.String(required=True)
+    fields_ = fields.Dict(
+        data_key="fields",
+        keys=fields.String(),
+        values=fields.Raw(),
+        metadata={"description": "422 only: the errors field by field."},
+    )
+    existing_id = fields.UUID(
+        metadata={
+            "description": "DUPLICATE_CONTENT: the memory that holds this content. "
+            "IDEMPOTENCY_CONFLICT: the memory stored under this key, when known."
+        }
+    )
+    retry_after = fields.Integer(metadata={"description": "Seconds, as in Retry-After."})
+
+    @validates_schema
+    def _known_shape(self, data: dict[str, Any], **kwargs: Any) -> None:
+        if data.get("code") == "DUPLICATE_CONTENT" and "existing_id" not in data:
+            raise ValidationError("DUPLICATE_CONTENT names existing_id", "existing_id")
+
+
+class ErrorSchema(Schema):
+    """Every error: ``{"error": {"code", "message", ...}}``."""
+
+    class Meta:
+        unknown = RAISE
+
+    error = fields.Nested(ErrorDetailSchema, required=True)
+
+
+class HealthSchema(Schema):
+    class Meta:
+        unknown = RAISE
+
+    status = fields.String(required=True, validate=validate.OneOf(("ok", "unavailable")))
+    checks = fields.Dict(keys=fields.String(), values=fields.String())

@@ -1,0 +1,79 @@
+"""Builders and end-state probes for the memory service tests."""
+
+from __future__ import annotations
+
+import uuid
+from dataclasses import dataclass
+from typing import Any
+
+from memory_service.auth import display_prefix, generate_token, hash_token
+from memory_service.store import TokenStore
+
+BASE_URL = "http://memory.test"
+
+
+@dataclass(frozen=True)
+class Tenant:
+    org_id: uuid.UUID
+    agent_id: uuid.UUID
+    writer: str  # memory:read + memory:write
+    reader: str  # memory:read only
+    writer_id: uuid.UUID
+
+    def headers(
+        self, token: str | None = None, *, key: str | None = None, org: object = None
+    ) -> dict[str, str]:
+        """Authorization (the writer token by default), and the key and org headers if given."""
+        headers = {"Authorization": f"Bearer {token or self.writer}"}
+        if key is not None:
+            headers["X-Idempotency-Key"] = key
+        if org is not None:
+            headers["X-IBEX-Org-ID"] = str(org)
+        return headers
+
+
+def make_token(db: Any, org_id: uuid.UUID | None, scopes: list[str]) -> tuple[str, uuid.UUID]:
+    token = generate_token()
+    row = TokenStore(db).create(
+        org_id=org_id,
+        name="test",
+        token_hash=hash_token(token),
+        prefix=display_prefix(token),
+        scopes=scopes,
+    )
+    return token, row.id
+
+
+def make_tenant(store: Any, slug: str) -> Tenant:
+    org_id = store.ensure_org(slug)
+    agent_id = store.ensure_agent(org_id, "bot")
+    writer, writer_id = make_token(store.db, org_id, ["memory:read", "memory:write"])
+    reader, _ = make_token(store.db, org_id, ["memory:read"])
+    return Tenant(org_id, agent_id, writer, reader, writer_id)
+
+
+def memory_body(agent_id: uuid.UUID, content: str = "Dana is allergic to peanuts.", **extra: Any):
+    body: dict[str, Any] = {
+        "agent_id": str(agent_id),
+        "content": content,
+        "kind": "fact",
+        "source": {"session_id": str(uuid.UUID(int=7)), "turn_index": 3, "ordinal": 0},
+        "metadata": {},
+    }
+    body.update(extra)
+    return body
+
+
+def memory_count(db: Any, org_id: uuid.UUID | None = None) -> int:
+    """Rows as the owner sees them (no RLS): the ground truth of a test's end state."""
+    sql = "SELECT count(*) FROM ibex_memory.memories"
+    params: tuple[Any, ...] = ()
+    if org_id is not None:
+        sql += " WHERE org_id = %s"
+        params = (str(org_id),)
+    return int(db.execute_sql(sql, params).fetchone()[0])
+
+
+def memory_ids(db: Any) -> list[uuid.UUID]:
+    rows = db.execute_sql("SELECT id FROM ibex_memory.memories ORDER BY created_at").fetchall()
+    return [uuid.UUID(str(r[0])) for r in rows]
