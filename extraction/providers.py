@@ -6,7 +6,7 @@
   deterministic offline extractor of :mod:`extraction.rules`.
 
 Failures are classified for the queue, here and nowhere else for httpx:
-429, 5xx, timeouts, connection errors and unusable answers raise
+429, 5xx, 408 and client-side timeouts, connection errors and unusable answers raise
 :class:`~core.errors.LLMUnavailableError` (retried with backoff); other 4xx raise
 :class:`~core.errors.LLMRejectedError` (dead-lettered at once: the request or the
 configuration is wrong). A failure is never returned as "no memories". The API key never

@@ -18,7 +18,8 @@ and negations ("I'm not allergic to ...", "I don't live in ...") simply do not m
 - places: "I live in X", "I'm from X", "I work at/for/in X", "I moved to X" → fact
 - plans and events: "I'm going to X", "I plan to X", "I'm traveling to X", "my birthday is X",
   "I have a X on DATE" → event
-- "remember that X": the patterns applied to X, else X itself in the third person → fact
+- "remember that X": the patterns applied to X (keeping their kind: "remember that I love tea"
+  is a preference), else X itself in the third person → fact
 - roles and life: "I'm a nurse", "I work as a nurse", "I'm 34 years old", "I have a dog named
   Rex", "I have two kids" → fact
 
@@ -155,11 +156,17 @@ _FAMILY = (
     r"|grandson|granddaughter|nephew|niece)"
 )
 _COUNT = r"(?:a|an|one|two|three|four|five|six|seven|eight|nine|ten|\d{1,2})"
+_TIME_NOUN = (
+    r"(?:week|weekend|month|year|morning|afternoon|evening|night|summer|winter|spring|fall"
+    r"|autumn|semester|term|monday|tuesday|wednesday|thursday|friday|saturday|sunday)"
+)
 _DATE_WORDS = re.compile(
-    r"\b(?:on|this|next|tomorrow|tonight|today|later|in \d+|in (?:a|two|three) (?:days?|weeks?"
-    r"|months?)|at \d|monday|tuesday|wednesday|thursday|friday|saturday|sunday|january"
-    r"|february|march|april|may|june|july|august|september|october|november|december"
-    r"|weekend|morning|afternoon|evening|\d{1,2}(?:st|nd|rd|th)|\d{4}-\d{2}-\d{2})\b",
+    r"\b(?:tomorrow|tonight|today|(?:this|next|last)\s+" + _TIME_NOUN + r"|later this"
+    r"|in (?:\d+|a|an|one|two|three|a few|a couple of) (?:days?|weeks?|months?|years?)"
+    r"|at \d{1,2}(?::\d\d)?\s*(?:am|pm)?|on the \d{1,2}(?:st|nd|rd|th)?"
+    r"|monday|tuesday|wednesday|thursday|friday|saturday|sunday|january|february|march|april"
+    r"|may|june|july|august|september|october|november|december|weekend"
+    r"|\d{1,2}(?:st|nd|rd|th)|\d{4}-\d{2}-\d{2}|\d{1,2}/\d{1,2}(?:/\d{2,4})?)\b",
     re.I,
 )
 
@@ -578,10 +585,14 @@ def _rule_event(clause: str) -> list[Memory]:
             return [(f"The user {conjugate(verb)} to {x}.", "event")]
         return []
     match = re.match(
-        r"^i'll be\s+(?P<x>(?:in|at|visiting|traveling|travelling|away|out of)\b.+)$", clause, re.I
+        r"^(?P<be>i'll be|i will be|" + _I_AM + r")\s+(?P<x>(?:in|at|visiting|traveling|travelling"
+        r"|away|out of|off)\b.+)$",
+        clause,
+        re.I,
     )
     if match and _DATE_WORDS.search(match.group("x")) and (x := _obj(match.group("x"))):
-        return [(f"The user will be {x}.", "event")]
+        be = "will be" if "be" in match.group("be").lower().split() else "is"
+        return [(f"The user {be} {x}.", "event")]
     match = re.match(
         r"^my\s+(?P<what>birthday|bday|anniversary|wedding|wedding anniversary|graduation"
         r"|due date|exam|interview|surgery|flight)\s+(?:is|will be|'s|falls)\s+(?P<x>.+)$",
@@ -609,7 +620,9 @@ def _rule_event(clause: str) -> list[Memory]:
         x = _obj(match.group("x"))
         det = match.group("det").lower()
         det = "their" if det == "my" else det
-        if x and not re.match(r"^(?:question|problem|issue|idea|doubt|request)\b", x, re.I):
+        if x and not re.match(
+            r"^(?:question|problem|issue|idea|doubt|request|error|bug|exception|typo)\b", x, re.I
+        ):
             return [(f"The user has {det} {x}.", "event")]
     return []
 

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import pytest
 
 from extraction.rules import extract_rules, extract_text, new_user_texts
@@ -70,6 +72,13 @@ CASES: list[tuple[str, list[tuple[str, str]]]] = [
         [("The user has a dentist appointment on Friday.", E)],
     ),
     ("I'm getting married in June.", [("The user is getting married in June.", E)]),
+    ("I'm in London this week.", [("The user is in London this week.", E)]),
+    ("I'll be in Tokyo next month.", [("The user will be in Tokyo next month.", E)]),
+    ("I have an exam on Monday.", [("The user has an exam on Monday.", E)]),
+    (
+        "I have a flight to NYC tomorrow morning.",
+        [("The user has a flight to NYC tomorrow morning.", E)],
+    ),
     # remember that
     ("Remember that my sister's name is Ana.", [("The user's sister's name is Ana.", F)]),
     ("Please remember that the wifi password is hunter2", [("The wifi password is hunter2.", F)]),
@@ -128,6 +137,12 @@ NOTHING = [
     "I love you.",
     "I like your answer.",
     "I have a question about my taxes.",
+    "I have an error in my code on line 5.",
+    "I'm in trouble.",
+    "I'm getting an error.",
+    "I'm having trouble with my printer.",
+    "I want to learn Python.",
+    "I'm trying to fix a bug in my code.",
     "call me later",
     "Can you help me with my resume",
     "Thanks, that's great!",
@@ -195,7 +210,8 @@ def test_content_parts_are_read() -> None:
 
 def test_odd_messages_are_skipped() -> None:
     turn = make_turn("I love tea.")
-    turn.messages.extend([{"role": "user", "content": None}, "junk", {"role": "user"}])
+    odd: list[Any] = [{"role": "user", "content": None}, "junk", {"role": "user"}]
+    turn.messages.extend(odd)
     assert [m.content for m in extract_rules(turn)] == ["The user loves tea."]
 
 
