@@ -32,3 +32,18 @@ def test_procfile_names_the_contract_processes() -> None:
     assert set(lines) == {"release", "web", "worker", "scheduler"}
     assert lines["release"].strip() == "ibex migrate"
     assert "dramatiq actors" in lines["worker"] and "$PORT" in lines["web"]
+
+
+def test_imports_flow_one_way() -> None:
+    # import-linter reads its contracts from setup.cfg: actors → extraction | memory_service
+    # → models → schema → core, and schema imports no I/O library.
+    import subprocess
+    import sys
+
+    lint = Path(sys.executable).parent / "lint-imports"
+    if not lint.exists():
+        pytest.skip("import-linter is not installed (pip install -e '.[test]')")
+    result = subprocess.run(
+        [str(lint), "--no-cache"], cwd=ROOT, capture_output=True, text=True, timeout=120
+    )
+    assert result.returncode == 0, result.stdout[-3000:]
