@@ -1,1 +1,23 @@
-"""Dramatiq actors: one module per pipeline stage (scan, extract, write, pointer)."""
+"""Dramatiq actors: one module per pipeline stage (scan, extract, write, pointer).
+
+``dramatiq actors`` imports this package: the broker first (it becomes Dramatiq's global
+broker), then every stage module, so one worker command runs every stage.
+"""
+
+from actors.broker import Queue, broker
+from actors.extract import extract_turn
+from actors.pointer import advance_pointer
+from actors.scan import scan_sessions
+from actors.write import write_memory
+
+ACTORS = (scan_sessions, extract_turn, write_memory, advance_pointer)
+
+__all__ = [
+    "ACTORS",
+    "Queue",
+    "advance_pointer",
+    "broker",
+    "extract_turn",
+    "scan_sessions",
+    "write_memory",
+]

@@ -107,3 +107,7 @@ class DatabaseUnavailableError(TransientError):
 
 class TurnBusyError(TransientError):
     """Another delivery holds a live claim on this turn; wait instead of calling the LLM."""
+
+    def __init__(self, message: str, *, retry_after: float | None = None) -> None:
+        super().__init__(message)
+        self.retry_after = retry_after

@@ -1,0 +1,161 @@
+"""The Dramatiq broker every actor is declared on, and how follow-up messages are sent.
+
+Importing this module installs the process's broker (a :class:`RedisBroker` on ``REDIS_URL``)
+as Dramatiq's global broker, so ``dramatiq actors`` finds it. Tests swap it with
+:func:`use_broker` (a :class:`StubBroker`, or a RedisBroker on fakeredis), which moves every
+declared actor onto the new broker.
+
+Settings chosen on purpose (see NOTES-dramatiq):
+
+- ``heartbeat_timeout`` 30 s and ``maintenance_chance`` 2 %: a killed worker's unacked messages
+  come back within about a minute instead of Dramatiq's default of tens of minutes. The scan's
+  leases remain the real backstop (maintenance is probabilistic, and some retries are dropped).
+- Retries from ``MAX_RETRIES``, ``RETRY_MIN_BACKOFF_MS``, ``RETRY_MAX_BACKOFF_MS``; permanent
+  errors are in every actor's ``throws`` and never retried.
+- The time limit sits above the LLM and HTTP timeouts, so a slow call fails as a timeout (a
+  clean retry) before Dramatiq's asynchronous interrupt would hit the thread.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Iterable
+from enum import StrEnum
+
+import dramatiq
+from dramatiq.brokers.redis import RedisBroker
+from dramatiq.brokers.stub import StubBroker
+from dramatiq.middleware import AgeLimit, Middleware, Retries, ShutdownNotifications, TimeLimit
+
+from core.config import Settings
+from core.errors import ConfigError
+from extraction.stages import Send
+
+log = logging.getLogger(__name__)
+
+#: A worker silent for this long is presumed dead and its messages are requeued (ms).
+HEARTBEAT_TIMEOUT_MS = 30_000
+#: Out of a million broker commands, how many run queue maintenance (requeue dead workers').
+MAINTENANCE_CHANCE = 20_000
+#: Slack on top of the slowest single call a stage makes, for the database work around it.
+TIME_LIMIT_SLACK_S = 60
+
+
+class Queue(StrEnum):
+    """The pipeline's queues: one per stage, so a backlog of writes never delays the pointer."""
+
+    SCAN = "scan"
+    EXTRACT = "extract"
+    WRITE = "write"
+    POINTER = "pointer"
+
+
+def time_limit_ms(settings: Settings) -> int:
+    slowest = max(settings.llm_timeout_seconds, settings.http_timeout_seconds)
+    return (slowest + TIME_LIMIT_SLACK_S) * 1000
+
+
+class TurnBusyRetry(dramatiq.Retry):
+    """Wait for another delivery's LLM claim to end. Not counted against ``MAX_RETRIES``: the
+    wait is bounded by the claim's expiry, and the turn's own attempt counter bounds how often
+    a claim can be taken at all."""
+
+
+def retry_when(max_retries: int) -> Callable[[int, BaseException], bool]:
+    def should_retry(retries: int, exception: BaseException) -> bool:
+        return isinstance(exception, TurnBusyRetry) or retries < max_retries
+
+    return should_retry
+
+
+def base_middleware(settings: Settings) -> list[Middleware]:
+    return [
+        AgeLimit(),
+        TimeLimit(time_limit=time_limit_ms(settings)),
+        ShutdownNotifications(),
+        Retries(
+            max_retries=settings.max_retries,
+            min_backoff=settings.retry_min_backoff_ms,
+            max_backoff=settings.retry_max_backoff_ms,
+            retry_when=retry_when(settings.max_retries),
+        ),
+    ]
+
+
+def make_broker(
+    settings: Settings,
+    *,
+    stub: bool = False,
+    client: object | None = None,
+    extra_middleware: Iterable[Middleware] | None = None,
+) -> dramatiq.Broker:
+    """A broker for ``settings``: Redis from ``REDIS_URL`` (or ``client``, e.g. fakeredis), or a
+    StubBroker for unit tests. The pipeline's own middleware is added unless
+    ``extra_middleware`` replaces it."""
+    from actors.middleware import pipeline_middleware
+
+    middleware = base_middleware(settings)
+    middleware.extend(pipeline_middleware() if extra_middleware is None else extra_middleware)
+    broker: dramatiq.Broker
+    if stub:
+        return StubBroker(middleware=middleware)
+    if client is not None:
+        broker = RedisBroker(
+            client=client,
+            middleware=middleware,
+            heartbeat_timeout=HEARTBEAT_TIMEOUT_MS,
+            maintenance_chance=MAINTENANCE_CHANCE,
+        )
+    else:
+        broker = RedisBroker(
+            url=settings.redis_url,
+            middleware=middleware,
+            heartbeat_timeout=HEARTBEAT_TIMEOUT_MS,
+            maintenance_chance=MAINTENANCE_CHANCE,
+        )
+    return broker
+
+
+def use_broker(new: dramatiq.Broker) -> dramatiq.Broker:
+    """Make ``new`` the global broker and move every declared actor onto it; returns it."""
+    global broker
+    old = broker
+    for actor in list(old.actors.values()):
+        actor.broker = new
+        new.declare_actor(actor)
+    broker = new
+    dramatiq.set_broker(new)
+    return new
+
+
+def send_all(messages: Iterable[Send]) -> int:
+    """Send follow-up messages through the current broker; return how many were sent."""
+    count = 0
+    for message in messages:
+        broker.get_actor(message.actor_name).send_with_options(kwargs=message.kwargs)
+        count += 1
+    return count
+
+
+def _initial_broker() -> dramatiq.Broker:
+    # Importing the actors must not fail on configuration: the CLI reports configuration errors
+    # itself, and a worker reports them (one line, non-zero exit) when its process boots.
+    try:
+        settings = Settings.from_env()
+    except ConfigError:
+        settings = Settings.from_env({})
+    return make_broker(settings)
+
+
+broker: dramatiq.Broker = _initial_broker()
+dramatiq.set_broker(broker)
+
+__all__ = [
+    "Queue",
+    "TurnBusyRetry",
+    "broker",
+    "make_broker",
+    "send_all",
+    "time_limit_ms",
+    "use_broker",
+]

@@ -1,0 +1,34 @@
+"""``extract_turn(org_id, session_id, turn_index)``: extract one turn's memories.
+
+Running it twice is safe: a stored result is reused without calling the LLM; only a delivery
+that takes the turn's claim in Postgres calls the LLM (a concurrent one waits with
+``dramatiq.Retry``); the result is persisted first-wins before any side effect; and the
+``write_memory`` messages it sends name slots, so sending them again writes nothing new.
+"""
+
+from __future__ import annotations
+
+import dramatiq
+
+from actors.broker import Queue, broker
+from actors.shell import run_stage
+from core.errors import PermanentError
+from extraction import stages
+from schema import load
+from schema.messages import TurnMessageSchema
+
+_SCHEMA = TurnMessageSchema()
+
+
+@dramatiq.actor(
+    actor_name="extract_turn", queue_name=Queue.EXTRACT, throws=(PermanentError,), broker=broker
+)
+def extract_turn(org_id: str, session_id: str, turn_index: int) -> None:
+    msg = load(
+        _SCHEMA,
+        {"org_id": org_id, "session_id": session_id, "turn_index": turn_index},
+        what="extract_turn message",
+    )
+    run_stage(
+        lambda deps: stages.extract_turn(deps, msg["org_id"], msg["session_id"], msg["turn_index"])
+    )

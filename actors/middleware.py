@@ -1,0 +1,272 @@
+"""Worker middleware: resource lifetimes and the dead-letter mirror.
+
+- :class:`PipelineRuntime` builds the process's stage dependencies once, at process boot: the
+  database (a small connection pool), the LLM provider and one :class:`MemoryClient` (one
+  pooled httpx client per process). Without ``DATABASE_URL`` (or ``MEMORY_SERVICE_TOKEN``) the
+  worker process exits at once with a one-line error naming the variable: extraction without
+  the session store is refused.
+- :class:`DatabaseConnection` checks a connection out of the pool for each message and gives it
+  back when the message is acked or nacked.
+- :class:`MessageShape` rejects a message whose arguments do not even bind to its actor's
+  signature (a hand-made or corrupted payload): it is failed at once instead of retried.
+- :class:`DeadLetterMirror` (``after_nack``) writes every failed message into
+  ``ibex_core.dead_letters`` (payload, actor, queue, exception type and message, traceback,
+  attempts, slot identity) and marks its turn ``failed`` with the reason, so the pointer of
+  that session waits for an operator's replay.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import inspect
+import logging
+import sys
+import threading
+import uuid
+from typing import Any
+
+import dramatiq
+from dramatiq.errors import ActorNotFound
+from dramatiq.middleware import Middleware, SkipMessage
+from playhouse.postgres_ext import PooledPostgresqlExtDatabase
+
+from core.config import Settings
+from core.db import connect_params
+from core.errors import ConfigError, PermanentError
+from extraction.stages import StageDeps
+from extraction.state import DeadLetterRecord, ExtractionState, TurnRef
+from models.store import SessionStore
+
+log = logging.getLogger(__name__)
+
+_deps: StageDeps | None = None
+_deps_lock = threading.Lock()
+
+TURN_ACTORS = frozenset({"extract_turn", "write_memory", "advance_pointer"})
+
+
+def install_deps(deps: StageDeps | None) -> None:
+    """Set the stage dependencies of this process (tests, the CLI); None removes them."""
+    global _deps
+    with _deps_lock:
+        _deps = deps
+
+
+def current_deps() -> StageDeps:
+    """The stage dependencies of this process; a ConfigError when nothing installed them."""
+    deps = _deps
+    if deps is None:
+        raise ConfigError(
+            "the pipeline is not configured in this process (DATABASE_URL is not set?)",
+            variable="DATABASE_URL",
+        )
+    return deps
+
+
+def pooled_database(url: str, max_connections: int) -> PooledPostgresqlExtDatabase:
+    """A connection pool on ``url``: a message checks a connection out and gives it back."""
+    params = connect_params(url)
+    params.setdefault("application_name", "ibex-worker")
+    params.setdefault("connect_timeout", 5)
+    name = params.pop("database")
+    return PooledPostgresqlExtDatabase(
+        name,
+        max_connections=max_connections,
+        stale_timeout=300,
+        timeout=30,
+        autorollback=True,
+        register_hstore=False,
+        **params,
+    )
+
+
+def build_worker_deps(settings: Settings) -> StageDeps:
+    """Everything a worker process needs, or a ConfigError naming the missing variable."""
+    from extraction.providers import make_provider
+    from memory_service.client import MemoryClient
+
+    url = settings.require_database_url()
+    if not settings.memory_service_token:
+        raise ConfigError(
+            "MEMORY_SERVICE_TOKEN is not set: the worker cannot write memories",
+            variable="MEMORY_SERVICE_TOKEN",
+        )
+    db = pooled_database(url, max_connections=settings.worker_threads + 4)
+    memory = MemoryClient(
+        settings.memory_service_url,
+        settings.memory_service_token,
+        timeout=float(settings.http_timeout_seconds),
+    )
+    return StageDeps(
+        store=SessionStore(db), settings=settings, provider=make_provider(settings), memory=memory
+    )
+
+
+class PipelineRuntime(Middleware):
+    """Builds the stage dependencies at process boot; closes the HTTP clients at shutdown."""
+
+    def after_process_boot(self, broker: dramatiq.Broker) -> None:
+        if _deps is not None:
+            return
+        try:
+            install_deps(build_worker_deps(Settings.from_env()))
+        except ConfigError as exc:
+            # One line, then a non-zero exit of this worker process (and so of `dramatiq`).
+            print(f"ibex worker: configuration error: {exc}", file=sys.stderr, flush=True)
+            raise SystemExit(1) from None
+
+    def before_worker_shutdown(self, broker: dramatiq.Broker, worker: Any) -> None:
+        deps = _deps
+        if deps is None:
+            return
+        for resource in (deps.memory, deps.provider):
+            close = getattr(resource, "close", None)
+            if callable(close):
+                try:
+                    close()
+                except Exception:
+                    log.warning("closing %r failed", resource, exc_info=True)
+
+
+class DatabaseConnection(Middleware):
+    """One database connection per message, from the process's pool."""
+
+    def before_process_message(self, broker: dramatiq.Broker, message: Any) -> None:
+        if _deps is not None:
+            _deps.store.db.connect(reuse_if_open=True)
+
+    def _release(self) -> None:
+        deps = _deps
+        if deps is None:
+            return
+        db = deps.store.db
+        try:
+            if not db.is_closed() and not db.in_transaction():
+                db.close()
+        except Exception:
+            log.warning("releasing the database connection failed", exc_info=True)
+
+    def after_ack(self, broker: dramatiq.Broker, message: Any) -> None:
+        self._release()
+
+    def after_nack(self, broker: dramatiq.Broker, message: Any) -> None:
+        self._release()
+
+
+class MessageShape(Middleware):
+    """Fail (without retrying) a message whose arguments cannot bind to its actor."""
+
+    def before_process_message(self, broker: dramatiq.Broker, message: Any) -> None:
+        try:
+            actor = broker.get_actor(message.actor_name)
+        except ActorNotFound:
+            return  # the worker dead-letters unknown actors itself
+        try:
+            inspect.signature(actor.fn).bind(*message.args, **message.kwargs)
+        except TypeError as exc:
+            message.options["ibex_invalid"] = f"invalid {message.actor_name} message: {exc}"
+            message.fail()
+            raise SkipMessage(message.options["ibex_invalid"]) from None
+
+
+def _identity(message: Any, actor_fn: Any | None) -> dict[str, Any]:
+    values: dict[str, Any] = {}
+    if actor_fn is not None:
+        with contextlib.suppress(TypeError):
+            values.update(
+                inspect.signature(actor_fn).bind_partial(*message.args, **message.kwargs).arguments
+            )
+    for key, value in (message.kwargs or {}).items():
+        values.setdefault(key, value)
+    out: dict[str, Any] = {}
+    for key in ("org_id", "session_id"):
+        try:
+            out[key] = uuid.UUID(str(values[key]))
+        except (KeyError, ValueError, TypeError, AttributeError):
+            out[key] = None
+    for key in ("turn_index", "ordinal"):
+        value = values.get(key)
+        ok = isinstance(value, int) and not isinstance(value, bool) and 0 <= value < 2**31
+        out[key] = value if ok else None
+    return out
+
+
+class DeadLetterMirror(Middleware):
+    """``after_nack``: every failed message into ``ibex_core.dead_letters``; its turn failed."""
+
+    def after_nack(self, broker: dramatiq.Broker, message: Any) -> None:
+        try:
+            self._mirror(broker, message)
+        except Exception:
+            # Never let the mirror break the worker: the message is in Redis's dead letters.
+            log.exception("could not mirror dead letter %s", message.message_id)
+
+    def _mirror(self, broker: dramatiq.Broker, message: Any) -> None:
+        exc = getattr(message, "_exception", None)
+        invalid = message.options.get("ibex_invalid")
+        if invalid:
+            exc_type, exc_message = "InvalidMessageError", str(invalid)
+        elif exc is not None:
+            exc_type, exc_message = type(exc).__name__, str(exc)
+        else:
+            exc_type, exc_message = None, None
+        try:
+            actor_fn = broker.get_actor(message.actor_name).fn
+        except ActorNotFound:
+            actor_fn = None
+        retries = int(message.options.get("retries", 0) or 0)
+        # Exhausted retries were already counted for this delivery; a thrown error was not.
+        thrown = invalid or exc is None or isinstance(exc, PermanentError | ActorNotFound)
+        ident = _identity(message, actor_fn)
+        record = DeadLetterRecord(
+            redis_message_id=str(message.options.get("redis_message_id") or message.message_id),
+            message_id=str(message.message_id),
+            queue_name=str(message.queue_name),
+            actor_name=str(message.actor_name),
+            payload=dict(message.asdict()),
+            exception_type=exc_type,
+            exception_message=exc_message,
+            traceback=message.options.get("traceback"),
+            attempts=retries + (1 if thrown else 0),
+            **ident,
+        )
+        log.error(
+            "dead letter: %s %s (%s: %s)",
+            record.actor_name,
+            record.message_id,
+            exc_type,
+            exc_message,
+        )
+        deps = _deps
+        if deps is None:
+            log.error("no database in this process: dead letter %s not mirrored", record.message_id)
+            return
+        state: ExtractionState = deps.state
+        state.mirror_dead_letter(record)
+        if (
+            record.actor_name in TURN_ACTORS
+            and record.org_id
+            and record.session_id
+            and record.turn_index
+        ):
+            ref = TurnRef(record.org_id, record.session_id, record.turn_index)
+            state.mark_failed(ref, f"{exc_type}: {exc_message}")
+
+
+def pipeline_middleware() -> list[Middleware]:
+    """The pipeline's middleware in order; ``after_*`` hooks run in reverse, so the mirror
+    writes before the connection is given back."""
+    return [MessageShape(), PipelineRuntime(), DatabaseConnection(), DeadLetterMirror()]
+
+
+__all__ = [
+    "DatabaseConnection",
+    "DeadLetterMirror",
+    "MessageShape",
+    "PipelineRuntime",
+    "build_worker_deps",
+    "current_deps",
+    "install_deps",
+    "pipeline_middleware",
+    "pooled_database",
+]

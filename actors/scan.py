@@ -1,0 +1,29 @@
+"""``scan_sessions(session_id=None)``: find completed sessions with unextracted turns, record
+them, and send ``extract_turn`` for each turn not done, not failed and not leased.
+
+Running it twice is safe: turns are recorded with ``ON CONFLICT DO NOTHING`` and a turn is sent
+only after its lease was taken in the same transaction (``FOR UPDATE SKIP LOCKED``), so while
+the leases are live a second scan sends nothing; once a lease expires the turn is sent again,
+which is the backstop for messages the broker lost.
+"""
+
+from __future__ import annotations
+
+import dramatiq
+
+from actors.broker import Queue, broker
+from actors.shell import run_stage
+from core.errors import PermanentError
+from extraction import stages
+from schema import load
+from schema.messages import ScanMessageSchema
+
+_SCHEMA = ScanMessageSchema()
+
+
+@dramatiq.actor(
+    actor_name="scan_sessions", queue_name=Queue.SCAN, throws=(PermanentError,), broker=broker
+)
+def scan_sessions(session_id: str | None = None) -> None:
+    msg = load(_SCHEMA, {"session_id": session_id}, what="scan_sessions message")
+    run_stage(lambda deps: stages.scan(deps, session_id=msg["session_id"]).sent)

@@ -1,0 +1,388 @@
+"""The pipeline's four stages as plain functions (DESIGN section 5).
+
+Each stage does its work in Postgres transactions and *returns* the follow-up messages as data
+(:class:`Send`); the caller sends them only after the stage returned, i.e. after every
+transaction that recorded the stage has committed. The Dramatiq actors (``actors/``) are thin
+shells around these functions, and ``ibex extract`` runs the same functions inline.
+
+Every stage is safe to run any number of times, in any order, concurrently: what it does is
+decided by the per-turn state (:mod:`extraction.state`), never by the message or the broker.
+
+``deps.fault`` is a test seam: it is called with the name of each crash point just after the
+step it names (``after_llm_call``, ``after_persist``, ``after_post``, ``after_record_slot``,
+``after_mark_done``, ``after_advance``), so a test can kill a stage exactly there.
+"""
+
+from __future__ import annotations
+
+import logging
+import uuid
+from collections import defaultdict
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+from core.config import Settings
+from core.errors import (
+    ConfigError,
+    InvalidMessageError,
+    LLMUnavailableError,
+    NotFoundError,
+    PermanentError,
+    TurnBusyError,
+)
+from extraction.keys import idempotency_key
+from extraction.result import ExtractionResult
+from extraction.state import (
+    AlreadyDone,
+    Busy,
+    Claimed,
+    ExtractionState,
+    GaveUp,
+    Persisted,
+    PersistedResult,
+    TurnRef,
+)
+from models.store import Candidate, SessionStore, Turn
+from schema import load
+from schema.messages import MESSAGE_SCHEMAS
+
+log = logging.getLogger(__name__)
+
+SCAN, EXTRACT, WRITE, POINTER = "scan_sessions", "extract_turn", "write_memory", "advance_pointer"
+
+
+class ExtractionAbandonedError(PermanentError):
+    """A turn used up its extraction attempts (counted by us, so a worker killed mid-call
+    counts too); it dead-letters with the last error until an operator replays it."""
+
+
+class ProviderLike(Protocol):
+    name: str
+    model: str
+
+    def extract(self, turn: Turn, context: Sequence[Turn]) -> ExtractionResult: ...
+
+
+class WriteOutcomeLike(Protocol):
+    status: int
+    memory_id: uuid.UUID | None
+    code: str | None
+    replayed: bool
+
+
+class MemoryWriter(Protocol):
+    def create_memory(
+        self, org_id: uuid.UUID | str, body: Mapping[str, Any], idempotency_key: str
+    ) -> WriteOutcomeLike: ...
+
+
+@dataclass(frozen=True)
+class Send:
+    """A message to send once the stage that produced it has returned."""
+
+    actor_name: str
+    kwargs: dict[str, Any]
+
+    def __str__(self) -> str:
+        args = ", ".join(f"{k}={v}" for k, v in self.kwargs.items())
+        return f"{self.actor_name}({args})"
+
+
+@dataclass
+class StageDeps:
+    """What the stages need; built once per process (worker middleware, CLI, tests)."""
+
+    store: SessionStore
+    settings: Settings
+    provider: ProviderLike | None = None
+    memory: MemoryWriter | None = None
+    fault: Callable[[str], None] | None = None
+    state: ExtractionState = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.state = ExtractionState(self.store)
+
+    @property
+    def max_attempts(self) -> int:
+        """LLM attempts per turn before it dead-letters: as many as Dramatiq deliveries."""
+        return self.settings.max_retries + 1
+
+    def crash_point(self, name: str) -> None:
+        if self.fault is not None:
+            self.fault(name)
+
+    def need_provider(self) -> ProviderLike:
+        if self.provider is None:
+            raise ConfigError("no LLM provider configured", variable="LLM_PROVIDER")
+        return self.provider
+
+    def need_memory(self) -> MemoryWriter:
+        if self.memory is None:
+            raise ConfigError(
+                "MEMORY_SERVICE_TOKEN is not set: cannot write memories",
+                variable="MEMORY_SERVICE_TOKEN",
+            )
+        return self.memory
+
+
+# -- scan_sessions ---------------------------------------------------------------------------
+
+
+@dataclass
+class ScanReport:
+    sessions: int = 0
+    sent: list[Send] = field(default_factory=list)
+
+    @property
+    def turns(self) -> int:
+        return len(self.sent)
+
+
+def scan(deps: StageDeps, *, session_id: uuid.UUID | str | None = None) -> ScanReport:
+    """Find completed sessions with unextracted turns, record those turns, and lease the ones
+    not done, not failed and not in flight: one ``extract_turn`` each. At most
+    ``SCAN_MAX_TURNS_PER_AGENT`` per agent, so one tenant's backlog cannot starve the rest.
+    While the leases are live a second scan sends nothing."""
+    settings = deps.settings
+    report = ScanReport()
+    budget: dict[uuid.UUID, int] = defaultdict(lambda: settings.scan_max_turns_per_agent)
+    for batch in _candidate_batches(deps, session_id):
+        report.sessions += len(batch)
+        groups: dict[tuple[uuid.UUID, uuid.UUID], list[uuid.UUID]] = {}
+        for c in batch:
+            groups.setdefault((c.org_id, c.agent_id), []).append(c.session_id)
+        for (org_id, agent_id), sessions in groups.items():
+            if budget[agent_id] <= 0:
+                continue
+            leased = deps.state.lease_turns(
+                org_id, sessions, budget[agent_id], settings.extraction_lease_seconds
+            )
+            budget[agent_id] -= len(leased)
+            report.sent.extend(Send(EXTRACT, ref.as_message()) for ref in leased)
+    log.info("scan: %d sessions, %d turns sent", report.sessions, report.turns)
+    return report
+
+
+def _candidate_batches(
+    deps: StageDeps, session_id: uuid.UUID | str | None
+) -> Iterator[list[Candidate]]:
+    if session_id is not None:
+        found = deps.state.find_candidate(session_id)
+        yield [found] if found else []
+        return
+    after: tuple[uuid.UUID, uuid.UUID] | None = None
+    while True:
+        batch = deps.store.extraction_candidates(deps.settings.scan_batch_size, after)
+        if not batch:
+            return
+        yield batch
+        if len(batch) < deps.settings.scan_batch_size:
+            return
+        after = (batch[-1].agent_id, batch[-1].session_id)
+
+
+# -- extract_turn ----------------------------------------------------------------------------
+
+
+def _fan_out(ref: TurnRef, persisted: Persisted) -> list[Send]:
+    """One write_memory per slot not yet written, or advance_pointer when none is left."""
+    count = len(persisted.result.memories)
+    missing = [o for o in range(count) if o not in persisted.written]
+    if not missing:
+        return [Send(POINTER, ref.as_message())]
+    return [Send(WRITE, {**ref.as_message(), "ordinal": o}) for o in missing]
+
+
+def _describe(exc: BaseException) -> str:
+    return f"{type(exc).__name__}: {exc}"
+
+
+def extract_turn(
+    deps: StageDeps, org_id: uuid.UUID | str, session_id: uuid.UUID | str, turn_index: int
+) -> list[Send]:
+    """Extract one turn: reuse the stored result if there is one, else call the LLM once under
+    a claim, persist the validated result (first wins), then fan out to the slots."""
+    ref = TurnRef.of(org_id, session_id, turn_index)
+    settings = deps.settings
+    begun = deps.state.begin_extract(
+        ref,
+        claim_seconds=settings.extraction_claim_seconds,
+        lease_seconds=settings.extraction_lease_seconds,
+        max_attempts=deps.max_attempts,
+    )
+    if isinstance(begun, AlreadyDone):
+        return []
+    if isinstance(begun, Persisted):
+        return _fan_out(ref, begun)
+    if isinstance(begun, Busy):
+        raise TurnBusyError(
+            f"turn {ref.turn_index} of {ref.session_id} is being extracted by another delivery",
+            retry_after=begun.retry_after,
+        )
+    if isinstance(begun, GaveUp):
+        raise ExtractionAbandonedError(
+            f"turn {ref.turn_index} of {ref.session_id}: gave up after {begun.attempts}"
+            f" extraction attempts; last error: {begun.last_error or 'none recorded'}"
+        )
+    assert isinstance(begun, Claimed)
+    try:
+        provider = deps.need_provider()
+        first = max(1, ref.turn_index - settings.extraction_context_turns)
+        turns = deps.store.read_turns(ref.org_id, ref.session_id, first, ref.turn_index)
+        if not turns or turns[-1].turn_index != ref.turn_index:
+            raise NotFoundError(f"turn {ref.turn_index} of {ref.session_id} not found")
+        result = provider.extract(turns[-1], turns[:-1])
+        persisted = _validated(result)
+    except Exception as exc:
+        # Best effort: a failed call releases its claim so the retry need not wait for it.
+        try:
+            deps.state.release_claim(ref, begun.token, _describe(exc))
+        except Exception:
+            log.warning("could not release the claim on %s", ref, exc_info=True)
+        raise
+    deps.crash_point("after_llm_call")
+    stored = deps.state.persist_result(
+        ref,
+        begun.token,
+        persisted,
+        provider=result.provider or getattr(provider, "name", None),
+        model=result.model or getattr(provider, "model", None),
+        prompt_tokens=result.prompt_tokens,
+        completion_tokens=result.completion_tokens,
+        lease_seconds=settings.extraction_lease_seconds,
+    )
+    deps.crash_point("after_persist")
+    return _fan_out(ref, stored)
+
+
+def _validated(result: ExtractionResult) -> dict[str, Any]:
+    """The result in its persisted form, validated again: what is stored is what was checked.
+    An invalid answer is an LLM failure to retry (a bounded number of times), never "none"."""
+    data = result.to_json()
+    try:
+        ExtractionResult.from_json(data)
+    except InvalidMessageError as exc:
+        raise LLMUnavailableError(f"invalid LLM result: {exc}") from exc
+    return data
+
+
+# -- write_memory ----------------------------------------------------------------------------
+
+
+def memory_body(
+    agent_id: uuid.UUID, ref: TurnRef, ordinal: int, result: PersistedResult
+) -> dict[str, Any]:
+    """The POST body of one slot, built only from stored data: identical on every attempt."""
+    memory = result.memories[ordinal]
+    return {
+        "agent_id": str(agent_id),
+        "content": memory.content,
+        "kind": memory.kind,
+        "source": {
+            "session_id": str(ref.session_id),
+            "turn_index": ref.turn_index,
+            "ordinal": ordinal,
+        },
+        "metadata": {"provider": result.provider, "model": result.model},
+    }
+
+
+def _outcome_label(outcome: WriteOutcomeLike) -> str:
+    if outcome.code:
+        return outcome.code.lower()
+    return "replayed" if outcome.replayed else "created"
+
+
+def write_memory(
+    deps: StageDeps,
+    org_id: uuid.UUID | str,
+    session_id: uuid.UUID | str,
+    turn_index: int,
+    ordinal: int,
+) -> list[Send]:
+    """POST one slot under its identity key unless it is recorded, record it, and when the
+    turn's last slot is recorded, hand over to ``advance_pointer``."""
+    ref = TurnRef.of(org_id, session_id, turn_index)
+    view = deps.state.load_slot(ref, ordinal)
+    if view.state == "done":
+        return []
+    if view.result is None:
+        raise NotFoundError(f"turn {ref.turn_index} of {ref.session_id} has no stored result")
+    if ordinal >= len(view.result.memories):
+        raise NotFoundError(
+            f"turn {ref.turn_index} of {ref.session_id} has {len(view.result.memories)}"
+            f" memories, no ordinal {ordinal}"
+        )
+    key = idempotency_key(ref.org_id, ref.session_id, ref.turn_index, ordinal)
+    memory_id: uuid.UUID | None = None
+    label = "recorded"
+    if not view.recorded:
+        outcome = deps.need_memory().create_memory(
+            ref.org_id, memory_body(view.agent_id, ref, ordinal, view.result), key
+        )
+        deps.crash_point("after_post")
+        memory_id, label = outcome.memory_id, _outcome_label(outcome)
+    complete = deps.state.record_slot(
+        ref, ordinal, idempotency_key=key, memory_id=memory_id, outcome=label
+    )
+    deps.crash_point("after_record_slot")
+    return [Send(POINTER, ref.as_message())] if complete else []
+
+
+# -- advance_pointer -------------------------------------------------------------------------
+
+
+def advance_pointer(
+    deps: StageDeps, org_id: uuid.UUID | str, session_id: uuid.UUID | str, turn_index: int
+) -> list[Send]:
+    """Mark the turn done (if every slot is recorded) and move the session pointer over every
+    turn done without a gap. Sends nothing."""
+    ref = TurnRef.of(org_id, session_id, turn_index)
+    outcome = deps.state.complete_turn(ref, fault=deps.fault)
+    deps.crash_point("after_advance")
+    if outcome.pointer_after != outcome.pointer_before:
+        log.info(
+            "pointer of %s: %d -> %d", ref.session_id, outcome.pointer_before, outcome.pointer_after
+        )
+    return []
+
+
+# -- dispatch --------------------------------------------------------------------------------
+
+
+def run_message(deps: StageDeps, actor_name: str, kwargs: Mapping[str, Any]) -> list[Send]:
+    """Validate a message as its actor would and run its stage inline (``ibex extract``)."""
+    schema = MESSAGE_SCHEMAS.get(actor_name)
+    if schema is None:
+        raise InvalidMessageError(f"unknown actor {actor_name!r}")
+    msg = load(schema(), dict(kwargs), what=f"{actor_name} message")
+    if actor_name == SCAN:
+        return scan(deps, session_id=msg["session_id"]).sent
+    if actor_name == EXTRACT:
+        return extract_turn(deps, msg["org_id"], msg["session_id"], msg["turn_index"])
+    if actor_name == WRITE:
+        return write_memory(
+            deps, msg["org_id"], msg["session_id"], msg["turn_index"], msg["ordinal"]
+        )
+    return advance_pointer(deps, msg["org_id"], msg["session_id"], msg["turn_index"])
+
+
+__all__ = [
+    "EXTRACT",
+    "POINTER",
+    "SCAN",
+    "WRITE",
+    "ExtractionAbandonedError",
+    "MemoryWriter",
+    "ProviderLike",
+    "ScanReport",
+    "Send",
+    "StageDeps",
+    "advance_pointer",
+    "extract_turn",
+    "memory_body",
+    "run_message",
+    "scan",
+    "write_memory",
+]

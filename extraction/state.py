@@ -1,0 +1,636 @@
+"""The pipeline's per-turn state in Postgres: the single source of truth of extraction progress.
+
+Dramatiq delivers at least once, may run one message on two workers at once, and has paths that
+drop a retry silently, so nothing here trusts the broker. Every decision a stage takes is taken
+in a transaction over these rows:
+
+- ``extraction_turns`` (one row per turn): state ``pending → extracted → done`` (or ``failed``
+  when its message was dead-lettered), the scan's lease, the LLM claim, our own attempt and LLM
+  call counters, and the first validated result (a trigger forbids changing it once written);
+- ``extraction_slots`` (one row per written memory slot);
+- ``sessions.last_extracted_turn``, moved only by :meth:`ExtractionState.complete_turn` under a
+  lock on the session row, and only ever upwards.
+
+Every tenant operation runs in :func:`core.db.tenant` (row-level security for that org). Lock
+order is always session row before turn row, never the reverse, so the stages cannot deadlock
+on each other.
+"""
+
+from __future__ import annotations
+
+import json
+import uuid
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from playhouse.postgres_ext import PostgresqlExtDatabase
+
+from core.db import db_errors, scan_scope, tenant
+from core.errors import NotFoundError
+from models.store import Candidate, SessionStore
+
+UUIDLike = uuid.UUID | str
+
+
+def _u(value: UUIDLike) -> str:
+    return str(value if isinstance(value, uuid.UUID) else uuid.UUID(str(value)))
+
+
+@dataclass(frozen=True)
+class TurnRef:
+    """The identity of one turn: what every turn-level message carries."""
+
+    org_id: uuid.UUID
+    session_id: uuid.UUID
+    turn_index: int
+
+    @classmethod
+    def of(cls, org_id: UUIDLike, session_id: UUIDLike, turn_index: int) -> TurnRef:
+        return cls(uuid.UUID(_u(org_id)), uuid.UUID(_u(session_id)), int(turn_index))
+
+    def as_message(self) -> dict[str, Any]:
+        return {
+            "org_id": str(self.org_id),
+            "session_id": str(self.session_id),
+            "turn_index": self.turn_index,
+        }
+
+
+@dataclass(frozen=True)
+class StoredMemory:
+    content: str
+    kind: str
+
+
+@dataclass(frozen=True)
+class PersistedResult:
+    """The first validated result of a turn, exactly as stored: ordinals index ``memories``."""
+
+    memories: tuple[StoredMemory, ...]
+    provider: str | None
+    model: str | None
+    prompt_tokens: int
+    completion_tokens: int
+
+    @classmethod
+    def from_row(
+        cls,
+        result: Any,
+        provider: str | None,
+        model: str | None,
+        prompt_tokens: int,
+        completion_tokens: int,
+    ) -> PersistedResult:
+        data = result if isinstance(result, dict) else json.loads(result)
+        memories = tuple(StoredMemory(str(m["content"]), str(m["kind"])) for m in data["memories"])
+        return cls(memories, provider, model, int(prompt_tokens), int(completion_tokens))
+
+
+# -- what begin_extract found ----------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class AlreadyDone:
+    """The turn is done (or below the pointer): nothing left to do for it."""
+
+
+@dataclass(frozen=True)
+class Busy:
+    """Another delivery holds a live LLM claim; wait ``retry_after`` seconds."""
+
+    retry_after: float
+
+
+@dataclass(frozen=True)
+class Persisted:
+    """A result is stored: no LLM call; write the slots not yet written."""
+
+    result: PersistedResult
+    written: frozenset[int]
+
+
+@dataclass(frozen=True)
+class Claimed:
+    """This delivery holds the LLM claim and may call the LLM (attempt number ``attempt``)."""
+
+    token: uuid.UUID
+    attempt: int
+
+
+@dataclass(frozen=True)
+class GaveUp:
+    """The turn used up its attempts; ``last_error`` says why the last one failed."""
+
+    attempts: int
+    last_error: str | None
+
+
+BeginOutcome = AlreadyDone | Busy | Persisted | Claimed | GaveUp
+
+
+@dataclass(frozen=True)
+class SlotView:
+    """What ``write_memory`` needs about its slot, read in one transaction."""
+
+    state: str
+    agent_id: uuid.UUID
+    result: PersistedResult | None
+    recorded: bool
+
+
+@dataclass(frozen=True)
+class PointerOutcome:
+    """The effect of :meth:`ExtractionState.complete_turn`."""
+
+    completed: bool  # every slot was recorded and the turn is now done
+    newly_done: bool  # this call moved the turn to done
+    pointer_before: int
+    pointer_after: int
+
+
+@dataclass(frozen=True)
+class TurnStatus:
+    """A turn row, for inspection (CLI, tests)."""
+
+    state: str
+    attempts: int
+    llm_calls: int
+    memory_count: int | None
+    slots: int
+    last_error: str | None
+    lease_live: bool
+    claim_live: bool
+
+
+@dataclass(frozen=True)
+class DeadLetterRecord:
+    """One failed message as the dead-letter mirror stores it."""
+
+    redis_message_id: str
+    message_id: str
+    queue_name: str
+    actor_name: str
+    payload: dict[str, Any]
+    exception_type: str | None
+    exception_message: str | None
+    traceback: str | None
+    attempts: int
+    org_id: uuid.UUID | None = None
+    session_id: uuid.UUID | None = None
+    turn_index: int | None = None
+    ordinal: int | None = None
+
+
+_INSERT_SESSION_TURNS = """
+INSERT INTO ibex_core.extraction_turns (org_id, session_id, turn_index)
+SELECT s.org_id, s.id, g
+  FROM ibex_core.sessions s
+ CROSS JOIN LATERAL generate_series(s.last_extracted_turn + 1, s.turn_count) AS g
+ WHERE s.id = ANY(%s::uuid[]) AND s.status = 'completed' AND s.deleted_at IS NULL
+ON CONFLICT DO NOTHING
+"""
+
+# Turns not done and not failed, whose lease is free or expired, lowest turn first across the
+# agent's sessions; SKIP LOCKED so two scans never lease the same turn.
+_LEASE_TURNS = """
+WITH picked AS (
+    SELECT e.session_id, e.turn_index
+      FROM ibex_core.extraction_turns e
+      JOIN ibex_core.sessions s ON s.id = e.session_id
+     WHERE e.session_id = ANY(%s::uuid[])
+       AND e.state IN ('pending', 'extracted')
+       AND e.turn_index > s.last_extracted_turn
+       AND e.turn_index <= s.turn_count
+       AND (e.lease_expires_at IS NULL OR e.lease_expires_at <= now())
+     ORDER BY e.turn_index, e.session_id
+     LIMIT %s
+       FOR UPDATE OF e SKIP LOCKED
+)
+UPDATE ibex_core.extraction_turns t
+   SET lease_expires_at = now() + make_interval(secs => %s)
+  FROM picked
+ WHERE t.session_id = picked.session_id AND t.turn_index = picked.turn_index
+RETURNING t.session_id, t.turn_index
+"""
+
+# w = the highest t such that every turn pointer+1..t is done (a missing row is not done).
+_WALK_POINTER = """
+SELECT COALESCE(MIN(g), %(n)s + 1) - 1
+  FROM generate_series(%(p)s + 1, %(n)s) AS g
+  LEFT JOIN ibex_core.extraction_turns e ON e.session_id = %(s)s AND e.turn_index = g
+ WHERE e.state IS DISTINCT FROM 'done'
+"""
+
+_TURN_COLUMNS = """
+state::text, result, memory_count, attempts, llm_calls, provider, model, prompt_tokens,
+completion_tokens, last_error, claim_token,
+COALESCE(claim_expires_at > now(), false),
+GREATEST(EXTRACT(EPOCH FROM claim_expires_at - now()), 0)
+"""
+
+
+class ExtractionState:
+    """Per-turn extraction state. Shares the database (and its per-thread connections) of the
+    :class:`~models.store.SessionStore` it is built on."""
+
+    def __init__(self, store: SessionStore) -> None:
+        self.store = store
+        self.db: PostgresqlExtDatabase = store.db
+
+    def _sql(self, sql: str, params: Sequence[Any] | dict[str, Any] = ()) -> Any:
+        return self.db.execute_sql(sql, params)
+
+    # -- scan ------------------------------------------------------------------------------
+
+    def find_candidate(self, session_id: UUIDLike) -> Candidate | None:
+        """One session's identities, across orgs (scan role), if it has unextracted turns."""
+        with scan_scope(self.db):
+            row = self._sql(
+                "SELECT org_id, agent_id, id, last_extracted_turn, turn_count"
+                "  FROM ibex_core.sessions"
+                " WHERE id = %s AND status = 'completed' AND deleted_at IS NULL"
+                "   AND last_extracted_turn < turn_count",
+                (_u(session_id),),
+            ).fetchone()
+        if row is None:
+            return None
+        org, agent, sid, pointer, count = row
+        return Candidate(
+            uuid.UUID(str(org)), uuid.UUID(str(agent)), uuid.UUID(str(sid)), pointer, count
+        )
+
+    def lease_turns(
+        self, org_id: UUIDLike, session_ids: Sequence[UUIDLike], limit: int, lease_seconds: int
+    ) -> list[TurnRef]:
+        """Record every unextracted turn of ``session_ids`` (one org, one agent) and lease up to
+        ``limit`` of those that are not done, not failed and not leased: the turns to send."""
+        if not session_ids or limit <= 0:
+            return []
+        ids = [_u(s) for s in session_ids]
+        org = uuid.UUID(_u(org_id))
+        with tenant(self.db, org):
+            self._sql(_INSERT_SESSION_TURNS, (ids,))
+            rows = self._sql(_LEASE_TURNS, (ids, limit, lease_seconds)).fetchall()
+        refs = [TurnRef(org, uuid.UUID(str(sid)), int(ti)) for sid, ti in rows]
+        return sorted(refs, key=lambda r: (r.turn_index, str(r.session_id)))
+
+    # -- extract_turn ----------------------------------------------------------------------
+
+    def begin_extract(
+        self, ref: TurnRef, *, claim_seconds: int, lease_seconds: int, max_attempts: int
+    ) -> BeginOutcome:
+        """Transaction 1 of ``extract_turn``: lock the turn row (creating it when missing) and
+        decide. Takes the LLM claim only when no result is stored and no live claim exists."""
+        with tenant(self.db, ref.org_id):
+            session = self._sql(
+                "SELECT last_extracted_turn, turn_count FROM ibex_core.sessions WHERE id = %s",
+                (str(ref.session_id),),
+            ).fetchone()
+            if session is None:
+                raise NotFoundError(f"session {ref.session_id} not found")
+            pointer, turn_count = int(session[0]), int(session[1])
+            if ref.turn_index > turn_count:
+                raise NotFoundError(
+                    f"turn {ref.turn_index} of session {ref.session_id} not found"
+                    f" (the session has {turn_count})"
+                )
+            row = self._lock_turn(ref)
+            if row is None:
+                if ref.turn_index <= pointer:
+                    # Below the pointer every turn is done, even one recorded before this table.
+                    return AlreadyDone()
+                self._sql(
+                    "INSERT INTO ibex_core.extraction_turns (org_id, session_id, turn_index)"
+                    " VALUES (%s, %s, %s) ON CONFLICT DO NOTHING",
+                    (str(ref.org_id), str(ref.session_id), ref.turn_index),
+                )
+                row = self._lock_turn(ref)
+                assert row is not None
+            (state, result, _count, attempts, _calls, provider, model, pt, ct, last_error, _tok,
+             claim_live, claim_left) = row  # fmt: skip
+            if state == "done":
+                return AlreadyDone()
+            if state == "failed":
+                # A failed turn is only delivered again by an operator's replay (the scan skips
+                # it): start a fresh series of attempts.
+                attempts = 0
+                self._sql(
+                    "UPDATE ibex_core.extraction_turns"
+                    "   SET state = CASE WHEN result IS NULL THEN 'pending'::ibex_core.turn_state"
+                    "                    ELSE 'extracted'::ibex_core.turn_state END,"
+                    "       attempts = 0"
+                    " WHERE session_id = %s AND turn_index = %s",
+                    (str(ref.session_id), ref.turn_index),
+                )
+            if result is not None:
+                return Persisted(
+                    PersistedResult.from_row(result, provider, model, pt, ct),
+                    self._written(ref),
+                )
+            if claim_live:
+                return Busy(float(claim_left))
+            if attempts >= max_attempts:
+                return GaveUp(attempts, last_error)
+            token = uuid.uuid4()
+            self._sql(
+                "UPDATE ibex_core.extraction_turns"
+                "   SET claim_token = %s,"
+                "       claim_expires_at = now() + make_interval(secs => %s),"
+                "       attempts = attempts + 1, llm_calls = llm_calls + 1,"
+                "       lease_expires_at = GREATEST(COALESCE(lease_expires_at, now()),"
+                "                                   now() + make_interval(secs => %s))"
+                " WHERE session_id = %s AND turn_index = %s",
+                (str(token), claim_seconds, lease_seconds, str(ref.session_id), ref.turn_index),
+            )
+            return Claimed(token, attempts + 1)
+
+    def _lock_turn(self, ref: TurnRef) -> tuple[Any, ...] | None:
+        row: tuple[Any, ...] | None = self._sql(
+            f"SELECT {_TURN_COLUMNS} FROM ibex_core.extraction_turns"
+            " WHERE session_id = %s AND turn_index = %s FOR UPDATE",
+            (str(ref.session_id), ref.turn_index),
+        ).fetchone()
+        return row
+
+    def _written(self, ref: TurnRef) -> frozenset[int]:
+        rows = self._sql(
+            "SELECT ordinal FROM ibex_core.extraction_slots"
+            " WHERE session_id = %s AND turn_index = %s",
+            (str(ref.session_id), ref.turn_index),
+        ).fetchall()
+        return frozenset(int(r[0]) for r in rows)
+
+    def release_claim(self, ref: TurnRef, token: uuid.UUID, error: str) -> None:
+        """After a failed LLM call: drop our claim (so the retry need not wait) and keep why."""
+        with tenant(self.db, ref.org_id):
+            self._sql(
+                "UPDATE ibex_core.extraction_turns"
+                "   SET claim_token = NULL, claim_expires_at = NULL, last_error = %s"
+                " WHERE session_id = %s AND turn_index = %s AND claim_token = %s",
+                (error[:2000], str(ref.session_id), ref.turn_index, str(token)),
+            )
+
+    def persist_result(
+        self,
+        ref: TurnRef,
+        token: uuid.UUID,
+        result: dict[str, Any],
+        *,
+        provider: str | None,
+        model: str | None,
+        prompt_tokens: int,
+        completion_tokens: int,
+        lease_seconds: int,
+    ) -> Persisted:
+        """Transaction 2 of ``extract_turn``: store ``result`` unless one is stored already
+        (first wins), then return the stored one and the slots already written."""
+        memory_count = len(result["memories"])
+        with tenant(self.db, ref.org_id):
+            self._sql(
+                "UPDATE ibex_core.extraction_turns"
+                "   SET result = %s::jsonb, memory_count = %s,"
+                "       prompt_tokens = %s, completion_tokens = %s, provider = %s, model = %s,"
+                "       state = 'extracted', extracted_at = now(), last_error = NULL,"
+                "       claim_token = NULL, claim_expires_at = NULL,"
+                "       lease_expires_at = GREATEST(COALESCE(lease_expires_at, now()),"
+                "                                   now() + make_interval(secs => %s))"
+                " WHERE session_id = %s AND turn_index = %s AND result IS NULL",
+                (
+                    json.dumps(result, ensure_ascii=False),
+                    memory_count,
+                    prompt_tokens,
+                    completion_tokens,
+                    provider,
+                    model,
+                    lease_seconds,
+                    str(ref.session_id),
+                    ref.turn_index,
+                ),
+            )
+            # Whoever persisted, our claim (if still ours) is over.
+            self._sql(
+                "UPDATE ibex_core.extraction_turns SET claim_token = NULL, claim_expires_at = NULL"
+                " WHERE session_id = %s AND turn_index = %s AND claim_token = %s",
+                (str(ref.session_id), ref.turn_index, str(token)),
+            )
+            row = self._lock_turn(ref)
+            if row is None or row[1] is None:
+                raise NotFoundError(f"turn {ref.turn_index} of {ref.session_id} vanished")
+            stored = PersistedResult.from_row(row[1], row[5], row[6], row[7], row[8])
+            return Persisted(stored, self._written(ref))
+
+    def gave_up(self, ref: TurnRef, error: str) -> None:
+        with tenant(self.db, ref.org_id):
+            self._sql(
+                "UPDATE ibex_core.extraction_turns SET last_error = %s"
+                " WHERE session_id = %s AND turn_index = %s",
+                (error[:2000], str(ref.session_id), ref.turn_index),
+            )
+
+    # -- write_memory ----------------------------------------------------------------------
+
+    def load_slot(self, ref: TurnRef, ordinal: int) -> SlotView:
+        """The turn's stored result, the session's agent, and whether the slot is recorded."""
+        with tenant(self.db, ref.org_id):
+            row = self._sql(
+                "SELECT e.state::text, s.agent_id, e.result, e.provider, e.model,"
+                "       e.prompt_tokens, e.completion_tokens,"
+                "       EXISTS (SELECT 1 FROM ibex_core.extraction_slots x"
+                "                WHERE x.session_id = e.session_id"
+                "                  AND x.turn_index = e.turn_index AND x.ordinal = %s)"
+                "  FROM ibex_core.extraction_turns e"
+                "  JOIN ibex_core.sessions s ON s.id = e.session_id"
+                " WHERE e.session_id = %s AND e.turn_index = %s",
+                (ordinal, str(ref.session_id), ref.turn_index),
+            ).fetchone()
+        if row is None:
+            raise NotFoundError(
+                f"turn {ref.turn_index} of session {ref.session_id} has no extraction state"
+            )
+        state, agent, result, provider, model, pt, ct, recorded = row
+        persisted = (
+            None if result is None else PersistedResult.from_row(result, provider, model, pt, ct)
+        )
+        return SlotView(state, uuid.UUID(str(agent)), persisted, bool(recorded))
+
+    def record_slot(
+        self,
+        ref: TurnRef,
+        ordinal: int,
+        *,
+        idempotency_key: str,
+        memory_id: uuid.UUID | None,
+        outcome: str,
+    ) -> bool:
+        """Record the slot as written (first record wins) and say whether the turn is now
+        complete and not yet done, i.e. whether the caller must send ``advance_pointer``.
+
+        Under the turn row's lock: two writes finishing at the same moment are serialized, so
+        the second always sees the first's slot and one of them sees the turn complete."""
+        with tenant(self.db, ref.org_id):
+            turn = self._sql(
+                "SELECT memory_count, state::text FROM ibex_core.extraction_turns"
+                " WHERE session_id = %s AND turn_index = %s FOR UPDATE",
+                (str(ref.session_id), ref.turn_index),
+            ).fetchone()
+            if turn is None or turn[0] is None:
+                raise NotFoundError(f"turn {ref.turn_index} of {ref.session_id} has no result")
+            memory_count, state = int(turn[0]), turn[1]
+            self._sql(
+                "INSERT INTO ibex_core.extraction_slots"
+                " (org_id, session_id, turn_index, ordinal, idempotency_key, memory_id, outcome)"
+                " VALUES (%s, %s, %s, %s, %s, %s, %s) ON CONFLICT DO NOTHING",
+                (
+                    str(ref.org_id),
+                    str(ref.session_id),
+                    ref.turn_index,
+                    ordinal,
+                    idempotency_key,
+                    str(memory_id) if memory_id else None,
+                    outcome,
+                ),
+            )
+            written = self._sql(
+                "SELECT count(*) FROM ibex_core.extraction_slots"
+                " WHERE session_id = %s AND turn_index = %s",
+                (str(ref.session_id), ref.turn_index),
+            ).fetchone()[0]
+            return bool(int(written) >= memory_count and state != "done")
+
+    # -- advance_pointer -------------------------------------------------------------------
+
+    def complete_turn(
+        self, ref: TurnRef, *, fault: Callable[[str], None] | None = None
+    ) -> PointerOutcome:
+        """Mark the turn done if every slot is recorded, and move the session pointer to the
+        highest t with every turn 1..t done — one transaction under the session row's lock, so
+        two turns finishing at once cannot each miss the other. Never moves it backwards."""
+        with tenant(self.db, ref.org_id):
+            session = self._sql(
+                "SELECT last_extracted_turn, turn_count FROM ibex_core.sessions"
+                " WHERE id = %s FOR UPDATE",
+                (str(ref.session_id),),
+            ).fetchone()
+            if session is None:
+                raise NotFoundError(f"session {ref.session_id} not found")
+            pointer, turn_count = int(session[0]), int(session[1])
+            turn = self._sql(
+                "SELECT state::text, memory_count FROM ibex_core.extraction_turns"
+                " WHERE session_id = %s AND turn_index = %s FOR UPDATE",
+                (str(ref.session_id), ref.turn_index),
+            ).fetchone()
+            if turn is None or turn[1] is None:
+                # Nothing stored for this turn (yet): the write that completes it sends its own
+                # advance_pointer, so there is nothing to do here.
+                return PointerOutcome(False, False, pointer, pointer)
+            state, memory_count = turn[0], int(turn[1])
+            newly_done = False
+            if state != "done":
+                written = self._sql(
+                    "SELECT count(*) FROM ibex_core.extraction_slots"
+                    " WHERE session_id = %s AND turn_index = %s",
+                    (str(ref.session_id), ref.turn_index),
+                ).fetchone()[0]
+                if int(written) < memory_count:
+                    return PointerOutcome(False, False, pointer, pointer)
+                self._sql(
+                    "UPDATE ibex_core.extraction_turns"
+                    "   SET state = 'done', done_at = now(), lease_expires_at = NULL,"
+                    "       claim_token = NULL, claim_expires_at = NULL, last_error = NULL"
+                    " WHERE session_id = %s AND turn_index = %s",
+                    (str(ref.session_id), ref.turn_index),
+                )
+                newly_done = True
+            if fault is not None:
+                fault("after_mark_done")
+            walked = self._sql(
+                _WALK_POINTER, {"p": pointer, "n": turn_count, "s": str(ref.session_id)}
+            ).fetchone()[0]
+            after = pointer
+            if int(walked) > pointer:
+                after = self.store.advance_pointer_in_txn(ref.session_id, int(walked))
+            return PointerOutcome(True, newly_done, pointer, after)
+
+    # -- failures --------------------------------------------------------------------------
+
+    def mark_failed(self, ref: TurnRef, error: str) -> bool:
+        """The turn's message was dead-lettered: ``failed`` (unless already done) with why.
+        It blocks its own session's pointer until a replay succeeds. The attempt counter starts
+        again at zero, so a replay gets a fresh series of attempts (``llm_calls`` keeps the
+        total)."""
+        with tenant(self.db, ref.org_id):
+            updated = self._sql(
+                "UPDATE ibex_core.extraction_turns"
+                "   SET state = 'failed', last_error = %s, attempts = 0"
+                " WHERE session_id = %s AND turn_index = %s AND state <> 'done'",
+                (error[:2000], str(ref.session_id), ref.turn_index),
+            ).rowcount
+        return bool(updated)
+
+    def mirror_dead_letter(self, record: DeadLetterRecord) -> None:
+        """Insert one dead letter into ``ibex_core.dead_letters`` (owner role: operator data)."""
+        with db_errors(), self.db.atomic():
+            self._sql(
+                "INSERT INTO ibex_core.dead_letters"
+                " (redis_message_id, message_id, queue_name, actor_name, org_id, session_id,"
+                "  turn_index, ordinal, payload, exception_type, exception_message, traceback,"
+                "  attempts)"
+                " VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s::jsonb, %s, %s, %s, %s)"
+                " ON CONFLICT (redis_message_id) DO NOTHING",
+                (
+                    record.redis_message_id,
+                    record.message_id,
+                    record.queue_name,
+                    record.actor_name,
+                    str(record.org_id) if record.org_id else None,
+                    str(record.session_id) if record.session_id else None,
+                    record.turn_index,
+                    record.ordinal,
+                    json.dumps(record.payload, default=str),
+                    record.exception_type,
+                    record.exception_message,
+                    record.traceback,
+                    record.attempts,
+                ),
+            )
+
+    # -- inspection ------------------------------------------------------------------------
+
+    def turn_status(self, ref: TurnRef) -> TurnStatus | None:
+        with tenant(self.db, ref.org_id):
+            row = self._sql(
+                "SELECT state::text, attempts, llm_calls, memory_count, last_error,"
+                "       COALESCE(lease_expires_at > now(), false),"
+                "       COALESCE(claim_expires_at > now(), false),"
+                "       (SELECT count(*) FROM ibex_core.extraction_slots x"
+                "         WHERE x.session_id = e.session_id AND x.turn_index = e.turn_index)"
+                "  FROM ibex_core.extraction_turns e"
+                " WHERE session_id = %s AND turn_index = %s",
+                (str(ref.session_id), ref.turn_index),
+            ).fetchone()
+        if row is None:
+            return None
+        state, attempts, calls, count, error, lease, claim, slots = row
+        return TurnStatus(state, attempts, calls, count, int(slots), error, lease, claim)
+
+    def llm_calls(self, refs: Iterable[TurnRef]) -> int:
+        return sum(s.llm_calls for r in refs if (s := self.turn_status(r)) is not None)
+
+
+__all__ = [
+    "AlreadyDone",
+    "BeginOutcome",
+    "Busy",
+    "Claimed",
+    "DeadLetterRecord",
+    "ExtractionState",
+    "GaveUp",
+    "Persisted",
+    "PersistedResult",
+    "PointerOutcome",
+    "SlotView",
+    "StoredMemory",
+    "TurnRef",
+    "TurnStatus",
+]

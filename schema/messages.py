@@ -1,0 +1,56 @@
+"""The pipeline's actor messages (DESIGN section 5).
+
+Every message carries the slot identity it works on, nothing else: ``scan_sessions`` (optional
+filters), ``extract_turn`` and ``advance_pointer`` (org_id, session_id, turn_index),
+``write_memory`` (the same plus ordinal). A payload that fails these schemas is an
+:class:`~core.errors.InvalidMessageError` (through :func:`schema.load`): retrying cannot fix it,
+so it goes to the dead-letter queue at once. The persisted extraction result has its own schema in
+:mod:`schema.extraction`.
+"""
+
+from __future__ import annotations
+
+from marshmallow import RAISE, Schema, fields, validate
+
+from schema.common import StrictInteger
+
+
+class _Strict(Schema):
+    class Meta:
+        unknown = RAISE
+
+
+class ScanMessageSchema(_Strict):
+    """``scan_sessions``: optional filters; an empty message scans everything."""
+
+    session_id = fields.UUID(load_default=None, allow_none=True)
+
+
+class TurnMessageSchema(_Strict):
+    """``extract_turn`` and ``advance_pointer``: one turn of one session."""
+
+    org_id = fields.UUID(required=True)
+    session_id = fields.UUID(required=True)
+    turn_index = StrictInteger(required=True, validate=validate.Range(min=1))
+
+
+class SlotMessageSchema(TurnMessageSchema):
+    """``write_memory``: one memory slot (0-based ordinal in the turn's persisted result)."""
+
+    ordinal = StrictInteger(required=True, validate=validate.Range(min=0))
+
+
+#: actor name -> schema of its message
+MESSAGE_SCHEMAS: dict[str, type[Schema]] = {
+    "scan_sessions": ScanMessageSchema,
+    "extract_turn": TurnMessageSchema,
+    "write_memory": SlotMessageSchema,
+    "advance_pointer": TurnMessageSchema,
+}
+
+__all__ = [
+    "MESSAGE_SCHEMAS",
+    "ScanMessageSchema",
+    "SlotMessageSchema",
+    "TurnMessageSchema",
+]
