@@ -17,6 +17,8 @@ import peewee
 import redis
 from playhouse.pool import MaxConnectionsExceeded, PooledDatabase
 from playhouse.postgres_ext import PooledPostgresqlExtDatabase
+from redis.backoff import NoBackoff
+from redis.retry import Retry
 
 from core.config import Settings
 from core.db import connect_params
@@ -62,6 +64,19 @@ def make_pool(url: str | None, *, max_connections: int = POOL_MAX_CONNECTIONS) -
     )
 
 
+def make_redis(url: str) -> redis.Redis:
+    """A Redis client that fails fast: one immediate retry (for a stale pooled connection),
+    short timeouts. A slow Redis must not hold requests: idempotency then falls back on the
+    Postgres keys (see :mod:`memory_service.idempotency`)."""
+    return redis.Redis.from_url(
+        url,
+        socket_timeout=REDIS_TIMEOUT_SECONDS,
+        socket_connect_timeout=REDIS_TIMEOUT_SECONDS,
+        retry=Retry(NoBackoff(), 1),
+        health_check_interval=30,
+    )
+
+
 class ReturnConnection:
     """Falcon middleware: hand a pooled connection back once the response is decided."""
 
@@ -91,12 +106,7 @@ def create_app(
     if db is None:
         db = make_pool(settings.database_url)
     if redis_client is None:
-        redis_client = redis.Redis.from_url(
-            settings.redis_url,
-            socket_timeout=REDIS_TIMEOUT_SECONDS,
-            socket_connect_timeout=REDIS_TIMEOUT_SECONDS,
-            health_check_interval=30,
-        )
+        redis_client = make_redis(settings.redis_url)
     store = MemoryStore(db)
     service = Service(
         store=store,

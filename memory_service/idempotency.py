@@ -15,14 +15,21 @@ next request with that key is answered from Postgres instead.
 from __future__ import annotations
 
 import enum
+import logging
 import secrets
+import threading
+import time
 import uuid
 from dataclasses import dataclass
 from typing import Any
 
 import redis
 
+log = logging.getLogger(__name__)
+
 KEY_PREFIX = "ibex:idem:"
+#: After a Redis failure, requests skip Redis for this long instead of each paying a timeout.
+REDIS_BACKOFF_SECONDS = 5.0
 
 # Order matters: a different fingerprint is a conflict whatever the state (conflict is checked
 # before in-progress), then a finished record replays, then a live lease means in progress, and
@@ -125,15 +132,33 @@ class IdempotencyStore:
         self._claim = client.register_script(CLAIM_LUA)
         self._complete = client.register_script(COMPLETE_LUA)
         self._release = client.register_script(RELEASE_LUA)
+        self._down_until = 0.0
+        self._lock = threading.Lock()
+
+    def _available(self) -> bool:
+        return time.monotonic() >= self._down_until
+
+    def _failed(self, exc: redis.RedisError) -> None:
+        with self._lock:
+            if self._available():
+                log.warning(
+                    "redis failed (%s); idempotency runs on the Postgres keys alone for %.0f s",
+                    type(exc).__name__,
+                    REDIS_BACKOFF_SECONDS,
+                )
+            self._down_until = time.monotonic() + REDIS_BACKOFF_SECONDS
 
     def claim(self, org_id: uuid.UUID | str, idempotency_key: str, fingerprint: str) -> Claim:
         key = record_key(org_id, idempotency_key)
         owner = secrets.token_hex(16)
+        if not self._available():
+            return Claim(ClaimState.UNAVAILABLE, key, owner)
         try:
             reply = self._claim(
                 keys=[key], args=[fingerprint, owner, self.lease_ms, self.ttl_seconds]
             )
-        except redis.RedisError:
+        except redis.RedisError as exc:
+            self._failed(exc)
             return Claim(ClaimState.UNAVAILABLE, key, owner)
         state = ClaimState(_text(reply[0]))
         if state is ClaimState.RUNNING:
@@ -161,7 +186,8 @@ class IdempotencyStore:
                     self.ttl_seconds,
                 ],
             )
-        except redis.RedisError:
+        except redis.RedisError as exc:
+            self._failed(exc)
             return False
         return bool(done)
 
@@ -169,5 +195,6 @@ class IdempotencyStore:
         """Drop a running claim this request owns, so the key can be used again at once."""
         try:
             return bool(self._release(keys=[claim.key], args=[claim.owner]))
-        except redis.RedisError:
+        except redis.RedisError as exc:
+            self._failed(exc)
             return False

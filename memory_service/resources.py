@@ -241,8 +241,6 @@ class MemoriesResource:
             stored = claim.response
             _write(resp, Answer(stored.status, stored.body, stored.location, replayed=True))
             return
-        if claim.state is ClaimState.UNAVAILABLE:
-            log.warning("redis unavailable: idempotency falls back to the Postgres keys")
         _write(resp, self._run_claimed(org_id, key, new, claim))
 
     def _run_claimed(self, org_id: uuid.UUID, key: str, new: NewMemory, claim: Claim) -> Answer:
