@@ -31,6 +31,7 @@ from core.errors import (
     LLMUnavailableError,
     MemoryRejectedError,
     MemoryUnavailableError,
+    TransientError,
     TurnBusyError,
 )
 from extraction.keys import idempotency_key
@@ -57,7 +58,7 @@ def pipeline_settings(database_url: str, redis_url: str, **overrides: str) -> Se
     return Settings.from_env(env)
 
 
-class Crash(BaseException):  # noqa: N818 - a simulated kill, not an error class
+class Crash(BaseException):
     """A simulated kill -9: BaseException, so no ``except Exception`` in a stage catches it."""
 
 
@@ -262,10 +263,19 @@ class Harness:
         *,
         lose_ack: Callable[[Send], bool] | None = None,
         dead_letter: Callable[[Send, BaseException], bool] | None = None,
-    ) -> None:
+        limit: int | None = None,
+        max_retries: int = 5,
+    ) -> list[Send]:
+        """Deliver until the queue is empty (or ``limit`` deliveries: then return what is
+        still queued, as a killed broker would lose it). A transient error is retried up to
+        ``max_retries`` times; a permanent one (or an exhausted transient) raises unless
+        ``dead_letter`` accepts it."""
         queue: deque[Send] = deque(first)
+        retries: Counter[str] = Counter()
         steps = 0
         while queue:
+            if limit is not None and steps >= limit:
+                return list(queue)
             steps += 1
             assert steps < self.max_steps, "the pipeline did not drain"
             message = queue.popleft()
@@ -281,6 +291,11 @@ class Harness:
                 queue.append(message)
                 continue
             except Exception as exc:
+                transient = isinstance(exc, TransientError)
+                if transient and retries[str(message)] < max_retries:
+                    retries[str(message)] += 1
+                    queue.append(message)
+                    continue
                 if dead_letter is not None and dead_letter(message, exc):
                     self.dead.append((message, exc))
                     continue
@@ -288,6 +303,7 @@ class Harness:
             queue.extend(follow)
             if lose_ack is not None and lose_ack(message):
                 queue.append(message)  # processed, follow-ups sent, ack lost: runs again
+        return []
 
 
 def crash_at(point: str, *, times: int = 1) -> Callable[[str], None]:
@@ -398,6 +414,28 @@ def assert_complete(
     return {k: contents[k] for k in expected}
 
 
+def expire_leases(db: Any) -> None:
+    """Let time pass: every lease and claim is expired (as after a worker died)."""
+    db.execute_sql(
+        "UPDATE ibex_core.extraction_turns SET lease_expires_at = now() - interval '1 second',"
+        " claim_expires_at = CASE WHEN claim_token IS NULL THEN NULL"
+        "                         ELSE now() - interval '1 second' END"
+    )
+
+
+def once_each(predicate: Callable[[Send], bool]) -> Callable[[Send], bool]:
+    """True the first time for each distinct message matching ``predicate``."""
+    seen: set[str] = set()
+
+    def check(message: Send) -> bool:
+        if not predicate(message) or str(message) in seen:
+            return False
+        seen.add(str(message))
+        return True
+
+    return check
+
+
 def key_of(ref: SessionRef, turn_index: int, ordinal: int) -> str:
     return idempotency_key(ref.org_id, ref.session_id, turn_index, ordinal)
 
@@ -414,8 +452,10 @@ __all__ = [
     "assert_pointer_invariant",
     "crash_at",
     "dead_letter_rows",
+    "expire_leases",
     "key_of",
     "make_session",
+    "once_each",
     "pipeline_settings",
     "pointer_of",
     "pointers",

@@ -17,7 +17,11 @@ from tests.integration.pipeline.helpers import (
 
 
 def test_a_scan_extracts_every_turn_once_and_moves_the_pointer_to_the_end(
-    store: Any, db: Any, deps: Any, harness: Harness, provider: FakeProvider,
+    store: Any,
+    db: Any,
+    deps: Any,
+    harness: Harness,
+    provider: FakeProvider,
     memory: FakeMemoryService,
 ) -> None:
     a = make_session(store, 4)
@@ -33,7 +37,11 @@ def test_a_scan_extracts_every_turn_once_and_moves_the_pointer_to_the_end(
 
 
 def test_two_runs_in_a_row_the_second_sends_writes_and_calls_nothing(
-    store: Any, db: Any, deps: Any, harness: Harness, provider: FakeProvider,
+    store: Any,
+    db: Any,
+    deps: Any,
+    harness: Harness,
+    provider: FakeProvider,
     memory: FakeMemoryService,
 ) -> None:
     a = make_session(store, 3)
