@@ -128,6 +128,11 @@ def use_broker(new: dramatiq.Broker) -> dramatiq.Broker:
     return new
 
 
+def current_broker() -> dramatiq.Broker:
+    """The broker the actors are declared on now (after any :func:`use_broker`)."""
+    return broker
+
+
 def send_all(messages: Iterable[Send]) -> int:
     """Send follow-up messages through the current broker; return how many were sent."""
     count = 0
@@ -154,6 +159,7 @@ __all__ = [
     "Queue",
     "TurnBusyRetry",
     "broker",
+    "current_broker",
     "make_broker",
     "send_all",
     "time_limit_ms",

@@ -1,0 +1,91 @@
+"""Broker configuration, the worker's boot check, and the Redis dead-letter queue (fakeredis)."""
+
+from __future__ import annotations
+
+import time
+import uuid
+from typing import Any
+
+import dramatiq
+import fakeredis
+import pytest
+from dramatiq.brokers.redis import RedisBroker
+from dramatiq.middleware import Retries, TimeLimit
+
+from actors.broker import (
+    HEARTBEAT_TIMEOUT_MS,
+    MAINTENANCE_CHANCE,
+    Queue,
+    TurnBusyRetry,
+    current_broker,
+    make_broker,
+    time_limit_ms,
+    use_broker,
+)
+from actors.middleware import PipelineRuntime, install_deps
+from core.config import Settings
+
+
+def settings(**env: str) -> Settings:
+    return Settings.from_env(
+        {"MAX_RETRIES": "4", "RETRY_MIN_BACKOFF_MS": "7", "RETRY_MAX_BACKOFF_MS": "900", **env}
+    )
+
+
+def test_the_redis_broker_is_configured_deliberately() -> None:
+    s = settings(LLM_TIMEOUT_SECONDS="90", HTTP_TIMEOUT_SECONDS="30")
+    broker = make_broker(s, client=fakeredis.FakeRedis())
+    assert isinstance(broker, RedisBroker)
+    assert broker.heartbeat_timeout == HEARTBEAT_TIMEOUT_MS < 60_000  # Dramatiq's default
+    assert broker.maintenance_chance == MAINTENANCE_CHANCE > 1000  # Dramatiq's default
+    [retries] = [m for m in broker.middleware if isinstance(m, Retries)]
+    assert (retries.max_retries, retries.min_backoff, retries.max_backoff) == (4, 7, 900)
+    [limit] = [m for m in broker.middleware if isinstance(m, TimeLimit)]
+    assert limit.time_limit == time_limit_ms(s) > 90_000  # above the slowest call's timeout
+
+
+def test_busy_waits_are_not_counted_as_retries_but_errors_are() -> None:
+    [retries] = [m for m in make_broker(settings(), stub=True).middleware if isinstance(m, Retries)]
+    assert retries.retry_when is not None
+    assert retries.retry_when(100, TurnBusyRetry("busy", delay=10))
+    assert retries.retry_when(3, RuntimeError("x"))
+    assert not retries.retry_when(4, RuntimeError("x"))
+
+
+def test_a_worker_without_database_url_exits_with_one_line_naming_it(
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    install_deps(None)
+    monkeypatch.delenv("DATABASE_URL", raising=False)
+    with pytest.raises(SystemExit) as exited:
+        PipelineRuntime().after_process_boot(make_broker(settings(), stub=True))
+    assert exited.value.code == 1
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "DATABASE_URL" in err[0]
+
+
+def test_a_dead_message_lands_in_the_redis_dead_letter_queue() -> None:
+    """The real RedisBroker scripts on fakeredis[lua]: a permanent error is nacked at once."""
+    client = fakeredis.FakeRedis()
+    broker = make_broker(settings(MAX_RETRIES="0"), client=client, extra_middleware=[])
+    previous = current_broker()
+    import actors  # noqa: F401
+
+    use_broker(broker)
+    try:
+        worker = dramatiq.Worker(broker, worker_timeout=50, worker_threads=1)
+        worker.start()
+        try:
+            current_broker().get_actor("extract_turn").send("nope", str(uuid.uuid4()), 1)
+            deadline = time.monotonic() + 10
+            while not client.zcard(f"dramatiq:{Queue.EXTRACT.value}.XQ"):
+                assert time.monotonic() < deadline, "the message was never dead-lettered"
+                time.sleep(0.02)
+        finally:
+            worker.stop()
+        dead_ids: Any = client.zrange(f"dramatiq:{Queue.EXTRACT.value}.XQ", 0, -1)
+        assert len(dead_ids) == 1
+        payload = client.hget(f"dramatiq:{Queue.EXTRACT.value}.XQ.msgs", dead_ids[0])
+        assert payload is not None and b"extract_turn" in payload
+    finally:
+        use_broker(previous)
