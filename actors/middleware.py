@@ -22,6 +22,7 @@ import inspect
 import logging
 import sys
 import threading
+import traceback
 import uuid
 from typing import Any
 
@@ -191,6 +192,12 @@ def _identity(message: Any, actor_fn: Any | None) -> dict[str, Any]:
     return out
 
 
+def _traceback_of(exc: BaseException | None) -> str | None:
+    if exc is None or exc.__traceback__ is None:
+        return None
+    return "".join(traceback.format_exception(exc, limit=30))
+
+
 class DeadLetterMirror(Middleware):
     """``after_nack``: every failed message into ``ibex_core.dead_letters``; its turn failed."""
 
@@ -226,7 +233,7 @@ class DeadLetterMirror(Middleware):
             payload=dict(message.asdict()),
             exception_type=exc_type,
             exception_message=exc_message,
-            traceback=message.options.get("traceback"),
+            traceback=_traceback_of(exc) or message.options.get("traceback"),
             attempts=retries + (1 if thrown else 0),
             **ident,
         )
