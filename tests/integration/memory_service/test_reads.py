@@ -1,0 +1,111 @@
+"""GET /v1/memories (filters, cursor pagination, limit), GET and DELETE /v1/memories/{id}."""
+
+from __future__ import annotations
+
+import uuid
+
+import httpx
+import pytest
+
+from schema.memory import MemoryPageSchema
+from tests.integration.memory_service.helpers import Tenant, memory_body
+
+
+def seed(http: httpx.Client, tenant_: Tenant, count: int, session: uuid.UUID) -> list[str]:
+    ids = []
+    for i in range(count):
+        body = memory_body(tenant_.agent_id, content=f"Fact number {i}.")
+        body["source"]["session_id"] = str(session)
+        response = http.post("/v1/memories", json=body, headers=tenant_.headers())
+        assert response.status_code == 201
+        ids.append(response.json()["id"])
+    return ids
+
+
+def test_pages_cover_everything_once_newest_first(http: httpx.Client, acme: Tenant) -> None:
+    ids = seed(http, acme, 7, uuid.uuid4())
+    seen: list[str] = []
+    cursor = None
+    pages = 0
+    while True:
+        params = {"limit": "3", **({"cursor": cursor} if cursor else {})}
+        response = http.get("/v1/memories", params=params, headers=acme.headers())
+        assert response.status_code == 200
+        page = MemoryPageSchema().load(response.json())
+        seen.extend(str(m["id"]) for m in page["items"])
+        pages += 1
+        cursor = page["next_cursor"]
+        if cursor is None:
+            break
+    assert pages == 3
+    assert seen == list(reversed(ids))
+
+
+def test_filters(http: httpx.Client, acme: Tenant, store) -> None:
+    session_a, session_b = uuid.uuid4(), uuid.uuid4()
+    a = seed(http, acme, 2, session_a)
+    other_agent = store.ensure_agent(acme.org_id, "helper")
+    body = memory_body(other_agent, content="Fact number 0.")
+    body["source"]["session_id"] = str(session_b)
+    b = http.post("/v1/memories", json=body, headers=acme.headers()).json()["id"]
+
+    def listed(**params: str) -> list[str]:
+        response = http.get("/v1/memories", params=params, headers=acme.headers())
+        return [m["id"] for m in response.json()["items"]]
+
+    assert sorted(listed(session_id=str(session_a))) == sorted(a)
+    assert listed(agent_id=str(other_agent)) == [b]
+    assert listed(agent_id=str(acme.agent_id), session_id=str(session_b)) == []
+    assert len(listed()) == 3
+
+
+@pytest.mark.parametrize(
+    "params",
+    [
+        {"limit": "0"},
+        {"limit": "201"},
+        {"limit": "many"},
+        {"agent_id": "x"},
+        {"cursor": "%%%"},
+        {"cursor": "bm90IGEgY3Vyc29y"},
+        {"colour": "red"},
+    ],
+)
+def test_bad_query_is_422(http: httpx.Client, acme: Tenant, params: dict[str, str]) -> None:
+    response = http.get("/v1/memories", params=params, headers=acme.headers())
+    assert response.status_code == 422
+    assert response.json()["error"]["code"] == "VALIDATION_FAILED"
+    assert set(response.json()["error"]["fields"]) == set(params)
+
+
+def test_limit_default_and_maximum(http: httpx.Client, acme: Tenant) -> None:
+    seed(http, acme, 3, uuid.uuid4())
+    response = http.get("/v1/memories", params={"limit": "200"}, headers=acme.headers())
+    assert response.status_code == 200
+    assert len(response.json()["items"]) == 3
+    assert response.json()["next_cursor"] is None
+
+
+def test_delete_is_soft_and_frees_the_content(http: httpx.Client, acme: Tenant, db) -> None:
+    (memory_id,) = seed(http, acme, 1, uuid.uuid4())
+    location = f"/v1/memories/{memory_id}"
+    assert http.delete(location, headers=acme.headers()).status_code == 204
+    assert http.get(location, headers=acme.headers()).status_code == 404
+    assert http.delete(location, headers=acme.headers()).status_code == 404
+    assert http.get("/v1/memories", headers=acme.headers()).json()["items"] == []
+    row = db.execute_sql(
+        "SELECT deleted_at IS NOT NULL FROM ibex_memory.memories WHERE id = %s", (memory_id,)
+    ).fetchone()
+    assert row == (True,)
+    again = http.post(
+        "/v1/memories",
+        json=memory_body(acme.agent_id, content="Fact number 0."),
+        headers=acme.headers(),
+    )
+    assert again.status_code == 201
+    assert again.json()["id"] != memory_id
+
+
+def test_unknown_id_is_404(http: httpx.Client, acme: Tenant) -> None:
+    response = http.get(f"/v1/memories/{uuid.uuid4()}", headers=acme.headers())
+    assert (response.status_code, response.json()["error"]["code"]) == (404, "NOT_FOUND")

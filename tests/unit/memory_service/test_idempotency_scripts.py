@@ -1,0 +1,132 @@
+"""The claim, complete and release Lua scripts, run by fakeredis's Lua engine (no sockets).
+
+Lease expiry is simulated by moving ``lease_until`` into the past: the scripts read the clock
+with TIME, so this is the only clock a test needs to move.
+"""
+
+from __future__ import annotations
+
+import fakeredis
+import pytest
+import redis
+
+from memory_service.idempotency import (
+    ClaimState,
+    IdempotencyStore,
+    StoredResponse,
+    record_key,
+)
+
+ORG = "11111111-1111-4111-8111-111111111111"
+
+
+@pytest.fixture
+def client() -> fakeredis.FakeRedis:
+    return fakeredis.FakeRedis()
+
+
+@pytest.fixture
+def idem(client: fakeredis.FakeRedis) -> IdempotencyStore:
+    return IdempotencyStore(client, ttl_seconds=600, lease_seconds=30)
+
+
+def expire(client: fakeredis.FakeRedis, key: str = "k") -> None:
+    client.hset(record_key(ORG, key), "lease_until", 0)
+
+
+def test_first_claim_runs_and_sets_ttl_and_lease(idem, client) -> None:
+    claim = idem.claim(ORG, "k", "fp")
+    assert claim.state is ClaimState.CLAIMED and claim.owned
+    record = client.hgetall(record_key(ORG, "k"))
+    assert record[b"state"] == b"running"
+    assert record[b"owner"] == claim.owner.encode()
+    assert int(record[b"lease_until"]) > 0
+    assert 590 < client.ttl(record_key(ORG, "k")) <= 600
+
+
+def test_same_fingerprint_while_running_is_in_progress(idem) -> None:
+    idem.claim(ORG, "k", "fp")
+    second = idem.claim(ORG, "k", "fp")
+    assert second.state is ClaimState.RUNNING and not second.owned
+    assert 29_000 < second.retry_after_ms <= 30_000
+
+
+def test_conflict_is_checked_before_in_progress_and_after_done(idem) -> None:
+    first = idem.claim(ORG, "k", "fp")
+    assert idem.claim(ORG, "k", "other").state is ClaimState.CONFLICT
+    idem.complete(first, StoredResponse(201, b"{}", "/v1/memories/x"))
+    assert idem.claim(ORG, "k", "other").state is ClaimState.CONFLICT
+
+
+def test_done_replays_the_stored_response(idem) -> None:
+    first = idem.claim(ORG, "k", "fp")
+    body = '{"id":"x","content":"é"}'.encode()
+    assert idem.complete(first, StoredResponse(201, body, "/v1/memories/x"))
+    replay = idem.claim(ORG, "k", "fp")
+    assert replay.state is ClaimState.DONE
+    assert replay.response == StoredResponse(201, body, "/v1/memories/x")
+    assert idem.complete(first, StoredResponse(201, body, None))  # the owner may rewrite it
+
+
+def test_a_stored_409_has_no_location(idem) -> None:
+    first = idem.claim(ORG, "k", "fp")
+    idem.complete(first, StoredResponse(409, b'{"error":{}}', None))
+    assert idem.claim(ORG, "k", "fp").response == StoredResponse(409, b'{"error":{}}', None)
+
+
+def test_expired_lease_is_taken_over_and_the_old_owner_cannot_complete(idem, client) -> None:
+    original = idem.claim(ORG, "k", "fp")
+    expire(client)
+    takeover = idem.claim(ORG, "k", "fp")
+    assert takeover.state is ClaimState.TAKEOVER and takeover.owned
+    assert takeover.owner != original.owner
+    assert idem.claim(ORG, "k", "fp").state is ClaimState.RUNNING  # the new lease is live
+    assert not idem.complete(original, StoredResponse(201, b"late", None))
+    assert not idem.release(original)
+    assert idem.complete(takeover, StoredResponse(201, b"new", None))
+    assert idem.claim(ORG, "k", "fp").response == StoredResponse(201, b"new", None)
+
+
+def test_release_frees_the_key_only_for_its_owner(idem, client) -> None:
+    claim = idem.claim(ORG, "k", "fp")
+    stranger = idem.claim(ORG, "k", "fp")
+    assert not idem.release(stranger)
+    assert idem.release(claim)
+    assert not client.exists(record_key(ORG, "k"))
+    assert idem.claim(ORG, "k", "other").state is ClaimState.CLAIMED
+
+
+def test_a_done_record_is_never_released(idem, client) -> None:
+    claim = idem.claim(ORG, "k", "fp")
+    idem.complete(claim, StoredResponse(201, b"{}", None))
+    assert not idem.release(claim)
+    assert client.exists(record_key(ORG, "k"))
+
+
+def test_completion_does_not_recreate_a_lost_record(idem, client) -> None:
+    claim = idem.claim(ORG, "k", "fp")
+    client.flushall()
+    assert not idem.complete(claim, StoredResponse(201, b"{}", None))
+    assert not client.exists(record_key(ORG, "k"))
+
+
+def test_keys_are_scoped_per_org(idem) -> None:
+    assert idem.claim(ORG, "k", "fp").state is ClaimState.CLAIMED
+    assert idem.claim("22222222-2222-4222-8222-222222222222", "k", "fp").owned
+
+
+def test_redis_failure_is_reported_as_unavailable_and_skipped_for_a_while() -> None:
+    calls = 0
+
+    class Broken(fakeredis.FakeRedis):
+        def evalsha(self, *args, **kwargs):  # type: ignore[no-untyped-def]
+            nonlocal calls
+            calls += 1
+            raise redis.ConnectionError("down")
+
+    idem = IdempotencyStore(Broken(), ttl_seconds=60, lease_seconds=5)
+    first = idem.claim(ORG, "k", "fp")
+    second = idem.claim(ORG, "k", "fp")
+    assert (first.state, second.state) == (ClaimState.UNAVAILABLE, ClaimState.UNAVAILABLE)
+    assert not first.owned
+    assert calls == 1  # the second request did not wait on a dead Redis
