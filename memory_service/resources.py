@@ -43,6 +43,9 @@ from schema.memory import (
 log = logging.getLogger(__name__)
 
 READ, WRITE = "memory:read", "memory:write"
+# Built once: a marshmallow Schema is costly to instantiate and safe to share for load().
+CREATE_SCHEMA = MemoryCreateSchema()
+LIST_QUERY_SCHEMA = MemoryListQuerySchema()
 REPLAYED_HEADER = "Idempotent-Replayed"
 
 
@@ -203,7 +206,7 @@ class MemoriesResource:
         service = self.service
         _, org_id = _principal(service, req, WRITE)
         key = idempotency_key(req)
-        validated = _load(MemoryCreateSchema(), parse_json(read_body(req, service.max_body_bytes)))
+        validated = _load(CREATE_SCHEMA, parse_json(read_body(req, service.max_body_bytes)))
         canonical = canonical_request(validated)
         fingerprint = fingerprint_digest(canonical)
         source = canonical["source"] or {}
@@ -302,7 +305,7 @@ class MemoriesResource:
 
     def on_get(self, req: falcon.Request, resp: falcon.Response) -> None:
         _, org_id = _principal(self.service, req, READ)
-        query = _load(MemoryListQuerySchema(), dict(req.params))
+        query = _load(LIST_QUERY_SCHEMA, dict(req.params))
         after = decode_cursor(query["cursor"]) if "cursor" in query else None
         limit = query["limit"]
         rows = self.service.store.list(
