@@ -1,0 +1,285 @@
+"""End to end with real processes: ``ibex import`` of a generated file, the memory service under
+gunicorn, a fake OpenAI-compatible LLM, ``dramatiq actors`` workers started from the Procfile
+line, ``ibex scan``; the workers are killed with SIGKILL mid-run and restarted, scans recover
+the lost work, and every invariant of DESIGN section 5 is checked from the database.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+
+from bench.fake_llm import FakeLLM
+from memory_service.auth import display_prefix, generate_token, hash_token
+from memory_service.store import TokenStore
+
+pytestmark = [pytest.mark.chaos, pytest.mark.slow]
+
+ROOT = Path(__file__).resolve().parents[3]
+BIN = Path(sys.executable).parent
+SESSIONS, TURNS, MEMORIES = 8, 5, 2
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def _procfile(name: str) -> str:
+    for line in (ROOT / "Procfile").read_text().splitlines():
+        if line.startswith(f"{name}:"):
+            return line.split(":", 1)[1].strip()
+    raise AssertionError(f"no {name} line in the Procfile")
+
+
+def _stop(proc: subprocess.Popen[bytes], sig: int = signal.SIGTERM, wait: float = 10) -> None:
+    if proc.poll() is not None:
+        return
+    try:
+        os.killpg(proc.pid, sig)
+    except ProcessLookupError:
+        return
+    try:
+        proc.wait(timeout=wait)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait(timeout=5)
+
+
+@pytest.fixture
+def stack(db: Any, database_url: str, redis_url: str, tmp_path: Path) -> Iterator[dict[str, Any]]:
+    """Memory service (gunicorn), fake LLM, and the environment of every process."""
+    token = generate_token()
+    TokenStore(db).create(
+        org_id=None,
+        name="pipeline",
+        token_hash=hash_token(token),
+        prefix=display_prefix(token),
+        scopes=["memory:write"],
+    )
+    port = _free_port()
+    env = {
+        **{k: v for k, v in os.environ.items() if not k.startswith(("LLM_", "IBEX_"))},
+        "PATH": f"{BIN}{os.pathsep}{os.environ.get('PATH', '')}",
+        "PYTHONPATH": str(ROOT),
+        "DATABASE_URL": database_url,
+        "REDIS_URL": redis_url,
+        "PORT": str(port),
+        "WEB_CONCURRENCY": "2",
+        "WEB_THREADS": "4",
+        "MEMORY_SERVICE_URL": f"http://127.0.0.1:{port}",
+        "MEMORY_SERVICE_TOKEN": token,
+        "WORKER_PROCESSES": "2",
+        "WORKER_THREADS": "4",
+        "MAX_RETRIES": "8",
+        "RETRY_MIN_BACKOFF_MS": "50",
+        "RETRY_MAX_BACKOFF_MS": "500",
+        "EXTRACTION_LEASE_SECONDS": "4",
+        "EXTRACTION_CLAIM_SECONDS": "3",
+        "LLM_TIMEOUT_SECONDS": "5",
+        "HTTP_TIMEOUT_SECONDS": "5",
+    }
+    web_line = _procfile("web").replace("--bind 0.0.0.0:", "--bind 127.0.0.1:")
+    web = _spawn(web_line, env, tmp_path / "web.log")
+    llm = FakeLLM(latency_ms=250, memories=MEMORIES).start()
+    env.update({"LLM_PROVIDER": "openai", "LLM_BASE_URL": llm.base_url, "LLM_MODEL": "fake"})
+    try:
+        deadline = time.monotonic() + 20
+        while True:
+            try:
+                if httpx.get(f"http://127.0.0.1:{port}/healthz", timeout=1).status_code == 200:
+                    break
+            except httpx.HTTPError:
+                pass
+            assert web.poll() is None, (tmp_path / "web.log").read_text()
+            assert time.monotonic() < deadline, "the memory service did not start"
+            time.sleep(0.2)
+        yield {"env": env, "llm": llm, "tmp": tmp_path}
+    finally:
+        llm.stop()
+        _stop(web)
+
+
+def _ibex(env: dict[str, str], *args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [str(BIN / "ibex"), *args], env=env, cwd=ROOT, capture_output=True, text=True, timeout=60
+    )
+
+
+def _spawn(command: str, env: dict[str, str], log: Path) -> subprocess.Popen[bytes]:
+    """``command`` (a Procfile line) in its own process group, stderr appended to ``log``."""
+    with log.open("ab") as err:
+        return subprocess.Popen(
+            ["sh", "-c", f"exec {command}"],
+            cwd=ROOT,
+            env=env,
+            stdout=subprocess.DEVNULL,
+            stderr=err,
+            start_new_session=True,
+        )
+
+
+def _start_worker(env: dict[str, str], log: Path) -> subprocess.Popen[bytes]:
+    return _spawn(_procfile("worker"), env, log)
+
+
+def _write_sessions(path: Path) -> None:
+    with path.open("w") as out:
+        for s in range(SESSIONS):
+            turns = [
+                {
+                    "messages": [
+                        {
+                            "role": "user",
+                            "content": f"Remember that user {s} has lucky number {s * 100 + t}.",
+                        }
+                    ],
+                    "completion": {"role": "assistant", "content": "Noted."},
+                }
+                for t in range(TURNS)
+            ]
+            line = {
+                "org": "acme" if s % 2 else "globex",
+                "agent": f"bot{s % 3}",
+                "session": f"conv-{s}",
+                "turns": turns,
+            }
+            out.write(json.dumps(line) + "\n")
+
+
+def _progress(db: Any) -> tuple[int, int]:
+    done, pointer_sum = db.execute_sql(
+        "SELECT (SELECT count(*) FROM ibex_core.extraction_turns WHERE state = 'done'),"
+        "       (SELECT COALESCE(sum(last_extracted_turn), 0) FROM ibex_core.sessions)"
+    ).fetchone()
+    return int(done), int(pointer_sum)
+
+
+def _extracted(db: Any) -> int:
+    return int(
+        db.execute_sql(
+            "SELECT count(*) FROM ibex_core.extraction_turns WHERE result IS NOT NULL"
+        ).fetchone()[0]
+    )
+
+
+def test_workers_killed_mid_run_recover_and_end_with_every_invariant(
+    stack: dict[str, Any], db: Any
+) -> None:
+    env, llm, tmp = stack["env"], stack["llm"], stack["tmp"]
+    total = SESSIONS * TURNS
+    data = tmp / "sessions.jsonl"
+    _write_sessions(data)
+    imported = _ibex(env, "import", str(data))
+    assert imported.returncode == 0, imported.stderr
+
+    started = time.monotonic()
+    worker = _start_worker(env, tmp / "worker.log")
+    try:
+        scan = _ibex(env, "scan", "--json")
+        assert scan.returncode == 0, scan.stderr
+        assert json.loads(scan.stdout)["turns"] == total
+
+        # Kill every worker process (master and children) with SIGKILL mid-run: while LLM
+        # calls are in flight, after some turns were extracted.
+        deadline = time.monotonic() + 20
+        while _extracted(db) < total // 4:
+            assert time.monotonic() < deadline, (tmp / "worker.log").read_text()[-3000:]
+            time.sleep(0.05)
+        os.killpg(worker.pid, signal.SIGKILL)
+        worker.wait(timeout=10)
+        done_at_kill, extracted_at_kill = _progress(db)[0], _extracted(db)
+        assert extracted_at_kill < total, "every turn was extracted before the kill"
+        # Turns whose LLM answer died with the killed threads: claimed, nothing persisted.
+        lost_answers = int(
+            db.execute_sql(
+                "SELECT count(*) FROM ibex_core.extraction_turns"
+                " WHERE claim_token IS NOT NULL AND result IS NULL"
+            ).fetchone()[0]
+        )
+
+        # Restart; scans re-send whatever the kill lost once its lease has expired.
+        worker = _start_worker(env, tmp / "worker.log")
+        deadline = time.monotonic() + 35
+        while _progress(db)[1] < total:
+            assert worker.poll() is None, (tmp / "worker.log").read_text()[-3000:]
+            assert time.monotonic() < deadline, f"stuck at {_progress(db)}"
+            time.sleep(1.0)
+            _ibex(env, "scan")
+        elapsed = time.monotonic() - started
+
+        # Invariant 5: a second run sends, writes and calls nothing.
+        calls_before = sum(llm.calls.values())
+        again = _ibex(env, "scan", "--json")
+        assert again.returncode == 0 and json.loads(again.stdout)["turns"] == 0
+    finally:
+        _stop(worker)
+    assert sum(llm.calls.values()) == calls_before
+
+    turns = db.execute_sql(
+        "SELECT state::text, llm_calls, memory_count,"
+        "       (SELECT count(*) FROM ibex_core.extraction_slots x"
+        "         WHERE x.session_id = e.session_id AND x.turn_index = e.turn_index)"
+        "  FROM ibex_core.extraction_turns e"
+    ).fetchall()
+    assert len(turns) == total
+    assert all(state == "done" for state, *_ in turns)  # invariant 2/3: all done
+    assert all(slots == count == MEMORIES for _, _, count, slots in turns)
+    calls = [int(c) for _, c, _, _ in turns]
+    # Invariant 4: one call per turn, except turns whose answer died with a killed thread.
+    assert min(calls) == 1 and max(calls) <= 2
+    assert sum(calls) == total + lost_answers
+    pointers = db.execute_sql(
+        "SELECT last_extracted_turn, turn_count FROM ibex_core.sessions"
+    ).fetchall()
+    assert all(p == n == TURNS for p, n in pointers)
+    # Invariant 1: at most one memory per slot; and none lost.
+    per_slot = db.execute_sql(
+        "SELECT count(*) FROM ibex_memory.memories GROUP BY session_id, turn_index, ordinal"
+        " HAVING count(*) > 1"
+    ).fetchall()
+    assert per_slot == []
+    memories = int(db.execute_sql("SELECT count(*) FROM ibex_memory.memories").fetchone()[0])
+    assert memories == total * MEMORIES
+    assert db.execute_sql("SELECT count(*) FROM ibex_core.dead_letters").fetchone()[0] == 0
+    print(
+        f"\ne2e: {total} turns, {memories} memories, {sum(calls)} LLM calls"
+        f" ({sum(calls) / total:.2f} per turn); SIGKILL of every worker process with"
+        f" {extracted_at_kill} turns extracted, {done_at_kill} done and {lost_answers} LLM"
+        f" calls in flight; {elapsed:.1f}s"
+    )
+
+
+def test_a_worker_without_database_url_exits_non_zero_naming_it(tmp_path: Path) -> None:
+    env = {
+        k: v
+        for k, v in os.environ.items()
+        if k not in ("DATABASE_URL",) and not k.startswith("IBEX_")
+    }
+    env.update({"PATH": f"{BIN}{os.pathsep}{env.get('PATH', '')}", "PYTHONPATH": str(ROOT)})
+    env.update(
+        {"WORKER_PROCESSES": "1", "WORKER_THREADS": "1", "REDIS_URL": "redis://127.0.0.1:1/0"}
+    )
+    proc = subprocess.run(
+        ["sh", "-c", f"exec {_procfile('worker')}"],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert proc.returncode != 0
+    ours = [line for line in proc.stderr.splitlines() if line.startswith("ibex worker:")]
+    assert len(ours) == 1 and "DATABASE_URL" in ours[0], proc.stderr
