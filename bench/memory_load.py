@@ -166,7 +166,7 @@ def run_wrk(
             path,
             url,
         ]
-        print("$ " + " ".join(command[:-3] + ["<script>", url]))
+        print("$ " + " ".join([*command[:-3], "<script>", url]))
         output = subprocess.run(command, capture_output=True, text=True, check=True).stdout
     finally:
         os.unlink(path)
