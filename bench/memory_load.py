@@ -146,12 +146,9 @@ def run_wrk(
     wrk = shutil.which("wrk")
     if wrk is None:
         sys.exit("wrk is not installed (apt-get install -y wrk), or use --tool httpx")
-    script = (
-        f'local RUN = "{uuid.uuid4().hex[:8]}"\n'
-        + WRK_SCRIPT.replace("AGENT", str(agent_id))
-        .replace("SESSION", str(uuid.uuid4()))
-        .replace("TOKEN", token)
-    )
+    script = f'local RUN = "{uuid.uuid4().hex[:8]}"\n' + WRK_SCRIPT.replace(
+        "AGENT", str(agent_id)
+    ).replace("SESSION", str(uuid.uuid4())).replace("TOKEN", token)
     with tempfile.NamedTemporaryFile("w", suffix=".lua", delete=False) as f:
         f.write(script)
         path = f.name
