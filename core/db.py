@@ -64,11 +64,17 @@ def _as_uuid(value: uuid.UUID | str) -> str:
 @contextlib.contextmanager
 def tenant(db: peewee.Database, org_id: uuid.UUID | str) -> Iterator[None]:
     """One transaction as the tenant role with ``org_id`` set: row-level security applies."""
-    org = _as_uuid(org_id)
     with db_errors(), db.atomic():
-        db.execute_sql(f"SET LOCAL ROLE {APP_ROLE}")
-        db.execute_sql("SELECT set_config('ibex.org_id', %s, true)", (org,))
+        enter_tenant(db, org_id)
         yield
+
+
+def enter_tenant(db: peewee.Database, org_id: uuid.UUID | str) -> None:
+    """Switch the current transaction to the tenant role with ``org_id`` set (one round trip)."""
+    db.execute_sql(
+        f"SET LOCAL ROLE {APP_ROLE}; SELECT set_config('ibex.org_id', %s, true)",
+        (_as_uuid(org_id),),
+    )
 
 
 @contextlib.contextmanager

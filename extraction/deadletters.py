@@ -32,7 +32,7 @@ from typing import Any
 import peewee
 import redis
 
-from core.db import APP_ROLE, db_errors, operator_scope
+from core.db import db_errors, enter_tenant, operator_scope
 
 NAMESPACE = "dramatiq"
 
@@ -377,8 +377,7 @@ class DeadLetterStore:
             if row is None:
                 return False
             if letter.org_id and letter.session_id and letter.turn_index is not None:
-                self.db.execute_sql(f"SET LOCAL ROLE {APP_ROLE}")
-                self.db.execute_sql("SELECT set_config('ibex.org_id', %s, true)", (letter.org_id,))
+                enter_tenant(self.db, letter.org_id)
                 self.db.execute_sql(
                     "UPDATE ibex_core.extraction_turns"
                     " SET state = CASE WHEN result IS NULL THEN 'pending'::ibex_core.turn_state"

@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 
 import peewee
 
-from core.db import APP_ROLE, db_errors
+from core.db import db_errors, enter_tenant
 from core.errors import IbexError, InvalidMessageError
 from models.store import SessionStore, TurnInput
 from schema import load
@@ -82,8 +82,7 @@ def import_session(store: SessionStore, record: dict) -> tuple[bool, int]:
         # The org is created by the owner role; everything else as the tenant, same transaction,
         # so a failure anywhere leaves nothing behind.
         org_id = store._ensure_org(record["org"])
-        db.execute_sql(f"SET LOCAL ROLE {APP_ROLE}")
-        db.execute_sql("SELECT set_config('ibex.org_id', %s, true)", (str(org_id),))
+        enter_tenant(db, org_id)
         agent_id = store._ensure_agent(org_id, record["agent"])
         session, created = store._upsert_session(
             org_id,
