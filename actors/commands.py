@@ -34,7 +34,7 @@ log = logging.getLogger(__name__)
 
 def _add_scan(sub: Any) -> None:
     p = sub.add_parser("scan", help="run one extraction scan now and send what it finds")
-    p.add_argument("--session", metavar="ID", help="only this session")
+    p.add_argument("--session", metavar="ID", type=session_id_arg, help="only this session")
     p.add_argument("--json", action="store_true", help="stable JSON output")
 
 
@@ -42,7 +42,7 @@ def _add_extract(sub: Any) -> None:
     p = sub.add_parser(
         "extract", help="run the extraction stages inline, without the broker (debugging)"
     )
-    p.add_argument("--session", metavar="ID", help="only this session")
+    p.add_argument("--session", metavar="ID", type=session_id_arg, help="only this session")
     p.add_argument("--json", action="store_true", help="stable JSON output")
 
 
@@ -55,14 +55,12 @@ register("extract", _add_extract, "actors.commands:run_extract")
 register("scheduler", _add_scheduler, "actors.commands:run_scheduler")
 
 
-def _session_arg(value: str | None) -> uuid.UUID | None:
-    if value is None:
-        return None
+def session_id_arg(value: str) -> uuid.UUID:
+    """argparse type of ``--session``: a malformed id is a usage error (exit status 2)."""
     try:
         return uuid.UUID(value)
     except ValueError:
-        print(f"ibex: --session must be a session id (a UUID), got {value!r}", file=sys.stderr)
-        raise SystemExit(2) from None
+        raise argparse.ArgumentTypeError(f"not a session id (a UUID): {value!r}") from None
 
 
 # -- ibex scan -------------------------------------------------------------------------------
@@ -72,9 +70,8 @@ def run_scan(args: argparse.Namespace, settings: Settings) -> int:
     from extraction.stages import StageDeps, scan
     from models.store import SessionStore
 
-    session_id = _session_arg(args.session)
     store = SessionStore.from_url(settings.require_database_url())
-    report = scan(StageDeps(store=store, settings=settings), session_id=session_id)
+    report = scan(StageDeps(store=store, settings=settings), session_id=args.session)
 
     from actors.broker import send_all
 
@@ -181,7 +178,6 @@ def run_extract(args: argparse.Namespace, settings: Settings) -> int:
     from memory_service.client import MemoryClient
     from models.store import SessionStore
 
-    session_id = _session_arg(args.session)
     # Fail closed: no database, no extraction (the ConfigError names DATABASE_URL).
     store = SessionStore.from_url(settings.require_database_url())
     if not settings.memory_service_token:
@@ -202,7 +198,7 @@ def run_extract(args: argparse.Namespace, settings: Settings) -> int:
     started = time.monotonic()
     report = InlineReport()
     try:
-        scanned = scan(deps, session_id=session_id)
+        scanned = scan(deps, session_id=args.session)
         report.turns_sent = scanned.turns
         drain_inline(deps, scanned.sent, report)
     finally:

@@ -120,7 +120,7 @@ class PipelineRuntime(Middleware):
         deps = _deps
         if deps is None:
             return
-        for resource in (deps.memory, deps.provider):
+        for resource in (getattr(deps, "memory", None), getattr(deps, "provider", None)):
             close = getattr(resource, "close", None)
             if callable(close):
                 try:

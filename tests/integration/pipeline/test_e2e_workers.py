@@ -283,3 +283,63 @@ def test_a_worker_without_database_url_exits_non_zero_naming_it(tmp_path: Path) 
     assert proc.returncode != 0
     ours = [line for line in proc.stderr.splitlines() if line.startswith("ibex worker:")]
     assert len(ours) == 1 and "DATABASE_URL" in ours[0], proc.stderr
+
+
+def test_ibex_extract_runs_the_stages_inline_and_a_second_run_does_nothing(
+    stack: dict[str, Any], db: Any
+) -> None:
+    env, llm, tmp = stack["env"], stack["llm"], stack["tmp"]
+    llm.configure(latency_ms=0)
+    data = tmp / "sessions.jsonl"
+    _write_sessions(data)
+    assert _ibex(env, "import", str(data)).returncode == 0
+    one = db.execute_sql("SELECT id FROM ibex_core.sessions ORDER BY id LIMIT 1").fetchone()[0]
+
+    single = _ibex(env, "extract", "--session", str(one), "--json")
+    assert single.returncode == 0, single.stderr
+    report = json.loads(single.stdout)
+    assert (report["sessions"], report["turns"], report["turns_done"]) == (1, TURNS, TURNS)
+    assert report["llm_calls"] == TURNS and report["memories"] == TURNS * MEMORIES
+
+    rest = _ibex(env, "extract", "--json")
+    assert rest.returncode == 0, rest.stderr
+    report = json.loads(rest.stdout)
+    total = (SESSIONS - 1) * TURNS
+    assert (report["turns"], report["turns_done"], report["llm_calls"]) == (total, total, total)
+    assert report["memories"] == total * MEMORIES and report["failures"] == []
+
+    again = _ibex(env, "extract", "--json")
+    assert again.returncode == 0
+    report = json.loads(again.stdout)
+    assert (report["turns"], report["llm_calls"], report["memory_posts"]) == (0, 0, 0)
+    pointers = db.execute_sql("SELECT last_extracted_turn FROM ibex_core.sessions").fetchall()
+    assert all(p[0] == TURNS for p in pointers)
+
+
+def test_the_scheduler_sends_scans_and_stops_cleanly_on_sigterm(
+    redis_url: str, tmp_path: Path
+) -> None:
+    import redis
+
+    env = {k: v for k, v in os.environ.items() if not k.startswith("IBEX_")}
+    env.update(
+        {
+            "PATH": f"{BIN}{os.pathsep}{env.get('PATH', '')}",
+            "PYTHONPATH": str(ROOT),
+            "REDIS_URL": redis_url,
+            "SCAN_INTERVAL_SECONDS": "1",
+        }
+    )
+    proc = _spawn(_procfile("scheduler"), env, tmp_path / "scheduler.log")
+    client = redis.Redis.from_url(redis_url)
+    try:
+        deadline = time.monotonic() + 15
+        while client.llen("dramatiq:scan") < 2:
+            assert proc.poll() is None, (tmp_path / "scheduler.log").read_text()
+            assert time.monotonic() < deadline, "the scheduler sent nothing"
+            time.sleep(0.1)
+        os.killpg(proc.pid, signal.SIGTERM)
+        assert proc.wait(timeout=10) == 0
+    finally:
+        _stop(proc)
+        client.close()

@@ -31,24 +31,29 @@ ORG, SESSION = str(uuid.uuid4()), str(uuid.uuid4())
 
 
 class FakeDB:
+    """Counts connections; like peewee, the connection state is per thread."""
+
     def __init__(self) -> None:
         self.connects = 0
         self.closes = 0
-        self._open = False
+        self._local = threading.local()
+        self._lock = threading.Lock()
 
     def connect(self, reuse_if_open: bool = False) -> None:
-        self.connects += 1
-        self._open = True
+        with self._lock:
+            self.connects += 1
+        self._local.open = True
 
     def is_closed(self) -> bool:
-        return not self._open
+        return not getattr(self._local, "open", False)
 
     def in_transaction(self) -> bool:
         return False
 
     def close(self) -> None:
-        self.closes += 1
-        self._open = False
+        with self._lock:
+            self.closes += 1
+        self._local.open = False
 
 
 @dataclass
