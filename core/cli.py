@@ -152,4 +152,7 @@ def run_import(args: argparse.Namespace, settings: Settings) -> int:
 
 
 if __name__ == "__main__":  # pragma: no cover
-    sys.exit(main())
+    # Run the imported module, not __main__: extensions register their commands on core.cli.
+    from core.cli import main as _main
+
+    sys.exit(_main())
