@@ -65,10 +65,14 @@ class ProviderLike(Protocol):
 
 
 class WriteOutcomeLike(Protocol):
-    status: int
-    memory_id: uuid.UUID | None
-    code: str | None
-    replayed: bool
+    @property
+    def status(self) -> int: ...
+    @property
+    def memory_id(self) -> uuid.UUID | None: ...
+    @property
+    def code(self) -> str | None: ...
+    @property
+    def replayed(self) -> bool: ...
 
 
 class MemoryWriter(Protocol):
