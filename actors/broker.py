@@ -19,15 +19,18 @@ Settings chosen on purpose (see NOTES-dramatiq):
 from __future__ import annotations
 
 import logging
+import os
+import tempfile
 from collections.abc import Callable, Iterable
 from enum import StrEnum
+from typing import Any
 
 import dramatiq
 from dramatiq.brokers.redis import RedisBroker
 from dramatiq.brokers.stub import StubBroker
 from dramatiq.middleware import AgeLimit, Middleware, Retries, ShutdownNotifications, TimeLimit
 
-from core.config import Settings
+from core.config import Settings, export_environment
 from core.errors import ConfigError
 from extraction.stages import Send
 
@@ -82,6 +85,40 @@ def base_middleware(settings: Settings) -> list[Middleware]:
     ]
 
 
+def metrics_middleware(settings: Settings) -> list[Middleware]:
+    """Dramatiq's Prometheus middleware on ``METRICS_PORT`` (none when it is unset). Every
+    worker process writes its series to a directory per port; the master's exposition server
+    serves them all, the pipeline's own ``ibex_*`` series included."""
+    if not settings.metrics_port:
+        return []
+    port = settings.metrics_port
+    export_environment(
+        {
+            "dramatiq_prom_port": str(port),
+            "dramatiq_prom_host": "0.0.0.0",  # noqa: S104 - scraped from other hosts
+            "dramatiq_prom_db": os.path.join(tempfile.gettempdir(), f"ibex-worker-metrics-{port}"),
+        }
+    )
+    from dramatiq.middleware.prometheus import Prometheus
+
+    class WorkerMetrics(Prometheus):
+        # Dramatiq forks the exposition server from the master process, which never imported
+        # this module: fork a function of ours, so that importing it configures the port.
+        @property
+        def forks(self) -> list[Any]:
+            return [serve_metrics]
+
+    return [WorkerMetrics()]
+
+
+def serve_metrics() -> int:
+    """The worker's metrics endpoint: a process the ``dramatiq`` master forks. Importing this
+    module built the broker, which exported ``METRICS_PORT`` to Dramatiq's Prometheus module."""
+    from dramatiq.middleware.prometheus import _run_exposition_server
+
+    return int(_run_exposition_server() or 0)
+
+
 def make_broker(
     settings: Settings,
     *,
@@ -99,6 +136,7 @@ def make_broker(
     broker: dramatiq.Broker
     if stub:
         return StubBroker(middleware=middleware)
+    middleware.extend(metrics_middleware(settings))
     if client is not None:
         broker = RedisBroker(
             client=client,

@@ -75,7 +75,6 @@ def pooled_database(url: str, max_connections: int) -> PooledPostgresqlExtDataba
         max_connections=max_connections,
         stale_timeout=300,
         timeout=30,
-        autorollback=True,
         register_hstore=False,
         **params,
     )
@@ -98,8 +97,14 @@ def build_worker_deps(settings: Settings) -> StageDeps:
         settings.memory_service_token,
         timeout=float(settings.http_timeout_seconds),
     )
+    from extraction.metrics import PipelineMetrics, PrometheusMetrics
+
     return StageDeps(
-        store=SessionStore(db), settings=settings, provider=make_provider(settings), memory=memory
+        store=SessionStore(db),
+        settings=settings,
+        provider=make_provider(settings),
+        memory=memory,
+        metrics=PrometheusMetrics() if settings.metrics_port else PipelineMetrics(),
     )
 
 

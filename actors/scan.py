@@ -9,14 +9,21 @@ which is the backstop for messages the broker lost.
 
 from __future__ import annotations
 
+import logging
+
 import dramatiq
 
-from actors.broker import Queue, broker
+from actors.broker import Queue, broker, current_broker
+from actors.middleware import current_deps
 from actors.shell import run_stage
 from core.errors import PermanentError
 from extraction import stages
+from extraction.metrics import PipelineMetrics
+from extraction.status import collect
 from schema import load
 from schema.messages import ScanMessageSchema
+
+log = logging.getLogger(__name__)
 
 _SCHEMA = ScanMessageSchema()
 
@@ -27,3 +34,22 @@ _SCHEMA = ScanMessageSchema()
 def scan_sessions(session_id: str | None = None) -> None:
     msg = load(_SCHEMA, {"session_id": session_id}, what="scan_sessions message")
     run_stage(lambda deps: stages.scan(deps, session_id=msg["session_id"]).sent)
+    observe_backlog()
+
+
+def observe_backlog() -> None:
+    """Refresh the backlog gauges (when metrics are on): once per scan is often enough."""
+    deps = current_deps()
+    metrics = getattr(deps, "metrics", None)
+    if metrics is None or type(metrics) is PipelineMetrics:
+        return
+    try:
+        status = collect(
+            deps.store.db,
+            getattr(current_broker(), "client", None),
+            queues=[queue.value for queue in Queue],
+        )
+        metrics.backlog(status)
+    except Exception:
+        # Metrics never fail a scan.
+        log.warning("could not refresh the backlog gauges", exc_info=True)

@@ -42,7 +42,7 @@ DEFAULTS: dict[str, str | None] = {
     "IDEMPOTENCY_LEASE_SECONDS": "30",
     "MEMORY_MAX_BODY_BYTES": "65536",
     "HTTP_TIMEOUT_SECONDS": "30",
-    "METRICS_PORT": "9191",
+    "METRICS_PORT": None,  # unset: the worker exposes no metrics
 }
 
 LLM_PROVIDERS = ("openai", "rules")
@@ -96,7 +96,7 @@ class Settings:
     idempotency_lease_seconds: int
     memory_max_body_bytes: int
     http_timeout_seconds: int
-    metrics_port: int
+    metrics_port: int | None
     #: The variables that were set (non-empty) in the environment, defaults aside.
     explicit: frozenset[str] = frozenset()
 
@@ -147,7 +147,7 @@ class Settings:
             idempotency_lease_seconds=_int(env, "IDEMPOTENCY_LEASE_SECONDS", 1),
             memory_max_body_bytes=_int(env, "MEMORY_MAX_BODY_BYTES", 1024),
             http_timeout_seconds=_int(env, "HTTP_TIMEOUT_SECONDS", 1),
-            metrics_port=_int(env, "METRICS_PORT", 1),
+            metrics_port=_int(env, "METRICS_PORT", 1) if _str(env, "METRICS_PORT") else None,
             explicit=frozenset(name for name in DEFAULTS if (env.get(name) or "").strip()),
         )
         if settings.retry_max_backoff_ms < settings.retry_min_backoff_ms:
@@ -193,3 +193,9 @@ def child_environment(overrides: Mapping[str, str]) -> dict[str, str]:
     env = dict(os.environ)
     env.update(overrides)
     return env
+
+
+def export_environment(values: Mapping[str, str]) -> None:
+    """Set variables in this process's environment, for libraries configured only that way
+    (Dramatiq's Prometheus middleware reads its port and directory at import)."""
+    os.environ.update(values)

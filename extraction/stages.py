@@ -27,11 +27,14 @@ from core.errors import (
     ConfigError,
     InvalidMessageError,
     LLMUnavailableError,
+    MemoryRejectedError,
+    MemoryUnavailableError,
     NotFoundError,
     PermanentError,
     TurnBusyError,
 )
 from extraction.keys import idempotency_key
+from extraction.metrics import PipelineMetrics
 from extraction.result import ExtractionResult
 from extraction.state import (
     AlreadyDone,
@@ -102,6 +105,7 @@ class StageDeps:
     provider: ProviderLike | None = None
     memory: MemoryWriter | None = None
     fault: Callable[[str], None] | None = None
+    metrics: PipelineMetrics = field(default_factory=PipelineMetrics)
     state: ExtractionState = field(init=False)
 
     def __post_init__(self) -> None:
@@ -236,7 +240,17 @@ def extract_turn(
         turns = deps.store.read_turns(ref.org_id, ref.session_id, first, ref.turn_index)
         if not turns or turns[-1].turn_index != ref.turn_index:
             raise NotFoundError(f"turn {ref.turn_index} of {ref.session_id} not found")
-        result = provider.extract(turns[-1], turns[:-1])
+        try:
+            result = provider.extract(turns[-1], turns[:-1])
+        except Exception:
+            deps.metrics.llm_call(getattr(provider, "name", ""), ok=False)
+            raise
+        deps.metrics.llm_call(
+            result.provider or getattr(provider, "name", ""),
+            ok=True,
+            prompt_tokens=result.prompt_tokens,
+            completion_tokens=result.completion_tokens,
+        )
         persisted = _validated(result)
     except Exception as exc:
         # Best effort: a failed call releases its claim so the retry need not wait for it.
@@ -322,9 +336,14 @@ def write_memory(
     memory_id: uuid.UUID | None = None
     label = "recorded"
     if not view.recorded:
-        outcome = deps.need_memory().create_memory(
-            ref.org_id, memory_body(view.agent_id, ref, ordinal, view.result), key
-        )
+        try:
+            outcome = deps.need_memory().create_memory(
+                ref.org_id, memory_body(view.agent_id, ref, ordinal, view.result), key
+            )
+        except (MemoryUnavailableError, MemoryRejectedError) as exc:
+            deps.metrics.memory_write(exc.status, exc.code)
+            raise
+        deps.metrics.memory_write(outcome.status, outcome.code)
         deps.crash_point("after_post")
         memory_id, label = outcome.memory_id, _outcome_label(outcome)
     complete = deps.state.record_slot(
@@ -344,6 +363,8 @@ def advance_pointer(
     turn done without a gap. Sends nothing."""
     ref = TurnRef.of(org_id, session_id, turn_index)
     outcome = deps.state.complete_turn(ref, fault=deps.fault)
+    if outcome.newly_done:
+        deps.metrics.turn_done()
     deps.crash_point("after_advance")
     if outcome.pointer_after != outcome.pointer_before:
         log.info(
