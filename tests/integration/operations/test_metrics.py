@@ -43,7 +43,9 @@ def _total(samples: dict, name: str, **labels: str) -> float:
 
 
 def test_the_worker_exposes_dramatiq_and_pipeline_series(
-    stack: dict[str, Any], db: Any, tmp_path: Path
+    stack: dict[str, Any],  # noqa: F811 - the fixture imported above
+    db: Any,
+    tmp_path: Path,
 ) -> None:
     env = dict(stack["env"])
     port = _free_port()
