@@ -1,0 +1,410 @@
+"""The chaos suite: the whole pipeline on real processes under injected faults, then every
+invariant of DESIGN section 5 checked from the database (docs/reliability.md).
+
+Run with ``CHAOS_SEED=<n>`` to replay a run's fault plan; every test prints its seed and a
+short report (``-s`` shows it on success too).
+"""
+
+from __future__ import annotations
+
+import json
+import random
+import subprocess
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import pytest
+
+from models.importer import import_lines
+from models.store import SessionStore
+from tests.chaos.checks import PointerSampler, end_state, wait_until
+from tests.chaos.stack import ChaosConfig, ChaosStack
+from tests.integration.pipeline.test_e2e_workers import BIN, ROOT
+
+#: The faults of the main run, each fired once when the run's progress passes a seeded point.
+MAIN_FAULTS = (
+    "SIGKILL workers",
+    "SIGKILL workers",
+    "terminate worker backends",
+    "terminate worker and memory-service backends",
+    "Redis crash (no persistence)",
+    "LLM 500 burst",
+    "LLM garbage burst",
+)
+FAULT_WINDOW = (0.08, 0.80)  # fraction of the run's progress in which faults land
+DRAIN_TIMEOUT_S = 120.0
+
+
+@dataclass
+class Dataset:
+    sessions: int
+    turns: int
+
+    @property
+    def total(self) -> int:
+        return self.sessions * self.turns
+
+    def lines(self, tag: str) -> list[str]:
+        out = []
+        for s in range(self.sessions):
+            turns = [
+                {
+                    "messages": [
+                        {
+                            "role": "user",
+                            "content": f"Remember that {tag} user {s} has lucky number"
+                            f" {s * 1000 + t} and likes colour {t}.",
+                        }
+                    ],
+                    "completion": {"role": "assistant", "content": "Noted."},
+                }
+                for t in range(self.turns)
+            ]
+            record = {
+                "org": "acme" if s % 2 else "globex",
+                "agent": f"bot{s % 3}",
+                "session": f"{tag}-{s}",
+                "turns": turns,
+            }
+            out.append(json.dumps(record))
+        return out
+
+
+def _import(store: SessionStore, data: Dataset, tag: str) -> None:
+    report = import_lines(store, data.lines(tag))
+    assert not report.errors, report.errors
+    assert report.turns_added == data.total
+
+
+def _progress_fraction(stack: ChaosStack, total: int) -> float:
+    _recorded, persisted, done, _pointers = stack.progress()
+    return (persisted + done) / (2 * total)
+
+
+def _drained(stack: ChaosStack, total: int) -> bool:
+    _recorded, _persisted, done, pointer_sum = stack.progress()
+    return done == total and pointer_sum == total
+
+
+def _ibex(env: dict[str, str], *args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [str(BIN / "ibex"), *args], env=env, cwd=ROOT, capture_output=True, text=True, timeout=60
+    )
+
+
+def _second_run_does_nothing(stack: ChaosStack, db: Any) -> str:
+    """Invariant 5: after the drain, a scan sends nothing and nothing calls or writes."""
+    calls = stack.llm_stats()["calls"]
+    memories = db.execute_sql("SELECT count(*) FROM ibex_memory.memories").fetchone()[0]
+    scan = _ibex(stack.env, "scan", "--json")
+    assert scan.returncode == 0, scan.stderr
+    sent = json.loads(scan.stdout)["turns"]
+    time.sleep(1.5)  # let the scheduler's scans run on the workers too
+    after_calls = stack.llm_stats()["calls"]
+    after_memories = db.execute_sql("SELECT count(*) FROM ibex_memory.memories").fetchone()[0]
+    assert (sent, after_calls, after_memories) == (0, calls, memories), (
+        f"second run: {sent} turns sent, LLM calls {calls} -> {after_calls},"
+        f" memories {memories} -> {after_memories}"
+    )
+    return "a scan after the drain sent 0 turns; no LLM call, no memory"
+
+
+def _report(
+    title: str, seed: int, data: Dataset, stack: ChaosStack, figures: dict[str, Any], extra: str
+) -> str:
+    lines = [f"chaos: {title}  seed={seed}  ({data.sessions} sessions x {data.turns} turns)"]
+    lines += [f"  fault at {f.at:5.1f}s  {f.kind}: {f.detail}" for f in stack.faults]
+    if stack.proxy is not None:
+        lines.append(f"  proxy: {dict(sorted(stack.proxy.snapshot().items()))}")
+    lines += [f"  {k}: {v}" for k, v in figures.items()]
+    lines += [f"  unexpected exit: {e}" for e in stack.unexpected_exits]
+    lines.append(f"  {extra}")
+    return "\n".join(lines)
+
+
+def _fire(stack: ChaosStack, kind: str, rng: random.Random) -> None:
+    if kind == "SIGKILL workers":
+        stack.kill_workers(pause=rng.uniform(0.0, 1.0))
+    elif kind == "terminate worker backends":
+        stack.terminate_backends()
+    elif kind == "terminate worker and memory-service backends":
+        stack.terminate_backends(memory_service=True)
+    elif kind == "Redis crash (no persistence)":
+        stack.restart_redis(kill=True, pause=rng.uniform(0.5, 1.5))
+    elif kind == "LLM 500 burst":
+        stack.llm_control(fail_next=6, fail_status=500)
+    elif kind == "LLM garbage burst":
+        stack.llm_control(garbage_next=4)
+    elif kind == "count_varies on":
+        stack.llm_control(count_varies=True)
+    elif kind == "count_varies off":
+        stack.llm_control(count_varies=False)
+    else:  # pragma: no cover - a typo in a plan
+        raise AssertionError(f"unknown fault {kind}")
+
+
+def _plan(rng: random.Random) -> list[tuple[float, str]]:
+    plan = [(rng.uniform(*FAULT_WINDOW), kind) for kind in MAIN_FAULTS]
+    # The LLM changes its count of memories for a stretch of the run.
+    on, off = sorted(rng.uniform(0.0, 0.9) for _ in range(2))
+    plan += [(on, "count_varies on"), (off, "count_varies off")]
+    return sorted(plan)
+
+
+@pytest.mark.timeout(300)
+def test_faults_during_a_run_end_with_every_invariant(
+    make_stack: Callable[[ChaosConfig], ChaosStack],
+    db: Any,
+    store: SessionStore,
+    chaos_seed: int,
+) -> None:
+    """Faults at seeded moments of one run, and the state they must leave.
+
+    Crash points simulated:
+    - SIGKILL of the whole worker process group, twice, then a restart: a kill after the LLM
+      answered but before the result was persisted, after persisting, after a POST committed,
+      after recording a slot, before the ack — wherever the threads happen to be;
+    - ``pg_terminate_backend`` of the workers' backends (and once also the memory service's):
+      transactions cut mid-way, pooled connections dead on their next use;
+    - a Redis crash with no persistence (SIGKILL, restart on the same port): every queued,
+      delayed and in-flight message lost, and the memory service's idempotency records;
+      only the scan's leases bring the work back;
+    - the proxy: 503 before forwarding, and the response lost after the memory was committed;
+    - the LLM: rewording on every call, seeded 429s and garbage, a 500 burst, a garbage burst,
+      and a stretch where the number of memories changes from call to call.
+
+    End state: every pointer at turn_count, every turn done, exactly one memory and one slot
+    row per ordinal of each persisted result, each memory equal to its stored result (no turn
+    mixes two answers), no duplicate content, pointers never decreased, LLM answers per turn
+    ≤ 1 + the faults that held its answer, no dead letter, and a second run does nothing.
+    """
+    rng = random.Random(chaos_seed)
+    print(f"\nCHAOS_SEED={chaos_seed}")
+    data = Dataset(sessions=16, turns=6)
+    _import(store, data, "main")
+    started = time.monotonic()
+    stack = make_stack(ChaosConfig(seed=chaos_seed))
+    sampler = PointerSampler(db)
+    sampler.start()
+    try:
+        plan = _plan(rng)
+        deadline = time.monotonic() + DRAIN_TIMEOUT_S
+        while plan:
+            fraction = _progress_fraction(stack, data.total)
+            while plan and plan[0][0] <= fraction:
+                _fire(stack, plan.pop(0)[1], rng)
+            stack.check_alive()
+            assert time.monotonic() < deadline, (
+                f"seed {chaos_seed}: progress stuck at {fraction:.2f} with faults {plan} left\n"
+                + stack.diagnostics()
+            )
+            time.sleep(0.05)
+        wait_until(
+            lambda: _drained(stack, data.total),
+            timeout=max(10.0, deadline - time.monotonic()),
+            interval=0.25,
+            tick=stack.check_alive,
+            message=lambda: f"seed {chaos_seed}: the backlog did not drain\n{stack.diagnostics()}",
+        )
+        run_seconds = time.monotonic() - started
+        second = _second_run_does_nothing(stack, db)
+        state = end_state(
+            db,
+            store,
+            stack.llm_stats(),
+            stack.faults,
+            redis_dead_letters=stack.dead_letters_in_redis(),
+        )
+    finally:
+        sampler.stop()
+    state.violations += sampler.violations
+    state.figures["pointer samples"] = f"{sampler.samples} ({sampler.errors} failed)"
+    state.figures["duration"] = f"{run_seconds:.1f}s to drain"
+    report = _report("faults during a run", chaos_seed, data, stack, state.figures, second)
+    print(report)
+    assert sampler.samples > 10, "the pointer sampler barely ran"
+    assert not state.violations, "\n".join([report, *state.violations])
+    assert not stack.unexpected_exits, report
+
+
+@pytest.mark.timeout(240)
+def test_a_redis_crash_with_appendonly_keeps_every_queued_message(
+    make_stack: Callable[[ChaosConfig], ChaosStack],
+    db: Any,
+    store: SessionStore,
+    chaos_seed: int,
+) -> None:
+    """Redis with ``appendonly yes`` (fsync always) crashes (SIGKILL) while the workers are
+    down, and comes back on the same port with every message.
+
+    Crash points simulated: SIGKILL of the worker group mid-run (messages in flight stay
+    unacked in Redis), then SIGKILL of Redis itself, then a worker restart; the proxy's 503s and
+    lost-after-commit responses and the LLM's 429s and garbage run throughout.
+
+    End state: the extract, write and pointer queues hold exactly the messages they held
+    before the crash; then every invariant, as in the main run.
+    """
+    rng = random.Random(chaos_seed + 1)
+    print(f"\nCHAOS_SEED={chaos_seed}")
+    data = Dataset(sessions=8, turns=5)
+    _import(store, data, "aof")
+    started = time.monotonic()
+    stack = make_stack(ChaosConfig(seed=chaos_seed, appendonly=True))
+    sampler = PointerSampler(db)
+    sampler.start()
+    try:
+        point = rng.uniform(0.15, 0.5)
+        wait_until(
+            lambda: _progress_fraction(stack, data.total) >= point,
+            timeout=60,
+            interval=0.05,
+            tick=stack.check_alive,
+            message=lambda: f"seed {chaos_seed}: no progress\n{stack.diagnostics()}",
+        )
+        stack.kill_workers(restart=False)
+        work = ("extract", "write", "pointer")
+        before = stack.queue_sizes(work)
+        stack.restart_redis(kill=True, pause=rng.uniform(0.3, 1.0))
+        after = stack.queue_sizes(work)
+        assert after == before, f"seed {chaos_seed}: queues {before} became {after}"
+        stack.start_workers()
+        wait_until(
+            lambda: _drained(stack, data.total),
+            timeout=DRAIN_TIMEOUT_S,
+            interval=0.25,
+            tick=stack.check_alive,
+            message=lambda: f"seed {chaos_seed}: the backlog did not drain\n{stack.diagnostics()}",
+        )
+        run_seconds = time.monotonic() - started
+        second = _second_run_does_nothing(stack, db)
+        state = end_state(
+            db,
+            store,
+            stack.llm_stats(),
+            stack.faults,
+            redis_dead_letters=stack.dead_letters_in_redis(),
+        )
+    finally:
+        sampler.stop()
+    state.violations += sampler.violations
+    state.figures["queued messages across the Redis crash"] = f"{sum(before.values())} kept"
+    state.figures["duration"] = f"{run_seconds:.1f}s to drain"
+    report = _report("Redis crash with appendonly", chaos_seed, data, stack, state.figures, second)
+    print(report)
+    assert sum(before.values()) > 0, "nothing was queued at the crash: the test proved nothing"
+    assert not state.violations, "\n".join([report, *state.violations])
+    assert not stack.unexpected_exits, report
+
+
+@pytest.mark.timeout(240)
+def test_a_rejected_turn_blocks_only_its_session_until_replayed(
+    make_stack: Callable[[ChaosConfig], ChaosStack],
+    db: Any,
+    store: SessionStore,
+    chaos_seed: int,
+) -> None:
+    """A turn whose LLM request is rejected (400) dead-letters at once, while workers are
+    killed and backends terminated around it; its session's pointer waits below it, every
+    other session completes; ``ibex dlq replay --all`` then lets it reach the end.
+
+    Crash points simulated: a permanent LLM error (no retry loop), SIGKILL of the worker group
+    and ``pg_terminate_backend`` after the dead letter was mirrored, plus the proxy's and the
+    LLM's transient faults throughout.
+
+    End state: exactly one dead letter before the replay (in Postgres and in Redis), the
+    failed turn's session pointer at that turn - 1 while every other session is complete
+    (invariants 6 and 7); after the replay, none open and every invariant as in the main run.
+    """
+    rng = random.Random(chaos_seed + 2)
+    print(f"\nCHAOS_SEED={chaos_seed}")
+    data = Dataset(sessions=8, turns=5)
+    _import(store, data, "dlq")
+    started = time.monotonic()
+    stack = make_stack(ChaosConfig(seed=chaos_seed, llm_fail_rate=0.0))
+    stack.llm_control(fail_next=1, fail_status=400)
+    sampler = PointerSampler(db)
+    sampler.start()
+    try:
+        wait_until(
+            lambda: stack.sql("SELECT count(*) FROM ibex_core.dead_letters")[0][0] >= 1,
+            timeout=60,
+            interval=0.05,
+            tick=stack.check_alive,
+            message=lambda: f"seed {chaos_seed}: no dead letter\n{stack.diagnostics()}",
+        )
+        ((session_id, turn_index, exc_type),) = stack.sql(
+            "SELECT session_id::text, turn_index, exception_type FROM ibex_core.dead_letters"
+        )
+        assert exc_type == "LLMRejectedError"
+        if rng.random() < 0.5:
+            stack.kill_workers(pause=rng.uniform(0.0, 0.5))
+            stack.terminate_backends()
+        else:
+            stack.terminate_backends()
+            stack.kill_workers(pause=rng.uniform(0.0, 0.5))
+
+        def rest_done() -> bool:
+            rows = stack.sql(
+                "SELECT count(*) FILTER (WHERE state = 'done'),"
+                "       count(*) FILTER (WHERE state = 'failed') FROM ibex_core.extraction_turns"
+            )
+            return (int(rows[0][0]), int(rows[0][1])) == (data.total - 1, 1)
+
+        wait_until(
+            rest_done,
+            timeout=DRAIN_TIMEOUT_S,
+            interval=0.25,
+            tick=stack.check_alive,
+            message=lambda: (
+                f"seed {chaos_seed}: the other turns did not drain\n" + stack.diagnostics()
+            ),
+        )
+        time.sleep(1.5)  # scans keep running: the failed turn must not be sent again
+        pointers_now = dict(
+            stack.sql("SELECT id::text, last_extracted_turn FROM ibex_core.sessions")
+        )
+        blocked = pointers_now.pop(session_id)
+        assert blocked == turn_index - 1, (
+            f"seed {chaos_seed}: session pointer {blocked} with turn {turn_index} failed"
+        )
+        assert set(pointers_now.values()) == {data.turns}, pointers_now
+        assert stack.dead_letters_in_redis() == 1
+        state_before = stack.sql(
+            "SELECT state::text FROM ibex_core.extraction_turns"
+            " WHERE session_id = %s AND turn_index = %s",
+            (session_id, turn_index),
+        )[0][0]
+        assert state_before == "failed"
+
+        replay = _ibex(stack.env, "dlq", "replay", "--all")
+        assert replay.returncode == 0, replay.stderr
+        wait_until(
+            lambda: _drained(stack, data.total),
+            timeout=60,
+            interval=0.25,
+            tick=stack.check_alive,
+            message=lambda: f"seed {chaos_seed}: the replay did not finish\n{stack.diagnostics()}",
+        )
+        run_seconds = time.monotonic() - started
+        second = _second_run_does_nothing(stack, db)
+        state = end_state(
+            db,
+            store,
+            stack.llm_stats(),
+            stack.faults,
+            redis_dead_letters=stack.dead_letters_in_redis(),
+        )
+    finally:
+        sampler.stop()
+    state.violations += sampler.violations
+    state.figures["dead letter"] = (
+        f"turn {turn_index} of {session_id[:8]} (LLMRejectedError); its session waited at"
+        f" {turn_index - 1} while the other {data.sessions - 1} completed; replayed"
+    )
+    state.figures["duration"] = f"{run_seconds:.1f}s to drain, replay included"
+    report = _report("dead letter and replay", chaos_seed, data, stack, state.figures, second)
+    print(report)
+    assert not state.violations, "\n".join([report, *state.violations])
+    assert not stack.unexpected_exits, report
