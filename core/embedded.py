@@ -48,7 +48,7 @@ class EmbeddedPostgres:
             raise ConfigError(f"embedded Postgres is not installed: {INSTALL_HINT}") from exc
         self.folder.mkdir(parents=True, exist_ok=True)
         self._server = pgserver.get_server(self.folder, cleanup_mode="stop")
-        self.url = self._server.get_uri()  # type: ignore[attr-defined]
+        self.url = self._server.get_uri()
         return self.url
 
     def stop(self) -> None:

@@ -64,7 +64,7 @@ def load_migrations(folder: Path | None = None) -> list[Migration]:
 def migrate(url: str, folder: Path | None = None) -> list[str]:
     """Apply every pending migration to the database at ``url``; return the names applied."""
     migrations = load_migrations(folder)
-    conn = psycopg2.connect(**connect_params(url))  # type: ignore[arg-type]
+    conn = psycopg2.connect(**connect_params(url))
     applied_now: list[str] = []
     try:
         conn.autocommit = True

@@ -56,13 +56,13 @@ register("dlq", _add_dlq, "extraction.commands:run_dlq")
 register("demo", _add_demo, "actors.demo:run_demo")
 
 
-def _redis(settings: Settings):  # type: ignore[no-untyped-def]
+def _redis(settings: Settings) -> Any:
     import redis
 
     return redis.Redis.from_url(settings.redis_url, socket_timeout=5, socket_connect_timeout=5)
 
 
-def _db(settings: Settings):  # type: ignore[no-untyped-def]
+def _db(settings: Settings) -> Any:
     from core.db import make_database
     from models import bind
 

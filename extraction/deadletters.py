@@ -267,11 +267,11 @@ class DeadLetterStore:
         )
 
     def _redis_entries(self, queue: str) -> list[tuple[str, float, bytes]]:
-        ids = self.redis.zrange(self._xq(queue), 0, -1, withscores=True)
+        ids: Any = self.redis.zrange(self._xq(queue), 0, -1, withscores=True)
         if not ids:
             return []
         keys = [i.decode() if isinstance(i, bytes) else i for i, _ in ids]
-        payloads = self.redis.hmget(self._xq(queue) + ".msgs", keys)
+        payloads: Any = self.redis.hmget(self._xq(queue) + ".msgs", keys)
         return [
             (key, score, raw)
             for key, (_, score), raw in zip(keys, ids, payloads, strict=True)
@@ -322,13 +322,13 @@ class DeadLetterStore:
             for key in (letter.ref, letter.redis_message_id, letter.message_id):
                 by_any.setdefault(key, letter)
         for done, ref in enumerate(refs, start=1):
-            letter = by_any.get(ref)
-            if letter is None:
+            found = by_any.get(ref)
+            if found is None:
                 (report.already if self._was_replayed(ref) else report.missing).append(ref)
-            elif dry_run or self._replay_one(letter):
-                report.replayed.append(letter.ref)
+            elif dry_run or self._replay_one(found):
+                report.replayed.append(found.ref)
             else:
-                report.already.append(letter.ref)
+                report.already.append(found.ref)
             if progress is not None:
                 progress(done)
         return report

@@ -12,9 +12,9 @@ class PgEnumField(peewee.Field):
     """A column of a Postgres enum type, read and written as its label."""
 
     def __init__(self, enum_type: str, choices: tuple[str, ...], **kwargs: object) -> None:
-        self.field_type = enum_type
+        self.field_type = enum_type  # type: ignore[misc]
         self.labels = choices
-        super().__init__(**kwargs)  # type: ignore[arg-type]
+        super().__init__(**kwargs)
 
     def db_value(self, value: object) -> object:
         if value is not None and value not in self.labels:

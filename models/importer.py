@@ -61,7 +61,8 @@ def parse_line(text: str) -> dict:
         raise InvalidMessageError(f"malformed JSON: {exc.msg} at column {exc.colno}") from exc
     if not isinstance(data, dict):
         raise InvalidMessageError("a line must be a JSON object (one session)")
-    return load(_LINE_SCHEMA, data, what="session")  # type: ignore[no-any-return]
+    record: dict = load(_LINE_SCHEMA, data, what="session")
+    return record
 
 
 def import_session(store: SessionStore, record: dict) -> tuple[bool, int]:

@@ -279,7 +279,7 @@ class SessionStore:
         were added. Stored turns must match exactly: checkpoints are immutable."""
         stored = session.turn_count
         if stored:
-            rows = (
+            rows: Any = (
                 Checkpoint.select(
                     Checkpoint.turn_index, Checkpoint.messages_hash, Checkpoint.completion_hash
                 )
@@ -356,7 +356,7 @@ class SessionStore:
     ) -> list[Turn]:
         """Turns ``first..last`` (inclusive) with their content, in order."""
         with tenant(self.db, org_id):
-            rows = (
+            rows: Any = (
                 Checkpoint.select(
                     Checkpoint.turn_index,
                     Checkpoint.prompt_tokens,
