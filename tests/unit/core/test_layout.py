@@ -47,3 +47,18 @@ def test_imports_flow_one_way() -> None:
         [str(lint), "--no-cache"], cwd=ROOT, capture_output=True, text=True, timeout=120
     )
     assert result.returncode == 0, result.stdout[-3000:]
+
+
+@pytest.mark.slow
+def test_the_packages_type_check() -> None:
+    import subprocess
+    import sys
+
+    mypy = Path(sys.executable).parent / "mypy"
+    if not mypy.exists():
+        pytest.skip("mypy is not installed (pip install -e '.[test]')")
+    packages = ["core", "models", "schema", "extraction", "memory_service", "actors"]
+    result = subprocess.run(
+        [str(mypy), *packages], cwd=ROOT, capture_output=True, text=True, timeout=300
+    )
+    assert result.returncode == 0, result.stdout[-3000:]
