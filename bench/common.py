@@ -88,6 +88,7 @@ class Child:
     name: str
     process: subprocess.Popen[bytes]
     log: Path
+    may_exit: bool = False  # a tool that ends by itself (py-spy), not a service
 
     @property
     def pid(self) -> int:
@@ -109,7 +110,9 @@ class Children:
     folder: Path
     children: list[Child] = field(default_factory=list)
 
-    def start(self, name: str, argv: Sequence[str], env: Mapping[str, str]) -> Child:
+    def start(
+        self, name: str, argv: Sequence[str], env: Mapping[str, str], *, may_exit: bool = False
+    ) -> Child:
         log = self.folder / f"{name}.log"
         with log.open("ab") as handle:
             process = subprocess.Popen(
@@ -121,13 +124,13 @@ class Children:
                 stdin=subprocess.DEVNULL,
                 start_new_session=True,
             )
-        child = Child(name, process, log)
+        child = Child(name, process, log, may_exit)
         self.children.append(child)
         return child
 
     def check(self) -> None:
         for child in self.children:
-            if child.process.poll() is not None:
+            if not child.may_exit and child.process.poll() is not None:
                 tail = child.log.read_text(errors="replace")[-2000:]
                 raise BenchError(
                     f"the {child.name} process exited with status {child.process.returncode}:"
@@ -239,7 +242,7 @@ def database_name(url: str) -> str:
 
 def admin_connection(url: str) -> psycopg2.extensions.connection:
     """An autocommit connection to ``url`` as whoever it names (a superuser: RLS bypassed)."""
-    conn = psycopg2.connect(**connect_params(url))  # type: ignore[arg-type]
+    conn = psycopg2.connect(**connect_params(url))
     conn.autocommit = True
     return conn
 
@@ -389,19 +392,32 @@ class StatementLog:
         skip = set(exclude)
         out: dict[int, int] = {}
         shapes: Counter[str] = Counter()
+        pending: list[str] | None = None  # the statement being read (continuation lines)
+
+        def flush() -> None:
+            if pending is not None:
+                shapes[statement_shape(" ".join(pending))] += 1
+
         with self.path.open("rb") as handle:
             handle.seek(self._offset)
             for raw in handle:
-                if b"LOG:  statement: " not in raw:
-                    continue
                 line = raw.decode("utf-8", "replace")
+                if pending is not None and line.startswith("\t"):
+                    if sum(map(len, pending)) < 200:
+                        pending.append(line)
+                    continue
+                flush()
+                pending = None
+                if "LOG:  statement: " not in line:
+                    continue
                 match = self.LINE.search(line)
                 if match is None or match.group(2) != self.database:
                     continue
                 pid = int(match.group(1))
                 if pid not in skip:
                     out[pid] = out.get(pid, 0) + 1
-                    shapes[statement_shape(line[match.end() :])] += 1
+                    pending = [line[match.end() :]]
+            flush()
         return out, shapes
 
 
@@ -409,9 +425,8 @@ _LITERALS = re.compile(r"'(?:[^']|'')*'|\b\d+(?:\.\d+)?\b")
 
 
 def statement_shape(text: str, width: int = 90) -> str:
-    """A statement's first line with its literals replaced by ``?``, cut to ``width``."""
-    first = " ".join(text.strip().split("\n", 1)[0].split())
-    return _LITERALS.sub("?", first)[:width]
+    """A statement's text, whitespace collapsed, literals replaced by ``?``, cut to ``width``."""
+    return _LITERALS.sub("?", " ".join(text.split()))[:width]
 
 
 def backend_applications(conn: psycopg2.extensions.connection, database: str) -> dict[int, str]:
@@ -640,7 +655,7 @@ def fake_llm_main(argv: Sequence[str]) -> int:
 
         return NoDelay
 
-    fake._handler_for = handler_for  # type: ignore[assignment]
+    fake._handler_for = handler_for
     return fake.main(list(argv))
 
 
@@ -730,7 +745,7 @@ def start_py_spy(children: Children, name: str, pid: int, seconds: float) -> Chi
     argv = [exe, "record", "--pid", str(pid), "--subprocesses", "--nonblocking",
             "--format", "raw", "--rate", "100", "--duration", str(max(1, int(seconds))),
             "--output", str(out)]  # fmt: skip
-    return children.start(f"py-spy-{name}", argv, child_env({}))
+    return children.start(f"py-spy-{name}", argv, child_env({}), may_exit=True)
 
 
 def finish_py_spy(children: Children, child: Child | None, timeout: float = 30) -> dict[str, Any]:

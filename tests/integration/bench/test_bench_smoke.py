@@ -30,7 +30,7 @@ def _require_services() -> None:
 
     admin = urlunparse(urlparse(TEST_DATABASE_URL)._replace(path="/postgres"))
     try:
-        psycopg2.connect(**connect_params(admin)).close()  # type: ignore[arg-type]
+        psycopg2.connect(**connect_params(admin)).close()
         client = redis.Redis.from_url(TEST_REDIS_URL)
         client.ping()
         client.close()
@@ -50,7 +50,7 @@ def _run(module: str, *args: str, timeout: float) -> dict[str, Any]:
         check=False,
     )
     assert done.returncode == 0, done.stderr[-3000:] or done.stdout[-3000:]
-    return json.loads(done.stdout)  # type: ignore[no-any-return]
+    return json.loads(done.stdout)
 
 
 def test_pipeline_benchmark_tiny(tmp_path: Path) -> None:
