@@ -5,10 +5,12 @@ org even when the connection is a superuser's. peewee errors are translated here
 else: connection trouble becomes :class:`~core.errors.DatabaseUnavailableError` (through
 ``core.db``), constraint violations become typed results.
 
-A write is one ``INSERT ... ON CONFLICT DO NOTHING``: the unique constraints, not a check before
-the insert, decide. When it inserts nothing, a second statement in the same transaction reads the
-row that won. Postgres makes a conflicting insert wait for the transaction holding the other row,
-so by then that row is committed and visible (READ COMMITTED takes a new snapshot per statement).
+A write is one round trip: ``SELECT * FROM ibex_memory.create_memory(...)`` in its own implicit
+transaction (migration 000003). The function switches to the tenant role and org itself, runs
+``INSERT ... ON CONFLICT DO NOTHING`` (the unique constraints, not a check before the insert,
+decide) and, when that inserts nothing, reads the row that won. It is the hot path of the
+service, so it runs on the pooled psycopg2 connection directly, without peewee's per-statement
+work; its errors are translated here the same way.
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import peewee
+import psycopg2
 from psycopg2.extras import Json
 
 from core.db import APP_ROLE, db_errors, is_unique_violation, tenant
@@ -32,24 +35,11 @@ COLUMNS = (
     " metadata, created_at, idempotency_key, request_fingerprint"
 )
 
-INSERT_SQL = f"""
-INSERT INTO ibex_memory.memories
-    (org_id, agent_id, session_id, turn_index, ordinal, content, content_hash, kind, metadata,
-     idempotency_key, request_fingerprint)
-VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s)
-ON CONFLICT DO NOTHING
-RETURNING {COLUMNS}
-"""
-
-# The row that beat us: the key's row first (a replay or a conflict), else the live content.
-WINNER_SQL = f"""
-SELECT {COLUMNS}, COALESCE(idempotency_key = %s, false) AS by_key
-  FROM ibex_memory.memories
- WHERE org_id = %s
-   AND (idempotency_key = %s
-        OR (agent_id = %s AND content_hash = %s AND deleted_at IS NULL))
- ORDER BY by_key DESC
- LIMIT 1
+#: The write, with its 11 parameters in the order of :func:`create_params`.
+CREATE_SQL = """
+SELECT * FROM ibex_memory.create_memory(
+    %s::uuid, %s::uuid, %s::uuid, %s::integer, %s::integer, %s::text, %s::text, %s::text,
+    %s::jsonb, %s::text, %s::text)
 """
 
 BY_KEY_SQL = f"""
@@ -150,6 +140,14 @@ class Outcome(enum.Enum):
     UNKNOWN_ORG = "unknown_org"
 
 
+#: What ``ibex_memory.create_memory`` says in its first column.
+OUTCOMES = {
+    "created": Outcome.CREATED,
+    "key_exists": Outcome.KEY_EXISTS,
+    "content_exists": Outcome.CONTENT_EXISTS,
+}
+
+
 @dataclass(frozen=True)
 class CreateResult:
     outcome: Outcome
@@ -163,44 +161,19 @@ class MemoryStore:
         self.db = db
 
     def create(self, org_id: uuid.UUID, new: NewMemory) -> CreateResult:
-        params = (
-            str(org_id),
-            str(new.agent_id),
-            str(new.session_id) if new.session_id else None,
-            new.turn_index,
-            new.ordinal,
-            new.content,
-            new.content_hash,
-            new.kind,
-            Json(new.metadata),
-            new.idempotency_key,
-            new.fingerprint if new.idempotency_key is not None else None,
-        )
-        # A loser can find no winner only if the winner was soft-deleted in between; the
-        # content is then free again, so try once more.
-        for _ in range(3):
-            try:
-                with tenant(self.db, org_id):
-                    row = self.db.execute_sql(INSERT_SQL, params).fetchone()
-                    if row is not None:
-                        return CreateResult(Outcome.CREATED, MemoryRow.from_db(row))
-                    winner = self.db.execute_sql(
-                        WINNER_SQL,
-                        (
-                            new.idempotency_key,
-                            str(org_id),
-                            new.idempotency_key,
-                            str(new.agent_id),
-                            new.content_hash,
-                        ),
-                    ).fetchone()
-            except peewee.IntegrityError as exc:
-                return CreateResult(_foreign_key_outcome(exc))
-            if winner is not None:
-                by_key = bool(winner[-1])
-                outcome = Outcome.KEY_EXISTS if by_key else Outcome.CONTENT_EXISTS
-                return CreateResult(outcome, MemoryRow.from_db(winner[:-1]))
-        raise DatabaseUnavailableError("memory insert kept conflicting with vanishing rows")
+        with db_errors():
+            connection = self.db.connection()
+        try:
+            with connection.cursor() as cursor:
+                cursor.execute(CREATE_SQL, create_params(org_id, new))
+                row = cursor.fetchone()
+        except (psycopg2.OperationalError, psycopg2.InterfaceError) as exc:
+            raise DatabaseUnavailableError(f"database unavailable: {exc}".strip()) from exc
+        except psycopg2.IntegrityError as exc:
+            return CreateResult(_foreign_key_outcome(exc))
+        if row is None:
+            raise DatabaseUnavailableError("memory insert kept conflicting with vanishing rows")
+        return CreateResult(OUTCOMES[row[0]], MemoryRow.from_db(row[1:]))
 
     def find_by_key(self, org_id: uuid.UUID, idempotency_key: str) -> MemoryRow | None:
         with tenant(self.db, org_id):
@@ -252,7 +225,24 @@ class MemoryStore:
             self.db.execute_sql("SELECT 1").fetchone()
 
 
-def _foreign_key_outcome(exc: peewee.IntegrityError) -> Outcome:
+def create_params(org_id: uuid.UUID, new: NewMemory) -> tuple[Any, ...]:
+    """The parameters of :data:`CREATE_SQL`."""
+    return (
+        str(org_id),
+        str(new.agent_id),
+        str(new.session_id) if new.session_id else None,
+        new.turn_index,
+        new.ordinal,
+        new.content,
+        new.content_hash,
+        new.kind,
+        Json(new.metadata),
+        new.idempotency_key,
+        new.fingerprint if new.idempotency_key is not None else None,
+    )
+
+
+def _foreign_key_outcome(exc: Exception) -> Outcome:
     """Which reference a failed insert named: the org (403) or the agent (422)."""
     orig = getattr(exc, "orig", None) or exc.__cause__ or exc
     if getattr(orig, "pgcode", None) != "23503":

@@ -65,3 +65,68 @@ ALTER TABLE ibex_memory.memories ENABLE ROW LEVEL SECURITY;
 ALTER TABLE ibex_memory.memories FORCE ROW LEVEL SECURITY;
 CREATE POLICY tenant_isolation ON ibex_memory.memories
     USING (ibex_core.rls_org_visible(org_id)) WITH CHECK (ibex_core.rls_org_visible(org_id));
+
+-- POST /v1/memories in one round trip: called as a single SELECT in its own (implicit)
+-- transaction. SECURITY INVOKER, so it can do nothing its caller could not: it switches the
+-- transaction to the tenant role and org itself (exactly what core.db.tenant() does), so the
+-- INSERT and the read run under row-level security, and both settings end with the statement.
+--
+-- The INSERT is ON CONFLICT DO NOTHING: the unique constraints decide. When it inserts nothing,
+-- the row that won is read in the same transaction: the key's row first (a replay or a
+-- conflict), else the live row with this content. Postgres makes a conflicting insert wait for
+-- the transaction holding the other row, so that row is committed and visible by then (READ
+-- COMMITTED takes a new snapshot per statement). A loser can find no winner only if the winner
+-- was soft-deleted in between; the content is free again then, so it tries again, at most three
+-- times, and returns no row if it still found none. An unknown org or agent raises the foreign
+-- key violation (23503) naming the constraint.
+CREATE FUNCTION ibex_memory.create_memory(
+    p_org_id uuid, p_agent_id uuid, p_session_id uuid, p_turn_index integer, p_ordinal integer,
+    p_content text, p_content_hash text, p_kind text, p_metadata jsonb,
+    p_idempotency_key text, p_request_fingerprint text)
+RETURNS TABLE (outcome text, id uuid, org_id uuid, agent_id uuid, session_id uuid,
+               turn_index integer, ordinal integer, content text, content_hash text, kind text,
+               metadata jsonb, created_at timestamptz, idempotency_key text,
+               request_fingerprint text)
+LANGUAGE plpgsql VOLATILE SECURITY INVOKER
+AS $$
+#variable_conflict use_column
+BEGIN
+    SET LOCAL ROLE ibex_app;
+    PERFORM set_config('ibex.org_id', p_org_id::text, true);
+    FOR attempt IN 1..3 LOOP
+        RETURN QUERY
+        WITH inserted AS (
+            INSERT INTO ibex_memory.memories AS m
+                (org_id, agent_id, session_id, turn_index, ordinal, content, content_hash, kind,
+                 metadata, idempotency_key, request_fingerprint)
+            VALUES (p_org_id, p_agent_id, p_session_id, p_turn_index, p_ordinal, p_content,
+                    p_content_hash, p_kind, p_metadata, p_idempotency_key,
+                    p_request_fingerprint)
+            ON CONFLICT DO NOTHING
+            RETURNING m.id, m.org_id, m.agent_id, m.session_id, m.turn_index, m.ordinal,
+                      m.content, m.content_hash, m.kind, m.metadata, m.created_at,
+                      m.idempotency_key, m.request_fingerprint
+        )
+        SELECT 'created'::text, i.* FROM inserted i;
+        IF FOUND THEN
+            RETURN;
+        END IF;
+        RETURN QUERY
+        SELECT CASE WHEN m.idempotency_key = p_idempotency_key THEN 'key_exists'
+                    ELSE 'content_exists' END,
+               m.id, m.org_id, m.agent_id, m.session_id, m.turn_index, m.ordinal, m.content,
+               m.content_hash, m.kind, m.metadata, m.created_at, m.idempotency_key,
+               m.request_fingerprint
+          FROM ibex_memory.memories m
+         WHERE m.org_id = p_org_id
+           AND (m.idempotency_key = p_idempotency_key
+                OR (m.agent_id = p_agent_id AND m.content_hash = p_content_hash
+                    AND m.deleted_at IS NULL))
+         ORDER BY COALESCE(m.idempotency_key = p_idempotency_key, false) DESC
+         LIMIT 1;
+        IF FOUND THEN
+            RETURN;
+        END IF;
+    END LOOP;
+END
+$$;

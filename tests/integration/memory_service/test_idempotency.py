@@ -21,10 +21,9 @@ import httpx
 import pytest
 import redis
 
-from core.db import tenant
 from core.errors import DatabaseUnavailableError
 from memory_service.idempotency import IdempotencyStore, record_key
-from memory_service.store import INSERT_SQL, MemoryStore
+from memory_service.store import CREATE_SQL, MemoryStore, create_params
 from tests.integration.memory_service.helpers import (
     Tenant,
     memory_body,
@@ -292,23 +291,8 @@ def test_5_crash_after_claim_before_commit(
     (Postgres rolls it back). In progress during the lease, then exactly one row."""
 
     def insert_then_crash(self: MemoryStore, org_id: uuid.UUID, new: Any) -> Any:
-        with tenant(self.db, org_id):
-            self.db.execute_sql(
-                INSERT_SQL,
-                (
-                    str(org_id),
-                    str(new.agent_id),
-                    None,
-                    None,
-                    None,
-                    new.content,
-                    new.content_hash,
-                    new.kind,
-                    "{}",
-                    new.idempotency_key,
-                    new.fingerprint,
-                ),
-            )
+        with self.db.atomic():  # the INSERT runs, the COMMIT never comes
+            self.db.execute_sql(CREATE_SQL, create_params(org_id, new)).fetchone()
             raise SimulatedCrash
 
     body = memory_body(acme.agent_id)
