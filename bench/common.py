@@ -710,6 +710,15 @@ def table(header: Sequence[str], body: Sequence[Sequence[Any]]) -> str:
     return "\n".join(lines)
 
 
+def markdown_table(header: Sequence[str], body: Sequence[Sequence[Any]]) -> str:
+    """The same table as :func:`table`, as GitHub Markdown."""
+    lines = ["| " + " | ".join(str(c) for c in header) + " |"]
+    lines.append("|" + "|".join(["---"] + ["---:"] * (len(header) - 1)) + "|")
+    for row in body:
+        lines.append("| " + " | ".join(_cell(c).strip() for c in row) + " |")
+    return "\n".join(lines)
+
+
 def _cell(value: Any) -> str:
     if value is None:
         return "-"

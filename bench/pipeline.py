@@ -76,6 +76,7 @@ from bench.common import (
     llm_control,
     load_average,
     machine,
+    markdown_table,
     percentile,
     python,
     recreate_database,
@@ -717,10 +718,11 @@ def _get(result: dict[str, Any], group: str, key: str) -> Any:
     return (result.get(group) or {}).get(key)
 
 
-def _sum(result: dict[str, Any], *keys: str) -> float | None:
+def _ms(result: dict[str, Any], *keys: str) -> float | None:
+    """CPU milliseconds per turn of these process groups."""
     values = [_get(result, "cpu_s_per_turn", k) for k in keys]
     present = [v for v in values if v is not None]
-    return round(sum(present), 5) if present else None
+    return round(1000 * sum(present), 2) if present else None
 
 
 METRICS: list[tuple[str, Any]] = [
@@ -737,13 +739,43 @@ METRICS: list[tuple[str, Any]] = [
     ("  of which memory service", lambda r: _get(r, "sql_statements_per_turn", "memory_service")),
     ("Redis commands/turn", lambda r: r["redis_commands_per_turn"]),
     ("HTTP requests/memory", lambda r: r["http_requests_per_memory"]),
-    ("CPU s/turn (total)", lambda r: _get(r, "cpu_s_per_turn", "total")),
-    ("  workers + ibex scan / ibex extract", lambda r: _sum(r, "workers", "command")),
-    ("  memory service", lambda r: _get(r, "cpu_s_per_turn", "web")),
-    ("  postgres", lambda r: _get(r, "cpu_s_per_turn", "postgres")),
-    ("  redis", lambda r: _get(r, "cpu_s_per_turn", "redis")),
+    ("CPU ms/turn (total)", lambda r: _ms(r, "total")),
+    ("  workers + ibex scan / ibex extract", lambda r: _ms(r, "workers", "command")),
+    ("  memory service (gunicorn)", lambda r: _ms(r, "web")),
+    ("  postgres", lambda r: _ms(r, "postgres")),
+    ("  redis", lambda r: _ms(r, "redis")),
     ("window s", lambda r: r["window_s"]),
 ]
+
+
+def render_markdown(document: dict[str, Any]) -> str:
+    """Every scenario side by side, pipeline | baseline, as Markdown (docs/benchmarks.md)."""
+    results = document["scenarios"]
+    header = ["metric"]
+    for r in results:
+        header += [f"{r['scenario']['name']} pipeline", "baseline"]
+    body = []
+    for name, get in METRICS:
+        row: list[Any] = [name.strip()]
+        for r in results:
+            row += [get(r["pipeline"]), get(r["baseline"])]
+        body.append(row)
+
+    def per_scenario(label: str, get: Any) -> list[Any]:
+        row: list[Any] = [label]
+        for r in results:
+            row += [get(r), ""]
+        return row
+
+    ratio_rows = [
+        per_scenario("pipeline / baseline", lambda r: r["ratios"].get("pipeline_over_baseline")),
+        per_scenario("pipeline / (C/L)", lambda r: r["ratios"].get("pipeline_over_c_over_l")),
+        per_scenario(
+            "load average (1 min) before / after",
+            lambda r: f"{r['load_average_before'][0]} / {r['load_average_after'][0]}",
+        ),
+    ]
+    return markdown_table(header, body + ratio_rows)
 
 
 def render(document: dict[str, Any]) -> str:
@@ -795,6 +827,7 @@ def build_parser() -> argparse.ArgumentParser:
         help=f"repeatable; default: {' '.join(DEFAULT_SCENARIOS)}",
     )
     p.add_argument("--json", action="store_true", help="print a stable JSON document")
+    p.add_argument("--markdown", action="store_true", help="print one Markdown table")
     p.add_argument("--database-url", default=DEFAULT_DATABASE_URL,
                    help="dropped and created afresh (default: %(default)s)")  # fmt: skip
     p.add_argument("--redis-url", default=DEFAULT_REDIS_URL,
@@ -834,7 +867,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     except BenchError as exc:
         print(f"bench.pipeline: {exc}", file=sys.stderr)
         return 1
-    print(dumps(document) if args.json else render(document))
+    if args.json:
+        print(dumps(document))
+    elif args.markdown:
+        print(render_markdown(document))
+    else:
+        print(render(document))
     failed = any(
         not r["pipeline"]["complete"] or r["pipeline"]["turns_failed"]
         for r in document["scenarios"]
