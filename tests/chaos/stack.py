@@ -64,7 +64,7 @@ class ChaosConfig:
     reject_rate: float = 0.08
     drop_rate: float = 0.08
     lease_seconds: int = 5
-    claim_seconds: int = 4
+    claim_seconds: int = 5
     llm_timeout_seconds: int = 2
     http_timeout_seconds: int = 3
     max_retries: int = 12

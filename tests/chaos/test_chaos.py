@@ -147,8 +147,9 @@ def _fire(stack: ChaosStack, kind: str, rng: random.Random) -> None:
 
 def _plan(rng: random.Random) -> list[tuple[float, str]]:
     plan = [(rng.uniform(*FAULT_WINDOW), kind) for kind in MAIN_FAULTS]
-    # The LLM changes its count of memories for a stretch of the run.
-    on, off = sorted(rng.uniform(0.0, 0.9) for _ in range(2))
+    # The LLM changes its count of memories from call to call for a stretch of the run.
+    on = rng.uniform(0.0, 0.5)
+    off = on + rng.uniform(0.25, 0.4)
     plan += [(on, "count_varies on"), (off, "count_varies off")]
     return sorted(plan)
 
