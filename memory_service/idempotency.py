@@ -24,6 +24,9 @@ from dataclasses import dataclass
 from typing import Any
 
 import redis
+from redis.commands.core import Script
+from redis.connection import Connection
+from redis.exceptions import NoScriptError
 
 log = logging.getLogger(__name__)
 
@@ -118,6 +121,15 @@ def record_key(org_id: uuid.UUID | str, idempotency_key: str) -> str:
     return f"{KEY_PREFIX}{org_id}:{idempotency_key}"
 
 
+def _evalsha(conn: Connection, script: Script, keys: list[str], args: list[Any]) -> Any:
+    try:
+        conn.send_command("EVALSHA", script.sha, len(keys), *keys, *args)
+        return conn.read_response()
+    except NoScriptError:
+        conn.send_command("EVAL", script.script, len(keys), *keys, *args)
+        return conn.read_response()
+
+
 def _text(value: Any) -> str:
     return value.decode("utf-8") if isinstance(value, bytes) else str(value)
 
@@ -134,6 +146,27 @@ class IdempotencyStore:
         self._release = client.register_script(RELEASE_LUA)
         self._down_until = 0.0
         self._lock = threading.Lock()
+        self._local = threading.local()
+
+    def _eval(self, script: Script, keys: list[str], args: list[Any]) -> Any:
+        """Run ``script`` with EVALSHA on a connection of this thread's own.
+
+        Every POST runs two scripts, and redis-py's per-command path (pool checkout and
+        release, retry wrapper, instrumentation) cost more CPU than the request's own work
+        with them, so the request path talks to a connection it keeps: one socket write and
+        one read per script. As with the pooled client, a connection found broken (Redis
+        restarted) is retried once on a fresh one; a timeout is not retried, a slow Redis must
+        not hold requests. NOSCRIPT (a restarted or flushed Redis) runs the source once with
+        EVAL, which caches it again.
+        """
+        conn = getattr(self._local, "conn", None)
+        if conn is None:
+            conn = self._local.conn = self.client.connection_pool.make_connection()
+        try:
+            return _evalsha(conn, script, keys, args)
+        except redis.ConnectionError:
+            conn.disconnect()
+        return _evalsha(conn, script, keys, args)
 
     def _available(self) -> bool:
         return time.monotonic() >= self._down_until
@@ -154,8 +187,8 @@ class IdempotencyStore:
         if not self._available():
             return Claim(ClaimState.UNAVAILABLE, key, owner)
         try:
-            reply = self._claim(
-                keys=[key], args=[fingerprint, owner, self.lease_ms, self.ttl_seconds]
+            reply = self._eval(
+                self._claim, [key], [fingerprint, owner, self.lease_ms, self.ttl_seconds]
             )
         except redis.RedisError as exc:
             self._failed(exc)
@@ -176,9 +209,10 @@ class IdempotencyStore:
     def complete(self, claim: Claim, response: StoredResponse) -> bool:
         """Store the response under the key; False if another request owns it now."""
         try:
-            done = self._complete(
-                keys=[claim.key],
-                args=[
+            done = self._eval(
+                self._complete,
+                [claim.key],
+                [
                     claim.owner,
                     response.status,
                     response.body,
@@ -194,7 +228,7 @@ class IdempotencyStore:
     def release(self, claim: Claim) -> bool:
         """Drop a running claim this request owns, so the key can be used again at once."""
         try:
-            return bool(self._release(keys=[claim.key], args=[claim.owner]))
+            return bool(self._eval(self._release, [claim.key], [claim.owner]))
         except redis.RedisError as exc:
             self._failed(exc)
             return False

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import fakeredis
 import pytest
-import redis
 
 from memory_service.idempotency import (
     ClaimState,
@@ -116,17 +115,37 @@ def test_keys_are_scoped_per_org(idem) -> None:
 
 
 def test_redis_failure_is_reported_as_unavailable_and_skipped_for_a_while() -> None:
-    calls = 0
-
-    class Broken(fakeredis.FakeRedis):
-        def evalsha(self, *args, **kwargs):  # type: ignore[no-untyped-def]
-            nonlocal calls
-            calls += 1
-            raise redis.ConnectionError("down")
-
-    idem = IdempotencyStore(Broken(), ttl_seconds=60, lease_seconds=5)
+    server = fakeredis.FakeServer()
+    server.connected = False
+    client = fakeredis.FakeRedis(server=server)
+    idem = IdempotencyStore(client, ttl_seconds=60, lease_seconds=5)
     first = idem.claim(ORG, "k", "fp")
+    server.connected = True
     second = idem.claim(ORG, "k", "fp")
     assert (first.state, second.state) == (ClaimState.UNAVAILABLE, ClaimState.UNAVAILABLE)
     assert not first.owned
-    assert calls == 1  # the second request did not wait on a dead Redis
+    assert not client.exists(record_key(ORG, "k"))  # the second request did not use Redis
+
+
+def test_a_broken_connection_is_retried_once_on_a_fresh_one(idem, client) -> None:
+    assert idem.claim(ORG, "a", "fp").state is ClaimState.CLAIMED
+
+    class GoneSocket:  # the server went away under the kept connection
+        def sendall(self, data: bytes) -> None:
+            raise BrokenPipeError(32, "Broken pipe")
+
+        def shutdown(self, how: int) -> None:
+            pass
+
+        def close(self) -> None:
+            pass
+
+    idem._local.conn._sock = GoneSocket()
+    assert idem.claim(ORG, "b", "fp").state is ClaimState.CLAIMED
+
+
+def test_a_flushed_script_cache_is_refilled(idem, client) -> None:
+    assert idem.claim(ORG, "a", "fp").state is ClaimState.CLAIMED
+    client.script_flush()
+    assert idem.claim(ORG, "b", "fp").state is ClaimState.CLAIMED
+    assert idem.claim(ORG, "b", "fp").state is ClaimState.RUNNING
