@@ -63,9 +63,12 @@ class ChaosConfig:
     llm_garbage_rate: float = 0.03
     reject_rate: float = 0.08
     drop_rate: float = 0.08
-    lease_seconds: int = 5
-    claim_seconds: int = 5
-    llm_timeout_seconds: int = 2
+    # The LLM timeout stays far above the fake's latency (a request that times out on the
+    # client is still counted as answered by the fake) and below the claim, so a call never
+    # outlives its claim; the lease bounds how long lost work waits to be re-sent.
+    lease_seconds: int = 6
+    claim_seconds: int = 6
+    llm_timeout_seconds: int = 3
     http_timeout_seconds: int = 3
     max_retries: int = 12
 
