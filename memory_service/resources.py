@@ -33,6 +33,7 @@ from memory_service.canonical import content_hash, fingerprint_digest
 from memory_service.errors import ApiError, dumps, error_body
 from memory_service.idempotency import Claim, ClaimState, IdempotencyStore, StoredResponse
 from memory_service.store import MemoryRow, MemoryStore, NewMemory, Outcome
+from memory_service.validation import quick_load_create
 from schema import describe_errors
 from schema.memory import (
     MAX_IDEMPOTENCY_KEY_CHARS,
@@ -206,7 +207,10 @@ class MemoriesResource:
         service = self.service
         _, org_id = _principal(service, req, WRITE)
         key = idempotency_key(req)
-        validated = _load(CREATE_SCHEMA, parse_json(read_body(req, service.max_body_bytes)))
+        data = parse_json(read_body(req, service.max_body_bytes))
+        validated = quick_load_create(data)
+        if validated is None:  # anything unusual, and every 422, goes through marshmallow
+            validated = _load(CREATE_SCHEMA, data)
         canonical = canonical_request(validated)
         fingerprint = fingerprint_digest(canonical)
         source = canonical["source"] or {}

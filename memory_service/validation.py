@@ -1,0 +1,95 @@
+"""A fast path for the usual, valid body of ``POST /v1/memories``.
+
+marshmallow's load of :class:`schema.memory.MemoryCreateSchema` was the largest piece of a POST's
+own CPU (about 40 µs of plain Python per request). :func:`quick_load_create` accepts only the
+shape well-behaved clients send, runs the schema's own validators on it, and returns exactly what
+``MemoryCreateSchema().load`` returns. Whenever anything is unusual it returns ``None`` and the
+caller loads with marshmallow, which then either agrees or answers 422 field by field, so the
+errors a client sees never come from here. A property test checks that whatever this accepts,
+marshmallow accepts with the same result.
+"""
+
+from __future__ import annotations
+
+import uuid
+from typing import Any
+
+from marshmallow import ValidationError
+
+from schema.memory import (
+    MAX_CONTENT_CHARS,
+    MEMORY_KINDS,
+    _content_valid,
+    _metadata_valid,
+)
+
+CREATE_FIELDS = frozenset({"agent_id", "content", "kind", "source", "metadata"})
+SOURCE_FIELDS = frozenset({"session_id", "turn_index", "ordinal"})
+MAX_INT32 = 2**31 - 1
+_MISSING = object()
+
+
+def _uuid(value: Any) -> uuid.UUID | None:
+    if type(value) is not str:
+        return None
+    try:
+        return uuid.UUID(value)
+    except ValueError:
+        return None
+
+
+def _small_int(value: Any, minimum: int) -> bool:
+    """An int (not a bool) in ``minimum .. 2**31-1``, or null: what StrictInteger takes here."""
+    return value is None or (type(value) is int and minimum <= value <= MAX_INT32)
+
+
+def _source(value: Any) -> Any:
+    if value is None:
+        return None
+    if type(value) is not dict or not value.keys() <= SOURCE_FIELDS:
+        return _MISSING
+    session_id = _uuid(value.get("session_id"))
+    turn_index = value.get("turn_index")
+    ordinal = value.get("ordinal")
+    if session_id is None or not _small_int(turn_index, 1) or not _small_int(ordinal, 0):
+        return _MISSING
+    return {"session_id": session_id, "turn_index": turn_index, "ordinal": ordinal}
+
+
+def quick_load_create(data: Any) -> dict[str, Any] | None:
+    """``MemoryCreateSchema().load(data)`` for a plainly valid body, else ``None``."""
+    if type(data) is not dict or not data.keys() <= CREATE_FIELDS:
+        return None
+    agent_id = _uuid(data.get("agent_id"))
+    content = data.get("content")
+    kind = data.get("kind", "fact")
+    if (
+        agent_id is None
+        or type(content) is not str
+        or not 1 <= len(content) <= MAX_CONTENT_CHARS
+        or type(kind) is not str
+        or kind not in MEMORY_KINDS
+    ):
+        return None
+    source = _source(data.get("source"))
+    if source is _MISSING:
+        return None
+    metadata = data.get("metadata", _MISSING)
+    if metadata is _MISSING:
+        metadata = {}
+    elif type(metadata) is not dict or not all(type(k) is str for k in metadata):
+        return None
+    else:
+        metadata = dict(metadata)
+    try:
+        _content_valid(content)
+        _metadata_valid(metadata)
+    except ValidationError:
+        return None
+    return {
+        "agent_id": agent_id,
+        "content": content,
+        "kind": kind,
+        "source": source,
+        "metadata": metadata,
+    }
