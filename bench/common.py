@@ -36,6 +36,7 @@ import psycopg2
 import psycopg2.extensions
 import redis
 
+from core.config import DEFAULTS
 from core.db import connect_params
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -207,26 +208,17 @@ def ibex(*args: str) -> list[str]:
 
 
 def child_env(overrides: Mapping[str, str]) -> dict[str, str]:
-    """The environment of a benchmark child: ours, minus IBEX variables that would leak in."""
+    """The environment of a benchmark child: ours without the pipeline's variables (a stray
+    ``METRICS_PORT`` or ``WORKER_THREADS`` in the shell must not change a run), plus
+    ``overrides``."""
     env = {k: v for k, v in os.environ.items() if k not in _PIPELINE_VARIABLES}
     env.update(overrides)
     env.setdefault("PYTHONUNBUFFERED", "1")
     return env
 
 
-_PIPELINE_VARIABLES = frozenset(
-    {
-        "DATABASE_URL",
-        "REDIS_URL",
-        "MEMORY_SERVICE_URL",
-        "MEMORY_SERVICE_TOKEN",
-        "LLM_PROVIDER",
-        "LLM_BASE_URL",
-        "LLM_API_KEY",
-        "LLM_MODEL",
-        "PORT",
-    }
-)
+#: Every variable :class:`core.config.Settings` reads: a child sees only what we set.
+_PIPELINE_VARIABLES = frozenset(DEFAULTS)
 
 
 # -- databases -------------------------------------------------------------------------------

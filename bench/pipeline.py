@@ -39,6 +39,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import json
+import os
 import resource
 import subprocess
 import sys
@@ -569,6 +570,10 @@ def run_scenario(stack: Stack, scenario: Scenario) -> dict[str, Any]:
         ratios["pipeline_over_baseline"] = round(
             pipeline["turns_per_s"] / baseline["turns_per_s"], 2
         )
+    cpu_per_turn = (pipeline.get("cpu_s_per_turn") or {}).get("total")
+    if cpu_per_turn:
+        # What this CPU cost per turn allows if the machine's cores did nothing else.
+        ratios["cpu_ceiling_turns_per_s"] = round((os.cpu_count() or 1) / cpu_per_turn, 1)
     if scenario.latency_ms > 0:
         c_over_l = scenario.concurrency / (scenario.latency_ms / 1000)
         ratios["c_over_l_turns_per_s"] = round(c_over_l, 1)
@@ -770,6 +775,10 @@ def render_markdown(document: dict[str, Any]) -> str:
     ratio_rows = [
         per_scenario("pipeline / baseline", lambda r: r["ratios"].get("pipeline_over_baseline")),
         per_scenario("pipeline / (C/L)", lambda r: r["ratios"].get("pipeline_over_c_over_l")),
+        per_scenario(
+            "CPU ceiling turns/s (cores / CPU per turn)",
+            lambda r: r["ratios"].get("cpu_ceiling_turns_per_s"),
+        ),
         per_scenario(
             "load average (1 min) before / after",
             lambda r: f"{r['load_average_before'][0]} / {r['load_average_after'][0]}",
