@@ -254,7 +254,9 @@ class ChaosStack:
             assert time.monotonic() < deadline, "worker processes survived SIGKILL"
             time.sleep(0.02)
         risk = self.at_risk()
-        self._record("SIGKILL worker group", f"{len(risk)} LLM answers in flight", risk)
+        self._record(
+            "SIGKILL worker group", f"{len(risk)} turns held an LLM claim, no result yet", risk
+        )
         if restart:
             time.sleep(pause)
             self.start_workers()
