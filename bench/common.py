@@ -42,7 +42,7 @@ from core.db import connect_params
 ROOT = Path(__file__).resolve().parent.parent
 DEFAULT_DATABASE_URL = "postgresql://postgres@127.0.0.1:5432/ibex_bench"
 DEFAULT_REDIS_URL = "redis://127.0.0.1:6379/9"
-POSTGRES_LOG = Path("/var/log/postgresql/postgresql-15-main.log")
+POSTGRES_LOG_FOLDER = Path("/var/log/postgresql")
 
 #: Tables emptied between runs, children first (TRUNCATE ... CASCADE handles order anyway).
 PIPELINE_TABLES = (
@@ -345,6 +345,20 @@ def postgres_xacts(conn: psycopg2.extensions.connection, name: str) -> int:
     return int(row[0]) if row else 0
 
 
+def server_log(conn: psycopg2.extensions.connection) -> Path:
+    """Where this server writes its log: the logging collector's current file when it runs,
+    else Debian's ``pg_ctlcluster`` file for the server's major version (stderr goes there)."""
+    try:
+        current = scalar(conn, "SELECT pg_current_logfile()")
+    except psycopg2.Error:  # not allowed for this role: guess the Debian location
+        current = None
+    if current:
+        path = Path(current)
+        return path if path.is_absolute() else Path(scalar(conn, "SHOW data_directory")) / path
+    major = int(scalar(conn, "SHOW server_version_num")) // 10000
+    return POSTGRES_LOG_FOLDER / f"postgresql-{major}-main.log"
+
+
 class StatementLog:
     """Counts the statements Postgres executes for one database, from the server log.
 
@@ -357,12 +371,13 @@ class StatementLog:
 
     LINE = re.compile(r"\[(\d+)\] [^@\s]*@(\S+) LOG:  statement: ")
 
-    def __init__(self, conn: psycopg2.extensions.connection, database: str,
-                 path: Path = POSTGRES_LOG) -> None:  # fmt: skip
+    def __init__(
+        self, conn: psycopg2.extensions.connection, database: str, path: Path | None = None
+    ) -> None:
         self.conn = conn
         self.database = database
-        self.path = path
-        self.available = path.is_file() and os.access(path, os.R_OK)
+        self.path = path or server_log(conn)
+        self.available = self.path.is_file() and os.access(self.path, os.R_OK)
         self._offset = 0
 
     def enable(self) -> None:
