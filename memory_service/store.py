@@ -74,6 +74,11 @@ class NewMemory:
     fingerprint: str
 
 
+def _uuid(value: Any) -> uuid.UUID:
+    """A uuid column: already a UUID when psycopg2's uuid caster is registered (peewee does)."""
+    return value if type(value) is uuid.UUID else uuid.UUID(str(value))
+
+
 @dataclass(frozen=True)
 class MemoryRow:
     id: uuid.UUID
@@ -93,10 +98,10 @@ class MemoryRow:
     @classmethod
     def from_db(cls, row: Sequence[Any]) -> MemoryRow:
         return cls(
-            id=uuid.UUID(str(row[0])),
-            org_id=uuid.UUID(str(row[1])),
-            agent_id=uuid.UUID(str(row[2])),
-            session_id=uuid.UUID(str(row[3])) if row[3] is not None else None,
+            id=_uuid(row[0]),
+            org_id=_uuid(row[1]),
+            agent_id=_uuid(row[2]),
+            session_id=_uuid(row[3]) if row[3] is not None else None,
             turn_index=row[4],
             ordinal=row[5],
             content=row[6],
