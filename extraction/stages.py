@@ -342,6 +342,15 @@ def write_memory(
             )
         except (MemoryUnavailableError, MemoryRejectedError) as exc:
             deps.metrics.memory_write(exc.status, exc.code)
+            if isinstance(exc, MemoryUnavailableError):
+                # The retry is this message's job; without this, every lease expiry during a
+                # long outage would have the scan fan the turn's writes out once more.
+                try:
+                    deps.state.keep_leased(
+                        ref, deps.settings.extraction_lease_seconds, _describe(exc)
+                    )
+                except Exception:
+                    log.warning("could not extend the lease of %s", ref, exc_info=True)
             raise
         deps.metrics.memory_write(outcome.status, outcome.code)
         deps.crash_point("after_post")

@@ -371,6 +371,19 @@ class ExtractionState:
                 (error[:2000], str(ref.session_id), ref.turn_index, str(token)),
             )
 
+    def keep_leased(self, ref: TurnRef, lease_seconds: int, error: str) -> None:
+        """A write of this turn failed and will be retried: keep the scan from sending the turn
+        again meanwhile (a lost retry still ends with the lease, and the scan takes over)."""
+        with tenant(self.db, ref.org_id):
+            self._sql(
+                "UPDATE ibex_core.extraction_turns"
+                "   SET lease_expires_at = GREATEST(COALESCE(lease_expires_at, now()),"
+                "                                   now() + make_interval(secs => %s)),"
+                "       last_error = %s"
+                " WHERE session_id = %s AND turn_index = %s AND state <> 'done'",
+                (lease_seconds, error[:2000], str(ref.session_id), ref.turn_index),
+            )
+
     def persist_result(
         self,
         ref: TurnRef,

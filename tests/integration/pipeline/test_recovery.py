@@ -186,3 +186,32 @@ def test_the_scan_respects_the_per_agent_budget_and_pages_through_candidates(
         Harness(deps).drain(first.sent + report.sent)
         first = type(first)()
     assert_complete(db, memory, busy + quiet)
+
+
+def test_a_retrying_write_keeps_the_turn_leased_so_the_scan_does_not_fan_it_out_again(
+    store: Any, db: Any, deps: Any, memory: FakeMemoryService
+) -> None:
+    # The memory service is down: the write fails with a retryable error. Its retry is the
+    # write message's job; the turn's lease is pushed forward so that a scan meanwhile sends
+    # nothing more (without it, each lease expiry would add another round of writes).
+    from core.errors import MemoryUnavailableError
+    from extraction.stages import extract_turn, write_memory
+
+    ref = make_session(store, 1)
+    (extract,) = scan(deps).sent
+    writes = extract_turn(deps, ref.org_id, ref.session_id, 1)
+    expire_leases(db)  # as if the writes took longer than the lease
+    memory.fail_next = [MemoryUnavailableError("503 unavailable", status=503)]
+    first = writes[0].kwargs
+    try:
+        write_memory(deps, first["org_id"], first["session_id"], 1, first["ordinal"])
+    except MemoryUnavailableError:
+        pass
+    else:  # pragma: no cover - the fake must fail this write
+        raise AssertionError("the write should have failed")
+    assert turn_rows(db, ref.session_id)[1]["state"] == "extracted"
+    assert scan(deps).sent == []  # leased again by the failed write
+    assert "503 unavailable" in (turn_rows(db, ref.session_id)[1]["last_error"] or "")
+    Harness(deps).drain(writes)
+    assert_complete(db, memory, [ref])
+    assert extract.kwargs["turn_index"] == 1
