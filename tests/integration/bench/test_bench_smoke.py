@@ -40,6 +40,21 @@ def _require_services() -> None:
         pytest.skip(f"Postgres or Redis unavailable: {exc}")
 
 
+def _drop(url: str) -> None:
+    """Drop a benchmark database once its test is over (each run creates it afresh)."""
+    from core.db import connect_params
+
+    name = urlparse(url).path.lstrip("/")
+    admin = urlunparse(urlparse(url)._replace(path="/postgres"))
+    conn = psycopg2.connect(**connect_params(admin))
+    conn.autocommit = True
+    try:
+        with conn.cursor() as cur:
+            cur.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+    finally:
+        conn.close()
+
+
 def _run(module: str, *args: str, timeout: float) -> dict[str, Any]:
     done = subprocess.run(
         [sys.executable, "-m", module, "--json", *args],
@@ -55,14 +70,18 @@ def _run(module: str, *args: str, timeout: float) -> dict[str, Any]:
 
 def test_pipeline_benchmark_tiny(tmp_path: Path) -> None:
     _require_services()
-    doc = _run(
-        "bench.pipeline",
-        "--scenario", "tiny",
-        "--database-url", _sibling(TEST_DATABASE_URL, "bench_smoke"),
-        "--redis-url", TEST_REDIS_URL,
-        "--log-dir", str(tmp_path),
-        timeout=90,
-    )  # fmt: skip
+    url = _sibling(TEST_DATABASE_URL, "bench_smoke")
+    try:
+        doc = _run(
+            "bench.pipeline",
+            "--scenario", "tiny",
+            "--database-url", url,
+            "--redis-url", TEST_REDIS_URL,
+            "--log-dir", str(tmp_path),
+            timeout=90,
+        )  # fmt: skip
+    finally:
+        _drop(url)
     assert set(doc) >= {"benchmark", "machine", "settings", "scenarios", "seconds"}
     (result,) = doc["scenarios"]
     scenario = result["scenario"]
@@ -91,18 +110,22 @@ def test_pipeline_benchmark_tiny(tmp_path: Path) -> None:
 
 def test_scan_benchmark_small() -> None:
     _require_services()
-    doc = _run(
-        "bench.scan",
-        "--database-url", _sibling(TEST_DATABASE_URL, "bench_scan_smoke"),
-        "--redis-url", TEST_REDIS_URL,
-        "--sessions", "2000",
-        "--pending-sessions", "25",
-        "--turns", "2",
-        "--orgs", "5",
-        "--agents-per-org", "2",
-        "--repeat", "1",
-        timeout=60,
-    )  # fmt: skip
+    url = _sibling(TEST_DATABASE_URL, "bench_scan_smoke")
+    try:
+        doc = _run(
+            "bench.scan",
+            "--database-url", url,
+            "--redis-url", TEST_REDIS_URL,
+            "--sessions", "2000",
+            "--pending-sessions", "25",
+            "--turns", "2",
+            "--orgs", "5",
+            "--agents-per-org", "2",
+            "--repeat", "1",
+            timeout=60,
+        )  # fmt: skip
+    finally:
+        _drop(url)
     assert doc["data"]["pending_turns"] == 50
     (run,) = doc["runs"]
     assert run["turns_sent"] == 50
