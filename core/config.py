@@ -41,6 +41,7 @@ DEFAULTS: dict[str, str | None] = {
     "IDEMPOTENCY_TTL_SECONDS": "86400",
     "IDEMPOTENCY_LEASE_SECONDS": "30",
     "MEMORY_MAX_BODY_BYTES": "65536",
+    "PROMETHEUS_MULTIPROC_DIR": None,  # unset: each web process serves its own metrics
     "HTTP_TIMEOUT_SECONDS": "30",
     "METRICS_PORT": None,  # unset: the worker exposes no metrics
 }
@@ -95,6 +96,7 @@ class Settings:
     idempotency_ttl_seconds: int
     idempotency_lease_seconds: int
     memory_max_body_bytes: int
+    prometheus_multiproc_dir: str | None
     http_timeout_seconds: int
     metrics_port: int | None
     #: The variables that were set (non-empty) in the environment, defaults aside.
@@ -146,6 +148,7 @@ class Settings:
             idempotency_ttl_seconds=_int(env, "IDEMPOTENCY_TTL_SECONDS", 1),
             idempotency_lease_seconds=_int(env, "IDEMPOTENCY_LEASE_SECONDS", 1),
             memory_max_body_bytes=_int(env, "MEMORY_MAX_BODY_BYTES", 1024),
+            prometheus_multiproc_dir=_str(env, "PROMETHEUS_MULTIPROC_DIR"),
             http_timeout_seconds=_int(env, "HTTP_TIMEOUT_SECONDS", 1),
             metrics_port=_int(env, "METRICS_PORT", 1) if _str(env, "METRICS_PORT") else None,
             explicit=frozenset(name for name in DEFAULTS if (env.get(name) or "").strip()),

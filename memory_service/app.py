@@ -1,7 +1,8 @@
 """``create_app(settings)``: the memory service as a Falcon WSGI app. No import-time state.
 
 Resources live in :mod:`memory_service.resources`; Postgres access in :mod:`.store` (under
-row-level security), idempotency records in :mod:`.idempotency`, tokens in :mod:`.auth`.
+row-level security), idempotency records in :mod:`.idempotency`, tokens in :mod:`.auth`,
+``GET /metrics`` in :mod:`.metrics`.
 
 Database connections come from a small pool and go back to it after each request, so a process
 holds at most one connection per thread that is serving a request, whatever the thread count.
@@ -27,6 +28,7 @@ from core.errors import ConfigError
 from memory_service import errors
 from memory_service.auth import Authenticator
 from memory_service.idempotency import IdempotencyStore
+from memory_service.metrics import Metrics, MetricsResource, RequestMetrics
 from memory_service.openapi import build_spec
 from memory_service.resources import (
     HealthResource,
@@ -120,6 +122,7 @@ def create_app(
     if redis_client is None:
         redis_client = make_redis(settings.redis_url)
     store = MemoryStore(db)
+    metrics = Metrics(settings.prometheus_multiproc_dir)
     service = Service(
         store=store,
         idempotency=IdempotencyStore(
@@ -129,8 +132,11 @@ def create_app(
         ),
         auth=Authenticator(TokenStore(db), cache_seconds=token_cache_seconds),
         max_body_bytes=settings.memory_max_body_bytes,
+        metrics=metrics,
     )
-    app = falcon.App(middleware=[ReturnConnection(db)])
+    # Metrics first: its process_response runs last, so it sees the final status and time.
+    middleware: list[Any] = [RequestMetrics(metrics), ReturnConnection(db)]
+    app = falcon.App(middleware=middleware)
     app.req_options.strip_url_path_trailing_slash = True
     errors.register(app)
     app.add_error_handler(MaxConnectionsExceeded, errors.handle_unavailable)
@@ -139,4 +145,5 @@ def create_app(
     app.add_route("/healthz", HealthResource())
     app.add_route("/readyz", ReadyResource(store, redis_client))
     app.add_route("/openapi.json", OpenApiResource(build_spec(settings.memory_max_body_bytes)))
+    app.add_route("/metrics", MetricsResource(metrics))
     return app

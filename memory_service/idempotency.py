@@ -25,7 +25,7 @@ from typing import Any
 
 import redis
 from redis.commands.core import Script
-from redis.connection import Connection
+from redis.connection import ConnectionInterface
 from redis.exceptions import NoScriptError
 
 log = logging.getLogger(__name__)
@@ -121,7 +121,7 @@ def record_key(org_id: uuid.UUID | str, idempotency_key: str) -> str:
     return f"{KEY_PREFIX}{org_id}:{idempotency_key}"
 
 
-def _evalsha(conn: Connection, script: Script, keys: list[str], args: list[Any]) -> Any:
+def _evalsha(conn: ConnectionInterface, script: Script, keys: list[str], args: list[Any]) -> Any:
     try:
         conn.send_command("EVALSHA", script.sha, len(keys), *keys, *args)
         return conn.read_response()

@@ -235,6 +235,25 @@ def build_spec(max_body_bytes: int) -> dict[str, Any]:
         },
     )
     spec.path(
+        path="/metrics",
+        operations={
+            "get": {
+                "operationId": "metrics",
+                "summary": "Prometheus metrics (no token; no tenant data in any label).",
+                "description": "Request counts by route, method and status, latency "
+                "histograms by route and method, idempotent replays, and conflicts by code; "
+                "summed over every worker process when PROMETHEUS_MULTIPROC_DIR is set. "
+                "The series are listed in docs/operations.md.",
+                "responses": {
+                    "200": {
+                        "description": "Prometheus text exposition format.",
+                        "content": {"text/plain": {"schema": {"type": "string"}}},
+                    }
+                },
+            }
+        },
+    )
+    spec.path(
         path="/openapi.json",
         operations={
             "get": {

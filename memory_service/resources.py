@@ -32,6 +32,7 @@ from memory_service.auth import (
 from memory_service.canonical import content_hash, fingerprint_digest
 from memory_service.errors import ApiError, dumps, error_body
 from memory_service.idempotency import Claim, ClaimState, IdempotencyStore, StoredResponse
+from memory_service.metrics import CONFLICT_CODES, Metrics
 from memory_service.store import MemoryRow, MemoryStore, NewMemory, Outcome
 from memory_service.validation import quick_load_create
 from schema import describe_errors
@@ -59,6 +60,8 @@ class Answer:
     location: str | None = None
     replayed: bool = False
     storable: bool = True
+    #: The error code of a refusal (counted by code when it is a conflict).
+    code: str | None = None
 
 
 @dataclass
@@ -69,6 +72,7 @@ class Service:
     idempotency: IdempotencyStore
     auth: Authenticator
     max_body_bytes: int
+    metrics: Metrics
 
 
 def _reject(exc: AuthError) -> ApiError:
@@ -186,6 +190,7 @@ def answer_for_key_row(row: MemoryRow, fingerprint: str) -> Answer:
             "this idempotency key was used with a different body",
             existing_id=str(row.id),
         ),
+        code="IDEMPOTENCY_CONFLICT",
     )
 
 
@@ -227,15 +232,17 @@ class MemoriesResource:
             fingerprint=fingerprint,
         )
         if key is None:
-            _write(resp, self._execute(org_id, new))
+            _write(resp, self._counted(self._execute(org_id, new)))
             return
         claim = service.idempotency.claim(org_id, key, fingerprint)
         if claim.state is ClaimState.CONFLICT:
+            service.metrics.conflicts.labels("IDEMPOTENCY_CONFLICT").inc()
             raise ApiError(
                 409, "IDEMPOTENCY_CONFLICT", "this idempotency key was used with a different body"
             )
         if claim.state is ClaimState.RUNNING:
             seconds = max(1, math.ceil(claim.retry_after_ms / 1000))
+            service.metrics.conflicts.labels("IDEMPOTENCY_IN_PROGRESS").inc()
             raise ApiError(
                 409,
                 "IDEMPOTENCY_IN_PROGRESS",
@@ -246,9 +253,21 @@ class MemoriesResource:
         if claim.state is ClaimState.DONE:
             assert claim.response is not None
             stored = claim.response
+            service.metrics.replays.labels("redis").inc()
             _write(resp, Answer(stored.status, stored.body, stored.location, replayed=True))
             return
-        _write(resp, self._run_claimed(org_id, key, new, claim))
+        if claim.state is ClaimState.UNAVAILABLE:
+            service.metrics.idempotency_unavailable.inc()
+        _write(resp, self._counted(self._run_claimed(org_id, key, new, claim)))
+
+    def _counted(self, answer: Answer) -> Answer:
+        """Count a decided answer: a replay from the key's row, or a conflict by code."""
+        metrics = self.service.metrics
+        if answer.replayed:
+            metrics.replays.labels("postgres").inc()
+        elif answer.code in CONFLICT_CODES:
+            metrics.conflicts.labels(answer.code).inc()
+        return answer
 
     def _run_claimed(self, org_id: uuid.UUID, key: str, new: NewMemory, claim: Claim) -> Answer:
         service = self.service
@@ -293,6 +312,7 @@ class MemoriesResource:
                     "a memory with the same content exists for this agent",
                     existing_id=str(row.id),
                 ),
+                code="DUPLICATE_CONTENT",
             )
         if result.outcome is Outcome.UNKNOWN_ORG:
             return Answer(403, error_body("FORBIDDEN_ORG", "no such org"), storable=False)
