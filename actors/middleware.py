@@ -32,7 +32,7 @@ from dramatiq.middleware import Middleware, SkipMessage
 from playhouse.postgres_ext import PooledPostgresqlExtDatabase
 
 from core.config import Settings
-from core.db import connect_params
+from core.db import make_pool
 from core.errors import ConfigError, PermanentError
 from extraction.stages import StageDeps
 from extraction.state import DeadLetterRecord, ExtractionState, TurnRef
@@ -66,18 +66,7 @@ def current_deps() -> StageDeps:
 
 def pooled_database(url: str, max_connections: int) -> PooledPostgresqlExtDatabase:
     """A connection pool on ``url``: a message checks a connection out and gives it back."""
-    params = connect_params(url)
-    params.setdefault("application_name", "ibex-worker")
-    params.setdefault("connect_timeout", 5)
-    name = params.pop("database")
-    return PooledPostgresqlExtDatabase(
-        name,
-        max_connections=max_connections,
-        stale_timeout=300,
-        timeout=30,
-        register_hstore=False,
-        **params,
-    )
+    return make_pool(url, max_connections=max_connections, application_name="ibex-worker")
 
 
 def build_worker_deps(settings: Settings) -> StageDeps:
@@ -112,6 +101,8 @@ class PipelineRuntime(Middleware):
     """Builds the stage dependencies at process boot; closes the HTTP clients at shutdown."""
 
     def after_process_boot(self, broker: dramatiq.Broker) -> None:
+        # httpx logs every request at INFO: five lines a turn, and nothing an operator needs.
+        logging.getLogger("httpx").setLevel(logging.WARNING)
         if _deps is not None:
             return
         try:

@@ -338,6 +338,9 @@ def _error(message: str, kind: str) -> dict[str, Any]:
 def _handler_for(llm: FakeLLM) -> type[BaseHTTPRequestHandler]:
     class Handler(BaseHTTPRequestHandler):
         protocol_version = "HTTP/1.1"  # keep-alive, like a real endpoint
+        # Headers and body go out as two writes: without this, each answer waits for the
+        # client's delayed ACK (about 40 ms).
+        disable_nagle_algorithm = True
         server_version = "FakeLLM/1"
 
         def log_message(self, format: str, *args: Any) -> None:

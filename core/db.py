@@ -12,10 +12,12 @@ from __future__ import annotations
 import contextlib
 import uuid
 from collections.abc import Iterator
+from typing import Any
 from urllib.parse import unquote, urlparse
 
 import peewee
-from playhouse.postgres_ext import PostgresqlExtDatabase
+import psycopg2.extensions
+from playhouse.postgres_ext import PooledPostgresqlExtDatabase, PostgresqlExtDatabase
 
 from core.errors import ConfigError, DatabaseUnavailableError
 
@@ -55,6 +57,44 @@ def make_database(url: str | None, **options: object) -> PostgresqlExtDatabase:
     params.update(options)
     name = params.pop("database")
     return PostgresqlExtDatabase(name, register_hstore=False, **params)
+
+
+class QuietPool(PooledPostgresqlExtDatabase):
+    """A connection pool without peewee's ``SELECT 1`` probe at every checkout (a round trip
+    made while holding the pool lock). Only a connection psycopg2 already knows to be broken is
+    discarded; one that died silently fails its next statement — a retryable error for the
+    caller — and is then closed."""
+
+    def _is_closed(self, conn: Any) -> bool:
+        return bool(conn.closed) or (
+            conn.get_transaction_status() == psycopg2.extensions.TRANSACTION_STATUS_UNKNOWN
+        )
+
+
+def make_pool(
+    url: str | None,
+    *,
+    max_connections: int,
+    application_name: str,
+    wait_seconds: float = 30,
+) -> QuietPool:
+    """A pooled database for ``url``: a unit of work borrows a connection and gives it back."""
+    if not url:
+        raise ConfigError(
+            "DATABASE_URL is not set: the session store is required", variable="DATABASE_URL"
+        )
+    params = connect_params(url)
+    params.setdefault("application_name", application_name)
+    params.setdefault("connect_timeout", 5)
+    name = params.pop("database")
+    return QuietPool(
+        name,
+        max_connections=max_connections,
+        timeout=wait_seconds,
+        stale_timeout=300,
+        register_hstore=False,
+        **params,
+    )
 
 
 def _as_uuid(value: uuid.UUID | str) -> str:
