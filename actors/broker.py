@@ -24,10 +24,12 @@ import tempfile
 from collections.abc import Callable, Iterable
 from enum import StrEnum
 from typing import Any
+from uuid import uuid4
 
 import dramatiq
 from dramatiq.brokers.redis import RedisBroker
 from dramatiq.brokers.stub import StubBroker
+from dramatiq.common import current_millis
 from dramatiq.middleware import AgeLimit, Middleware, Retries, ShutdownNotifications, TimeLimit
 
 from core.config import Settings, export_environment
@@ -171,13 +173,85 @@ def current_broker() -> dramatiq.Broker:
     return broker
 
 
+#: Messages per Redis pipeline when :func:`send_all` sends through a RedisBroker.
+SEND_PIPELINE_SIZE = 1000
+
+
 def send_all(messages: Iterable[Send]) -> int:
-    """Send follow-up messages through the current broker; return how many were sent."""
+    """Send follow-up messages through the current broker; return how many were sent.
+
+    On a :class:`RedisBroker` the messages go out in pipelines of :data:`SEND_PIPELINE_SIZE`:
+    each message runs the broker's own ``enqueue`` script exactly as ``RedisBroker.enqueue``
+    runs it (a fresh ``redis_message_id``, the enqueue middleware hooks), but the round trips
+    are batched. Any other broker sends one message at a time."""
+    current = broker
+    if _pipelinable(current):
+        assert isinstance(current, RedisBroker)
+        return _send_pipelined(current, messages)
     count = 0
     for message in messages:
-        broker.get_actor(message.actor_name).send_with_options(kwargs=message.kwargs)
+        current.get_actor(message.actor_name).send_with_options(kwargs=message.kwargs)
         count += 1
     return count
+
+
+def _pipelinable(candidate: dramatiq.Broker) -> bool:
+    # The private hooks of dramatiq's RedisBroker (2.x) this relies on; without them (another
+    # dramatiq version) the plain one-at-a-time path stays correct.
+    return (
+        isinstance(candidate, RedisBroker)
+        and callable(getattr(candidate, "_should_do_maintenance", None))
+        and callable(getattr(candidate, "_max_unpack_size", None))
+        and "dispatch" in getattr(candidate, "scripts", {})
+    )
+
+
+def _send_pipelined(redis_broker: RedisBroker, messages: Iterable[Send]) -> int:
+    count = 0
+    batch: list[Send] = []
+    for message in messages:
+        batch.append(message)
+        if len(batch) >= SEND_PIPELINE_SIZE:
+            count += _send_batch(redis_broker, batch)
+            batch = []
+    if batch:
+        count += _send_batch(redis_broker, batch)
+    return count
+
+
+def _send_batch(redis_broker: RedisBroker, batch: list[Send]) -> int:
+    """``RedisBroker.enqueue`` (no delay) for every message of ``batch``, in one pipeline."""
+    dispatch = redis_broker.scripts["dispatch"]
+    keys = [redis_broker.namespace]
+    unpack = redis_broker._max_unpack_size()
+    enqueued: list[dramatiq.Message[Any]] = []
+    with redis_broker.client.pipeline(transaction=False) as pipe:
+        for send in batch:
+            actor = redis_broker.get_actor(send.actor_name)
+            message = actor.message_with_options(kwargs=send.kwargs)
+            message = message.copy(options={"redis_message_id": str(uuid4())})
+            redis_broker.emit_before("enqueue", message, None)
+            dispatch(
+                keys=keys,
+                args=[
+                    "enqueue",
+                    current_millis(),
+                    message.queue_name,
+                    redis_broker.broker_id,
+                    redis_broker.heartbeat_timeout,
+                    redis_broker.dead_message_ttl,
+                    redis_broker._should_do_maintenance("enqueue"),
+                    unpack,
+                    message.options["redis_message_id"],
+                    message.encode(),
+                ],
+                client=pipe,
+            )
+            enqueued.append(message)
+        pipe.execute()
+    for message in enqueued:
+        redis_broker.emit_after("enqueue", message, None)
+    return len(enqueued)
 
 
 def _initial_broker() -> dramatiq.Broker:
@@ -194,6 +268,7 @@ broker: dramatiq.Broker = _initial_broker()
 dramatiq.set_broker(broker)
 
 __all__ = [
+    "SEND_PIPELINE_SIZE",
     "Queue",
     "TurnBusyRetry",
     "broker",

@@ -155,21 +155,35 @@ def scan(deps: StageDeps, *, session_id: uuid.UUID | str | None = None) -> ScanR
     settings = deps.settings
     report = ScanReport()
     budget: dict[uuid.UUID, int] = defaultdict(lambda: settings.scan_max_turns_per_agent)
-    for batch in _candidate_batches(deps, session_id):
-        report.sessions += len(batch)
-        groups: dict[tuple[uuid.UUID, uuid.UUID], list[uuid.UUID]] = {}
-        for c in batch:
-            groups.setdefault((c.org_id, c.agent_id), []).append(c.session_id)
-        for (org_id, agent_id), sessions in groups.items():
-            if budget[agent_id] <= 0:
-                continue
-            leased = deps.state.lease_turns(
-                org_id, sessions, budget[agent_id], settings.extraction_lease_seconds
-            )
-            budget[agent_id] -= len(leased)
-            report.sent.extend(Send(EXTRACT, ref.as_message()) for ref in leased)
+    for chunk in _lease_chunks(_candidate_batches(deps, session_id)):
+        report.sessions += len(chunk)
+        agent_of = {c.session_id: c.agent_id for c in chunk}
+        live = {c.agent_id: budget[c.agent_id] for c in chunk if budget[c.agent_id] > 0}
+        if not live:
+            continue
+        leased = deps.state.lease_turns(chunk, live, settings.extraction_lease_seconds)
+        for ref in leased:
+            budget[agent_of[ref.session_id]] -= 1
+        report.sent.extend(Send(EXTRACT, ref.as_message()) for ref in leased)
     log.info("scan: %d sessions, %d turns sent", report.sessions, report.turns)
     return report
+
+
+#: Candidate sessions recorded and leased together: one transaction, one statement per org.
+#: Candidate pages (``SCAN_BATCH_SIZE``) are gathered up to this many sessions first, so a batch
+#: spread over many orgs does not cost one statement per org per page.
+LEASE_CHUNK_SESSIONS = 5000
+
+
+def _lease_chunks(batches: Iterator[list[Candidate]]) -> Iterator[list[Candidate]]:
+    chunk: list[Candidate] = []
+    for batch in batches:
+        chunk.extend(batch)
+        if len(chunk) >= LEASE_CHUNK_SESSIONS:
+            yield chunk
+            chunk = []
+    if chunk:
+        yield chunk
 
 
 def _candidate_batches(

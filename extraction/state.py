@@ -20,13 +20,13 @@ from __future__ import annotations
 
 import json
 import uuid
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 from playhouse.postgres_ext import PostgresqlExtDatabase
 
-from core.db import db_errors, scan_scope, tenant
+from core.db import APP_ROLE, db_errors, scan_scope, tenant
 from core.errors import NotFoundError
 from models.store import Candidate, SessionStore
 
@@ -182,36 +182,70 @@ class DeadLetterRecord:
     ordinal: int | None = None
 
 
-_INSERT_SESSION_TURNS = """
-INSERT INTO ibex_core.extraction_turns (org_id, session_id, turn_index)
-SELECT s.org_id, s.id, g
-  FROM ibex_core.sessions s
- CROSS JOIN LATERAL generate_series(s.last_extracted_turn + 1, s.turn_count) AS g
- WHERE s.id = ANY(%s::uuid[]) AND s.status = 'completed' AND s.deleted_at IS NULL
-ON CONFLICT DO NOTHING
-"""
-
-# Turns not done and not failed, whose lease is free or expired, lowest turn first across the
-# agent's sessions; SKIP LOCKED so two scans never lease the same turn.
-_LEASE_TURNS = """
-WITH picked AS (
-    SELECT e.session_id, e.turn_index
+# One statement per org and batch: record every unextracted turn of the org's candidate
+# sessions and lease, per agent, up to that agent's budget of the turns that are not done, not
+# failed and not leased, lowest turn first across the agent's sessions. New rows are inserted
+# carrying their lease (no UPDATE, no row triggers); rows recorded earlier whose lease is free
+# or expired are taken with SKIP LOCKED, so two scans never lease the same turn.
+_RECORD_AND_LEASE = """
+WITH budget AS (
+    SELECT b.agent_id, b.budget
+      FROM unnest(%(agents)s::uuid[], %(budgets)s::int[]) AS b(agent_id, budget)
+),
+sess AS (
+    SELECT s.id, s.org_id, s.agent_id, s.last_extracted_turn, s.turn_count,
+           (s.status = 'completed' AND s.deleted_at IS NULL) AS recordable
+      FROM ibex_core.sessions s
+     WHERE s.id = ANY(%(ids)s::uuid[])
+),
+free AS (
+    SELECT e.org_id, e.session_id, e.turn_index, s.agent_id
       FROM ibex_core.extraction_turns e
-      JOIN ibex_core.sessions s ON s.id = e.session_id
-     WHERE e.session_id = ANY(%s::uuid[])
+      JOIN sess s ON s.id = e.session_id
+     WHERE e.session_id = ANY(%(ids)s::uuid[])
        AND e.state IN ('pending', 'extracted')
        AND e.turn_index > s.last_extracted_turn
        AND e.turn_index <= s.turn_count
        AND (e.lease_expires_at IS NULL OR e.lease_expires_at <= now())
-     ORDER BY e.turn_index, e.session_id
-     LIMIT %s
        FOR UPDATE OF e SKIP LOCKED
+),
+missing AS (
+    SELECT s.org_id, s.id AS session_id, g AS turn_index, s.agent_id
+      FROM sess s
+     CROSS JOIN LATERAL generate_series(s.last_extracted_turn + 1, s.turn_count) AS g
+     WHERE s.recordable
+       AND NOT EXISTS (SELECT 1 FROM ibex_core.extraction_turns x
+                        WHERE x.session_id = s.id AND x.turn_index = g)
+),
+ranked AS (
+    SELECT c.org_id, c.session_id, c.turn_index, c.is_new,
+           row_number() OVER (PARTITION BY c.agent_id ORDER BY c.turn_index, c.session_id)
+               <= b.budget AS lease
+      FROM (SELECT org_id, session_id, turn_index, agent_id, false AS is_new FROM free
+            UNION ALL
+            SELECT org_id, session_id, turn_index, agent_id, true FROM missing) c
+      JOIN budget b ON b.agent_id = c.agent_id
+),
+inserted AS (
+    INSERT INTO ibex_core.extraction_turns (org_id, session_id, turn_index, lease_expires_at)
+    SELECT org_id, session_id, turn_index,
+           CASE WHEN lease THEN now() + make_interval(secs => %(lease)s) END
+      FROM ranked
+     WHERE is_new
+    ON CONFLICT DO NOTHING
+    RETURNING session_id, turn_index, lease_expires_at IS NOT NULL AS leased
+),
+updated AS (
+    UPDATE ibex_core.extraction_turns t
+       SET lease_expires_at = now() + make_interval(secs => %(lease)s)
+      FROM ranked r
+     WHERE NOT r.is_new AND r.lease
+       AND t.session_id = r.session_id AND t.turn_index = r.turn_index
+    RETURNING t.session_id, t.turn_index
 )
-UPDATE ibex_core.extraction_turns t
-   SET lease_expires_at = now() + make_interval(secs => %s)
-  FROM picked
- WHERE t.session_id = picked.session_id AND t.turn_index = picked.turn_index
-RETURNING t.session_id, t.turn_index
+SELECT session_id, turn_index FROM inserted WHERE leased
+UNION ALL
+SELECT session_id, turn_index FROM updated
 """
 
 # w = the highest t such that every turn pointer+1..t is done (a missing row is not done).
@@ -261,19 +295,53 @@ class ExtractionState:
         )
 
     def lease_turns(
-        self, org_id: UUIDLike, session_ids: Sequence[UUIDLike], limit: int, lease_seconds: int
+        self,
+        candidates: Sequence[Candidate],
+        budgets: Mapping[uuid.UUID, int],
+        lease_seconds: int,
     ) -> list[TurnRef]:
-        """Record every unextracted turn of ``session_ids`` (one org, one agent) and lease up to
-        ``limit`` of those that are not done, not failed and not leased: the turns to send."""
-        if not session_ids or limit <= 0:
+        """Record every unextracted turn of ``candidates`` (one scan batch, any orgs) and lease,
+        per agent, up to ``budgets[agent]`` of those that are not done, not failed and not
+        leased: the turns to send. Agents without a positive budget are left out altogether.
+
+        One transaction for the batch and one statement per org in it (row-level security
+        applies per statement, under that org's ``ibex.org_id``). The turns come back ordered
+        by the agent's first appearance in ``candidates``, then by turn and session."""
+        by_org: dict[uuid.UUID, list[Candidate]] = {}
+        agent_order: dict[uuid.UUID, int] = {}
+        for c in candidates:
+            if budgets.get(c.agent_id, 0) <= 0:
+                continue
+            by_org.setdefault(c.org_id, []).append(c)
+            agent_order.setdefault(c.agent_id, len(agent_order))
+        if not by_org:
             return []
-        ids = [_u(s) for s in session_ids]
-        org = uuid.UUID(_u(org_id))
-        with tenant(self.db, org):
-            self._sql(_INSERT_SESSION_TURNS, (ids,))
-            rows = self._sql(_LEASE_TURNS, (ids, limit, lease_seconds)).fetchall()
-        refs = [TurnRef(org, uuid.UUID(str(sid)), int(ti)) for sid, ti in rows]
-        return sorted(refs, key=lambda r: (r.turn_index, str(r.session_id)))
+        agent_of: dict[uuid.UUID, uuid.UUID] = {}
+        refs: list[TurnRef] = []
+        with db_errors(), self.db.atomic():
+            switch_role = f"SET LOCAL ROLE {APP_ROLE}; "
+            for org, group in by_org.items():
+                agents = sorted({c.agent_id for c in group}, key=agent_order.__getitem__)
+                for c in group:
+                    agent_of[c.session_id] = c.agent_id
+                rows = self._sql(
+                    switch_role
+                    + "SELECT set_config('ibex.org_id', %(org)s, true); "
+                    + _RECORD_AND_LEASE,
+                    {
+                        "org": str(org),
+                        "agents": [str(a) for a in agents],
+                        "budgets": [int(budgets[a]) for a in agents],
+                        "ids": [str(c.session_id) for c in group],
+                        "lease": lease_seconds,
+                    },
+                ).fetchall()
+                switch_role = ""
+                refs.extend(TurnRef(org, uuid.UUID(str(sid)), int(ti)) for sid, ti in rows)
+        return sorted(
+            refs,
+            key=lambda r: (agent_order[agent_of[r.session_id]], r.turn_index, str(r.session_id)),
+        )
 
     # -- extract_turn ----------------------------------------------------------------------
 

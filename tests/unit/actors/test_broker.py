@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import sys
 import time
 import uuid
 from typing import Any
@@ -87,5 +88,78 @@ def test_a_dead_message_lands_in_the_redis_dead_letter_queue() -> None:
         assert len(dead_ids) == 1
         payload = client.hget(f"dramatiq:{Queue.EXTRACT.value}.XQ.msgs", dead_ids[0])
         assert payload is not None and b"extract_turn" in payload
+    finally:
+        use_broker(previous)
+
+
+def _queued(client: Any, queue: str) -> list[dramatiq.Message[Any]]:
+    ids: Any = client.lrange(f"dramatiq:{queue}", 0, -1)
+    encoded: Any = [client.hget(f"dramatiq:{queue}.msgs", i) for i in ids]
+    return [dramatiq.Message.decode(e) for e in encoded]
+
+
+def test_send_all_pipelines_redis_enqueues_exactly_as_the_broker_enqueues_them(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Batched round trips, same messages: the broker's enqueue script, one fresh
+    redis_message_id each, the order kept, every batch (including a partial last one) sent."""
+    import actors  # noqa: F401
+    from actors.broker import send_all
+    from extraction.stages import EXTRACT, Send
+
+    client = fakeredis.FakeRedis()
+    broker = make_broker(settings(), client=client, extra_middleware=[])
+    previous = current_broker()
+    use_broker(broker)
+    pipelines: list[int] = []
+    real_pipeline = client.pipeline
+
+    def counting_pipeline(*a: Any, **kw: Any) -> Any:
+        pipelines.append(1)
+        return real_pipeline(*a, **kw)
+
+    monkeypatch.setattr(client, "pipeline", counting_pipeline)
+    monkeypatch.setattr(sys.modules["actors.broker"], "SEND_PIPELINE_SIZE", 3)
+    try:
+        org, session = str(uuid.uuid4()), str(uuid.uuid4())
+        sends = [
+            Send(EXTRACT, {"org_id": org, "session_id": session, "turn_index": t})
+            for t in range(1, 8)
+        ]
+        assert send_all(sends) == 7
+        assert len(pipelines) == 3  # 3 + 3 + 1
+        piped = _queued(client, Queue.EXTRACT.value)
+        # The reference: the broker's own one-at-a-time enqueue of the same messages.
+        client.flushdb()
+        for s in sends:
+            current_broker().get_actor(s.actor_name).send_with_options(kwargs=s.kwargs)
+        plain = _queued(client, Queue.EXTRACT.value)
+    finally:
+        use_broker(previous)
+    assert [m.kwargs for m in piped] == [s.kwargs for s in sends]
+
+    def shape(m: dramatiq.Message[Any]) -> tuple[Any, ...]:
+        return (m.queue_name, m.actor_name, m.args, m.kwargs, sorted(m.options))
+
+    assert [shape(m) for m in piped] == [shape(m) for m in plain]
+    redis_ids = {m.options["redis_message_id"] for m in piped}
+    assert len(redis_ids) == 7 and len({m.message_id for m in piped}) == 7
+
+
+def test_send_all_on_a_stub_broker_sends_one_at_a_time() -> None:
+    import actors  # noqa: F401
+    from actors.broker import send_all
+    from extraction.stages import EXTRACT, Send
+
+    stub = make_broker(settings(), stub=True, extra_middleware=[])
+    previous = current_broker()
+    use_broker(stub)
+    try:
+        org, session = str(uuid.uuid4()), str(uuid.uuid4())
+        sent = send_all(
+            Send(EXTRACT, {"org_id": org, "session_id": session, "turn_index": t}) for t in (1, 2)
+        )
+        assert sent == 2
+        assert stub.queues[Queue.EXTRACT.value].qsize() == 2
     finally:
         use_broker(previous)

@@ -1,0 +1,81 @@
+"""The scan's recording and leasing: one statement per org and batch, same semantics as ever."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from extraction.stages import EXTRACT, StageDeps, scan
+from tests.integration.pipeline.helpers import (
+    FakeMemoryService,
+    FakeProvider,
+    expire_leases,
+    make_session,
+    pipeline_settings,
+    turn_rows,
+)
+
+
+def _deps(store: Any, database_url: str, provider: Any, memory: Any, **env: str) -> StageDeps:
+    settings = pipeline_settings(database_url, "redis://127.0.0.1:6379/12", **env)
+    return StageDeps(store=store, settings=settings, provider=provider, memory=memory)
+
+
+def _sent(report: Any) -> list[tuple[str, int]]:
+    assert all(m.actor_name == EXTRACT for m in report.sent)
+    return [(m.kwargs["session_id"], m.kwargs["turn_index"]) for m in report.sent]
+
+
+def test_the_scan_records_every_turn_leases_lowest_turns_first_per_agent_across_orgs(
+    store: Any, db: Any, database_url: str, provider: FakeProvider, memory: FakeMemoryService
+) -> None:
+    deps = _deps(
+        store, database_url, provider, memory, SCAN_MAX_TURNS_PER_AGENT="3", SCAN_BATCH_SIZE="50"
+    )
+    capped = [make_session(store, 2, agent="capped") for _ in range(3)]
+    other = make_session(store, 2, agent="other", org="globex")
+    first = scan(deps)
+    assert first.sessions == 4
+    sent = _sent(first)
+    # The message identity: exactly org, session and turn.
+    for m in first.sent:
+        assert set(m.kwargs) == {"org_id", "session_id", "turn_index"}
+    by_session = {str(s.session_id): s for s in [*capped, other]}
+    assert all(
+        m.kwargs["org_id"] == str(by_session[m.kwargs["session_id"]].org_id) for m in first.sent
+    )
+    # The capped agent: its 3 lowest turns (turn 1 of each session), never turn 2.
+    assert sorted(t for s, t in sent if s != str(other.session_id)) == [1, 1, 1]
+    assert sorted(t for s, t in sent if s == str(other.session_id)) == [1, 2]
+    # Every unextracted turn is recorded, leased or not.
+    for s in [*capped, other]:
+        assert sorted(turn_rows(db, s.session_id)) == [1, 2]
+    # The next scan: the leased turns stay in flight; a new budget takes the rest.
+    second = _sent(scan(deps))
+    assert sorted(second) == sorted((str(s.session_id), 2) for s in capped)
+    assert _sent(scan(deps)) == []
+
+
+def test_expired_leases_are_sent_again_but_failed_and_done_turns_never(
+    store: Any, db: Any, database_url: str, provider: FakeProvider, memory: FakeMemoryService
+) -> None:
+    deps = _deps(store, database_url, provider, memory, SCAN_BATCH_SIZE="2")
+    a = make_session(store, 3)
+    b = make_session(store, 2, org="globex")
+    assert len(_sent(scan(deps))) == 5
+    assert _sent(scan(deps)) == []  # leases live: nothing
+    db.execute_sql(
+        "UPDATE ibex_core.extraction_turns SET state = 'failed'"
+        " WHERE session_id = %s AND turn_index = 2",
+        (str(a.session_id),),
+    )
+    db.execute_sql(
+        "UPDATE ibex_core.extraction_turns SET state = 'done', result = '{\"memories\": []}',"
+        " memory_count = 0 WHERE session_id = %s AND turn_index = 1",
+        (str(b.session_id),),
+    )
+    expire_leases(db)
+    again = _sent(scan(deps))
+    assert sorted(again) == sorted(
+        [(str(a.session_id), 1), (str(a.session_id), 3), (str(b.session_id), 2)]
+    )
+    assert _sent(scan(deps)) == []
