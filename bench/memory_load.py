@@ -13,7 +13,7 @@ Example (the service under gunicorn from the Procfile line)::
 
     DATABASE_URL=postgresql://postgres@127.0.0.1:5432/ibex_test_mem ibex migrate
     DATABASE_URL=... REDIS_URL=redis://127.0.0.1:6379/14 PORT=8765 \\
-        gunicorn --bind 0.0.0.0:8765 --workers 2 --threads 4 memory_service.wsgi:application
+        gunicorn --bind 0.0.0.0:8765 --workers 4 --threads 2 memory_service.wsgi:application
     DATABASE_URL=... python -m bench.memory_load --url http://127.0.0.1:8765 --tool wrk
 """
 
