@@ -232,6 +232,7 @@ def extract_turn(
         claim_seconds=settings.extraction_claim_seconds,
         lease_seconds=settings.extraction_lease_seconds,
         max_attempts=deps.max_attempts,
+        context_turns=settings.extraction_context_turns,
     )
     if isinstance(begun, AlreadyDone):
         return []
@@ -250,8 +251,7 @@ def extract_turn(
     assert isinstance(begun, Claimed)
     try:
         provider = deps.need_provider()
-        first = max(1, ref.turn_index - settings.extraction_context_turns)
-        turns = deps.store.read_turns(ref.org_id, ref.session_id, first, ref.turn_index)
+        turns = begun.turns  # read in the claim's transaction
         if not turns or turns[-1].turn_index != ref.turn_index:
             raise NotFoundError(f"turn {ref.turn_index} of {ref.session_id} not found")
         try:
@@ -336,23 +336,33 @@ def write_memory(
     """POST one slot under its identity key unless it is recorded, record it, and when the
     turn's last slot is recorded, hand over to ``advance_pointer``."""
     ref = TurnRef.of(org_id, session_id, turn_index)
-    view = deps.state.load_slot(ref, ordinal)
-    if view.state == "done":
-        return []
-    if view.result is None:
-        raise NotFoundError(f"turn {ref.turn_index} of {ref.session_id} has no stored result")
-    if ordinal >= len(view.result.memories):
+    # The first delivery of a slot after this process persisted the turn needs no read: the
+    # stored result and the agent are immutable. Should the slot be recorded already (two
+    # deliveries at once), the POST is answered as a replay and record_slot keeps the first
+    # record; a done turn's record_slot returns False, so advance_pointer is not sent again.
+    cached = deps.state.slot_cache.take(ref, ordinal)
+    if cached is not None:
+        agent_id, result = cached
+        recorded = False
+    else:
+        view = deps.state.load_slot(ref, ordinal)
+        if view.state == "done":
+            return []
+        if view.result is None:
+            raise NotFoundError(f"turn {ref.turn_index} of {ref.session_id} has no stored result")
+        agent_id, result, recorded = view.agent_id, view.result, view.recorded
+    if ordinal >= len(result.memories):
         raise NotFoundError(
-            f"turn {ref.turn_index} of {ref.session_id} has {len(view.result.memories)}"
+            f"turn {ref.turn_index} of {ref.session_id} has {len(result.memories)}"
             f" memories, no ordinal {ordinal}"
         )
     key = idempotency_key(ref.org_id, ref.session_id, ref.turn_index, ordinal)
     memory_id: uuid.UUID | None = None
     label = "recorded"
-    if not view.recorded:
+    if not recorded:
         try:
             outcome = deps.need_memory().create_memory(
-                ref.org_id, memory_body(view.agent_id, ref, ordinal, view.result), key
+                ref.org_id, memory_body(agent_id, ref, ordinal, result), key
             )
         except (MemoryUnavailableError, MemoryRejectedError) as exc:
             deps.metrics.memory_write(exc.status, exc.code)

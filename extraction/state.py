@@ -19,7 +19,9 @@ on each other.
 from __future__ import annotations
 
 import json
+import threading
 import uuid
+from collections import OrderedDict
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -28,7 +30,8 @@ from playhouse.postgres_ext import PostgresqlExtDatabase
 
 from core.db import APP_ROLE, db_errors, scan_scope, tenant
 from core.errors import NotFoundError
-from models.store import Candidate, SessionStore
+from models.sessions import Checkpoint, CheckpointPayload
+from models.store import Candidate, SessionStore, Turn
 
 UUIDLike = uuid.UUID | str
 
@@ -116,6 +119,8 @@ class Claimed:
 
     token: uuid.UUID
     attempt: int
+    #: The turn and up to ``context_turns`` turns before it, read in the claim's transaction.
+    turns: tuple[Turn, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -264,6 +269,44 @@ GREATEST(EXTRACT(EPOCH FROM claim_expires_at - now()), 0)
 """
 
 
+class SlotCache:
+    """What ``write_memory`` needs for the first delivery of each slot, kept in-process after
+    this process persisted the turn's result: the stored result and the session's agent (both
+    immutable once persisted). Each ordinal is handed out once (:meth:`take`); every later
+    delivery of a slot (a retry, a redelivery, a replay) misses and reads the database as
+    before. Bounded (least recently filled turns dropped first) and thread-safe."""
+
+    def __init__(self, max_turns: int = 4096) -> None:
+        self.max_turns = max_turns
+        self._lock = threading.Lock()
+        self._turns: OrderedDict[
+            tuple[uuid.UUID, uuid.UUID, int], tuple[uuid.UUID, PersistedResult, set[int]]
+        ] = OrderedDict()
+
+    def put(self, ref: TurnRef, agent_id: uuid.UUID, result: PersistedResult) -> None:
+        key = (ref.org_id, ref.session_id, ref.turn_index)
+        with self._lock:
+            self._turns[key] = (agent_id, result, set(range(len(result.memories))))
+            self._turns.move_to_end(key)
+            while len(self._turns) > self.max_turns:
+                self._turns.popitem(last=False)
+
+    def take(self, ref: TurnRef, ordinal: int) -> tuple[uuid.UUID, PersistedResult] | None:
+        key = (ref.org_id, ref.session_id, ref.turn_index)
+        with self._lock:
+            entry = self._turns.get(key)
+            if entry is None or ordinal not in entry[2]:
+                return None
+            entry[2].discard(ordinal)
+            if not entry[2]:
+                del self._turns[key]
+            return entry[0], entry[1]
+
+    def __len__(self) -> int:
+        with self._lock:
+            return len(self._turns)
+
+
 class ExtractionState:
     """Per-turn extraction state. Shares the database (and its per-thread connections) of the
     :class:`~models.store.SessionStore` it is built on."""
@@ -271,6 +314,7 @@ class ExtractionState:
     def __init__(self, store: SessionStore) -> None:
         self.store = store
         self.db: PostgresqlExtDatabase = store.db
+        self.slot_cache = SlotCache()
 
     def _sql(self, sql: str, params: Sequence[Any] | dict[str, Any] = ()) -> Any:
         return self.db.execute_sql(sql, params)
@@ -346,10 +390,18 @@ class ExtractionState:
     # -- extract_turn ----------------------------------------------------------------------
 
     def begin_extract(
-        self, ref: TurnRef, *, claim_seconds: int, lease_seconds: int, max_attempts: int
+        self,
+        ref: TurnRef,
+        *,
+        claim_seconds: int,
+        lease_seconds: int,
+        max_attempts: int,
+        context_turns: int = 0,
     ) -> BeginOutcome:
         """Transaction 1 of ``extract_turn``: lock the turn row (creating it when missing) and
-        decide. Takes the LLM claim only when no result is stored and no live claim exists."""
+        decide. Takes the LLM claim only when no result is stored and no live claim exists;
+        with the claim, the same transaction reads the turn and ``context_turns`` turns before
+        it (:attr:`Claimed.turns`)."""
         with tenant(self.db, ref.org_id):
             session = self._sql(
                 "SELECT last_extracted_turn, turn_count FROM ibex_core.sessions WHERE id = %s",
@@ -411,7 +463,33 @@ class ExtractionState:
                 " WHERE session_id = %s AND turn_index = %s",
                 (str(token), claim_seconds, lease_seconds, str(ref.session_id), ref.turn_index),
             )
-            return Claimed(token, attempts + 1)
+            first = max(1, ref.turn_index - context_turns)
+            return Claimed(token, attempts + 1, self._read_turns(ref, first))
+
+    def _read_turns(self, ref: TurnRef, first: int) -> tuple[Turn, ...]:
+        """Turns ``first..ref.turn_index`` with their content, in the current transaction
+        (what :meth:`SessionStore.read_turns` reads in a transaction of its own)."""
+        rows: Any = (
+            Checkpoint.select(
+                Checkpoint.turn_index,
+                Checkpoint.prompt_tokens,
+                Checkpoint.completion_tokens,
+                Checkpoint.latency_ms,
+                CheckpointPayload.messages,
+                CheckpointPayload.completion,
+            )
+            .join(CheckpointPayload, on=(CheckpointPayload.checkpoint_id == Checkpoint.id))
+            .where(
+                Checkpoint.session_id == ref.session_id,
+                Checkpoint.turn_index.between(max(first, 1), ref.turn_index),
+            )
+            .order_by(Checkpoint.turn_index)
+            .tuples()
+        )
+        return tuple(
+            Turn(ref.session_id, ti, msgs, comp, pt, ct, lat)
+            for ti, pt, ct, lat, msgs, comp in rows
+        )
 
     def _lock_turn(self, ref: TurnRef) -> tuple[Any, ...] | None:
         row: tuple[Any, ...] | None = self._sql(
@@ -468,15 +546,21 @@ class ExtractionState:
         (first wins), then return the stored one and the slots already written."""
         memory_count = len(result["memories"])
         with tenant(self.db, ref.org_id):
-            self._sql(
-                "UPDATE ibex_core.extraction_turns"
+            # Store ours (and end our claim) unless a result is stored; RETURNING gives back
+            # exactly what was stored, the slots already written and the session's agent.
+            mine = self._sql(
+                "UPDATE ibex_core.extraction_turns e"
                 "   SET result = %s::jsonb, memory_count = %s,"
                 "       prompt_tokens = %s, completion_tokens = %s, provider = %s, model = %s,"
                 "       state = 'extracted', extracted_at = now(), last_error = NULL,"
                 "       claim_token = NULL, claim_expires_at = NULL,"
                 "       lease_expires_at = GREATEST(COALESCE(lease_expires_at, now()),"
                 "                                   now() + make_interval(secs => %s))"
-                " WHERE session_id = %s AND turn_index = %s AND result IS NULL",
+                " WHERE session_id = %s AND turn_index = %s AND result IS NULL"
+                " RETURNING e.result, e.provider, e.model, e.prompt_tokens, e.completion_tokens,"
+                "   ARRAY(SELECT x.ordinal FROM ibex_core.extraction_slots x"
+                "          WHERE x.session_id = e.session_id AND x.turn_index = e.turn_index),"
+                "   (SELECT s.agent_id FROM ibex_core.sessions s WHERE s.id = e.session_id)",
                 (
                     json.dumps(result, ensure_ascii=False),
                     memory_count,
@@ -488,8 +572,13 @@ class ExtractionState:
                     str(ref.session_id),
                     ref.turn_index,
                 ),
-            )
-            # Whoever persisted, our claim (if still ours) is over.
+            ).fetchone()
+            if mine is not None:
+                stored = PersistedResult.from_row(mine[0], mine[1], mine[2], mine[3], mine[4])
+                self.slot_cache.put(ref, uuid.UUID(str(mine[6])), stored)
+                return Persisted(stored, frozenset(int(o) for o in mine[5] or ()))
+            # Another delivery persisted first: its result wins; our claim (if still ours) is
+            # over.
             self._sql(
                 "UPDATE ibex_core.extraction_turns SET claim_token = NULL, claim_expires_at = NULL"
                 " WHERE session_id = %s AND turn_index = %s AND claim_token = %s",
@@ -558,10 +647,16 @@ class ExtractionState:
             if turn is None or turn[0] is None:
                 raise NotFoundError(f"turn {ref.turn_index} of {ref.session_id} has no result")
             memory_count, state = int(turn[0]), turn[1]
-            self._sql(
-                "INSERT INTO ibex_core.extraction_slots"
+            # Insert and count in one statement: the count's snapshot (taken after the row lock
+            # above was granted) sees every slot committed before, plus ours if inserted.
+            written = self._sql(
+                "WITH ins AS ("
+                " INSERT INTO ibex_core.extraction_slots"
                 " (org_id, session_id, turn_index, ordinal, idempotency_key, memory_id, outcome)"
-                " VALUES (%s, %s, %s, %s, %s, %s, %s) ON CONFLICT DO NOTHING",
+                " VALUES (%s, %s, %s, %s, %s, %s, %s) ON CONFLICT DO NOTHING RETURNING 1)"
+                " SELECT (SELECT count(*) FROM ibex_core.extraction_slots"
+                "          WHERE session_id = %s AND turn_index = %s)"
+                "      + (SELECT count(*) FROM ins)",
                 (
                     str(ref.org_id),
                     str(ref.session_id),
@@ -570,12 +665,9 @@ class ExtractionState:
                     idempotency_key,
                     str(memory_id) if memory_id else None,
                     outcome,
+                    str(ref.session_id),
+                    ref.turn_index,
                 ),
-            )
-            written = self._sql(
-                "SELECT count(*) FROM ibex_core.extraction_slots"
-                " WHERE session_id = %s AND turn_index = %s",
-                (str(ref.session_id), ref.turn_index),
             ).fetchone()[0]
             return bool(int(written) >= memory_count and state != "done")
 
@@ -710,6 +802,7 @@ __all__ = [
     "Persisted",
     "PersistedResult",
     "PointerOutcome",
+    "SlotCache",
     "SlotView",
     "StoredMemory",
     "TurnRef",
