@@ -141,7 +141,6 @@ def _stack(args: argparse.Namespace, settings: Settings) -> Iterator[dict[str, A
 def run_demo(args: argparse.Namespace, settings: Settings) -> int:
     from core.db import make_database
     from core.migrate import migrate
-    from memory_service.auth import display_prefix, generate_token, hash_token
     from memory_service.store import TokenStore
     from models import bind
     from models.importer import import_lines
@@ -161,13 +160,8 @@ def run_demo(args: argparse.Namespace, settings: Settings) -> int:
         report = import_lines(store, _examples_text().splitlines())
         print(f"imported            {report.summary()}")
 
-        token = generate_token()
-        TokenStore(db).create(
-            org_id=None,
-            name="ibex demo",
-            token_hash=hash_token(token),
-            prefix=display_prefix(token),
-            scopes=["memory:read", "memory:write"],
+        _, token = TokenStore(db).issue(
+            org_id=None, name="ibex demo", scopes=["memory:read", "memory:write"]
         )
         port = free_port()
         env = child_environment(

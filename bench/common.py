@@ -264,19 +264,13 @@ def recreate_database(url: str) -> None:
 def create_service_token(url: str) -> str:
     """A service token (read and write, any org) for the memory service; printed nowhere."""
     from core.db import make_database
-    from memory_service.auth import display_prefix, generate_token, hash_token
     from memory_service.store import TokenStore
     from models import bind
 
     db = bind(make_database(url))
     try:
-        token = generate_token()
-        TokenStore(db).create(
-            org_id=None,
-            name="benchmark",
-            token_hash=hash_token(token),
-            prefix=display_prefix(token),
-            scopes=["memory:read", "memory:write"],
+        _, token = TokenStore(db).issue(
+            org_id=None, name="benchmark", scopes=["memory:read", "memory:write"]
         )
         return token
     finally:

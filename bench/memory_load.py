@@ -36,7 +36,6 @@ from urllib.parse import urlparse
 import httpx
 
 from core.db import make_database
-from memory_service.auth import display_prefix, generate_token, hash_token
 from memory_service.store import TokenStore
 from models.store import SessionStore
 
@@ -73,14 +72,7 @@ def prepare(database_url: str) -> tuple[str, uuid.UUID]:
     sessions = SessionStore(db)
     org_id = sessions.ensure_org("bench")
     agent_id = sessions.ensure_agent(org_id, "bench-bot")
-    token = generate_token()
-    TokenStore(db).create(
-        org_id=org_id,
-        name="bench",
-        token_hash=hash_token(token),
-        prefix=display_prefix(token),
-        scopes=["memory:write"],
-    )
+    _, token = TokenStore(db).issue(org_id=org_id, name="bench", scopes=["memory:write"])
     db.close()
     return token, agent_id
 

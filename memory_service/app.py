@@ -15,16 +15,13 @@ from typing import Any
 
 import falcon
 import peewee
-import psycopg2.extensions
 import redis
 from playhouse.pool import MaxConnectionsExceeded, PooledDatabase
-from playhouse.postgres_ext import PooledPostgresqlExtDatabase
 from redis.backoff import NoBackoff
 from redis.retry import Retry
 
 from core.config import Settings
-from core.db import connect_params
-from core.errors import ConfigError
+from core.db import make_pool as db_pool
 from memory_service import errors
 from memory_service.auth import Authenticator
 from memory_service.idempotency import IdempotencyStore
@@ -47,34 +44,13 @@ POOL_WAIT_SECONDS = 10
 REDIS_TIMEOUT_SECONDS = 2.0
 
 
-class _Pool(PooledPostgresqlExtDatabase):
-    """peewee's pool probes every checkout with ``SELECT 1``, a round trip made while holding
-    the pool lock. Only a connection psycopg2 already knows to be broken is discarded here; one
-    that died silently fails its next statement (a 503 the client retries) and is then closed."""
-
-    def _is_closed(self, conn: Any) -> bool:
-        return bool(conn.closed) or (
-            conn.get_transaction_status() == psycopg2.extensions.TRANSACTION_STATUS_UNKNOWN
-        )
-
-
 def make_pool(url: str | None, *, max_connections: int = POOL_MAX_CONNECTIONS) -> peewee.Database:
     """A pooled peewee database for ``url``: a request borrows one connection and returns it."""
-    if not url:
-        raise ConfigError(
-            "DATABASE_URL is not set: the memory service needs Postgres", variable="DATABASE_URL"
-        )
-    params = connect_params(url)
-    params.setdefault("application_name", "ibex-memory")
-    params.setdefault("connect_timeout", 5)
-    name = params.pop("database")
-    return _Pool(
-        name,
+    return db_pool(
+        url,
         max_connections=max_connections,
-        timeout=POOL_WAIT_SECONDS,
-        stale_timeout=300,
-        register_hstore=False,
-        **params,
+        application_name="ibex-memory",
+        wait_seconds=POOL_WAIT_SECONDS,
     )
 
 

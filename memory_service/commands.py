@@ -67,23 +67,14 @@ def run_token(args: argparse.Namespace, settings: Settings) -> int:
 
 
 def _create(store: Any, args: argparse.Namespace) -> int:
-    from memory_service.auth import display_prefix, generate_token, hash_token
-
     org_id: uuid.UUID | None = None
     if args.org is not None:
         if not SLUG.match(args.org):
             print(f"ibex token create: invalid org slug {args.org!r}", file=sys.stderr)
             return EXIT_FAILURE
         org_id = store.ensure_org(args.org)
-    token = generate_token()
     scopes = sorted(set(args.scope))
-    row = store.create(
-        org_id=org_id,
-        name=args.name,
-        token_hash=hash_token(token),
-        prefix=display_prefix(token),
-        scopes=scopes,
-    )
+    row, token = store.issue(org_id=org_id, name=args.name, scopes=scopes)
     owner = f"org {args.org} ({org_id})" if org_id else "service (any org via X-IBEX-Org-ID)"
     print(token)
     print(

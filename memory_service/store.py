@@ -29,6 +29,7 @@ from psycopg2.extras import Json
 
 from core.db import APP_ROLE, db_errors, is_unique_violation, tenant
 from core.errors import DatabaseUnavailableError
+from models.store import upsert_org
 
 COLUMNS = (
     "id, org_id, agent_id, session_id, turn_index, ordinal, content, content_hash, kind,"
@@ -380,15 +381,22 @@ class TokenStore:
         return TokenRow.from_db(row) if row else None
 
     def ensure_org(self, slug: str) -> uuid.UUID:
-        """The org with ``slug``, created when missing (the same statement as SessionStore's)."""
+        """The org with ``slug``, created when missing."""
         with db_errors(), self.db.atomic():
-            row = self.db.execute_sql(
-                "INSERT INTO ibex_core.orgs (slug) VALUES (%s) ON CONFLICT (slug) DO NOTHING"
-                " RETURNING id",
-                (slug,),
-            ).fetchone()
-            if row is None:
-                row = self.db.execute_sql(
-                    "SELECT id FROM ibex_core.orgs WHERE slug = %s", (slug,)
-                ).fetchone()
-        return uuid.UUID(str(row[0]))
+            return upsert_org(self.db, slug)
+
+    def issue(
+        self, *, org_id: uuid.UUID | None, name: str | None, scopes: Sequence[str]
+    ) -> tuple[TokenRow, str]:
+        """A new token: stored as its hash, returned in clear this once."""
+        from memory_service.auth import display_prefix, generate_token, hash_token
+
+        token = generate_token()
+        row = self.create(
+            org_id=org_id,
+            name=name,
+            token_hash=hash_token(token),
+            prefix=display_prefix(token),
+            scopes=scopes,
+        )
+        return row, token

@@ -14,6 +14,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
+import peewee
 from playhouse.postgres_ext import PostgresqlExtDatabase
 
 from core.db import db_errors, make_database, scan_scope, tenant
@@ -83,6 +84,17 @@ class AppendResult:
     turn_count: int
 
 
+def upsert_org(db: peewee.Database, slug: str) -> uuid.UUID:
+    """The id of the org with ``slug``, inserted when missing, in the current transaction."""
+    row = db.execute_sql(
+        "INSERT INTO ibex_core.orgs (slug) VALUES (%s) ON CONFLICT (slug) DO NOTHING RETURNING id",
+        (slug,),
+    ).fetchone()
+    if row is None:
+        row = db.execute_sql("SELECT id FROM ibex_core.orgs WHERE slug = %s", (slug,)).fetchone()
+    return uuid.UUID(str(row[0]))
+
+
 CANDIDATES_SQL = """
 SELECT org_id, agent_id, id, last_extracted_turn, turn_count
   FROM ibex_core.sessions
@@ -117,16 +129,7 @@ class SessionStore:
             return self._ensure_org(slug)
 
     def _ensure_org(self, slug: str) -> uuid.UUID:
-        row = self.db.execute_sql(
-            "INSERT INTO ibex_core.orgs (slug) VALUES (%s) ON CONFLICT (slug) DO NOTHING"
-            " RETURNING id",
-            (slug,),
-        ).fetchone()
-        if row is None:
-            row = self.db.execute_sql(
-                "SELECT id FROM ibex_core.orgs WHERE slug = %s", (slug,)
-            ).fetchone()
-        return uuid.UUID(str(row[0]))
+        return upsert_org(self.db, slug)
 
     def find_org(self, slug: str) -> uuid.UUID | None:
         with db_errors():

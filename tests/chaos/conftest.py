@@ -14,7 +14,6 @@ from typing import Any
 
 import pytest
 
-from memory_service.auth import display_prefix, generate_token, hash_token
 from memory_service.store import TokenStore
 from tests.chaos.stack import ChaosConfig, ChaosStack
 
@@ -42,13 +41,8 @@ def make_stack(
 ) -> Iterator[Callable[[ChaosConfig], ChaosStack]]:
     """Start a :class:`ChaosStack` with a config; every process is stopped at teardown."""
     stacks: list[ChaosStack] = []
-    token = generate_token()
-    TokenStore(db).create(
-        org_id=None,
-        name="chaos",
-        token_hash=hash_token(token),
-        prefix=display_prefix(token),
-        scopes=["memory:read", "memory:write"],
+    _, token = TokenStore(db).issue(
+        org_id=None, name="chaos", scopes=["memory:read", "memory:write"]
     )
 
     def make(config: ChaosConfig) -> ChaosStack:

@@ -6,7 +6,6 @@ import uuid
 from dataclasses import dataclass
 from typing import Any
 
-from memory_service.auth import display_prefix, generate_token, hash_token
 from memory_service.store import TokenStore
 
 BASE_URL = "http://memory.test"
@@ -33,14 +32,7 @@ class Tenant:
 
 
 def make_token(db: Any, org_id: uuid.UUID | None, scopes: list[str]) -> tuple[str, uuid.UUID]:
-    token = generate_token()
-    row = TokenStore(db).create(
-        org_id=org_id,
-        name="test",
-        token_hash=hash_token(token),
-        prefix=display_prefix(token),
-        scopes=scopes,
-    )
+    row, token = TokenStore(db).issue(org_id=org_id, name="test", scopes=scopes)
     return token, row.id
 
 

@@ -21,7 +21,6 @@ import httpx
 import pytest
 
 from bench.fake_llm import FakeLLM
-from memory_service.auth import display_prefix, generate_token, hash_token
 from memory_service.store import TokenStore
 
 pytestmark = [pytest.mark.chaos, pytest.mark.slow]
@@ -61,14 +60,7 @@ def _stop(proc: subprocess.Popen[bytes], sig: int = signal.SIGTERM, wait: float 
 @pytest.fixture
 def stack(db: Any, database_url: str, redis_url: str, tmp_path: Path) -> Iterator[dict[str, Any]]:
     """Memory service (gunicorn), fake LLM, and the environment of every process."""
-    token = generate_token()
-    TokenStore(db).create(
-        org_id=None,
-        name="pipeline",
-        token_hash=hash_token(token),
-        prefix=display_prefix(token),
-        scopes=["memory:write"],
-    )
+    _, token = TokenStore(db).issue(org_id=None, name="pipeline", scopes=["memory:write"])
     port = _free_port()
     env = {
         **{k: v for k, v in os.environ.items() if not k.startswith(("LLM_", "IBEX_"))},

@@ -16,7 +16,6 @@ from core.errors import MemoryRejectedError
 from extraction.stages import StageDeps, extract_turn, memory_body, scan, write_memory
 from extraction.state import TurnRef
 from memory_service.app import create_app, make_pool
-from memory_service.auth import display_prefix, generate_token, hash_token
 from memory_service.client import MemoryClient
 from memory_service.store import TokenStore
 from tests.integration.pipeline.helpers import (
@@ -39,13 +38,8 @@ def service_settings(database_url: str, redis_url: str) -> Settings:
 
 @pytest.fixture
 def client(db: Any, service_settings: Settings, redis_url: str) -> Iterator[MemoryClient]:
-    token = generate_token()
-    TokenStore(db).create(
-        org_id=None,
-        name="pipeline",
-        token_hash=hash_token(token),
-        prefix=display_prefix(token),
-        scopes=["memory:write", "memory:read"],
+    _, token = TokenStore(db).issue(
+        org_id=None, name="pipeline", scopes=["memory:write", "memory:read"]
     )
     pool = make_pool(service_settings.database_url, max_connections=4)
     r = redis.Redis.from_url(redis_url)
@@ -147,14 +141,7 @@ def test_a_permanent_4xx_is_raised_as_permanent(
     scan(real_deps)
     extract_turn(real_deps, ref.org_id, ref.session_id, 1)
     # A token without memory:write: the service answers 403, which no retry can fix.
-    token = generate_token()
-    TokenStore(db).create(
-        org_id=None,
-        name="reader",
-        token_hash=hash_token(token),
-        prefix=display_prefix(token),
-        scopes=["memory:read"],
-    )
+    _, token = TokenStore(db).issue(org_id=None, name="reader", scopes=["memory:read"])
     reader = MemoryClient(BASE_URL, token, transport=client._http._transport)
     real_deps.memory = reader
     with pytest.raises(MemoryRejectedError) as rejected:
