@@ -228,8 +228,15 @@ def _send_batch(redis_broker: RedisBroker, batch: list[Send]) -> int:
     with redis_broker.client.pipeline(transaction=False) as pipe:
         for send in batch:
             actor = redis_broker.get_actor(send.actor_name)
-            message = actor.message_with_options(kwargs=send.kwargs)
-            message = message.copy(options={"redis_message_id": str(uuid4())})
+            # What actor.message_with_options(kwargs=...) builds, with enqueue's fresh
+            # redis_message_id set at once instead of in a copy.
+            message: dramatiq.Message[Any] = dramatiq.Message(
+                queue_name=actor.queue_name,
+                actor_name=actor.actor_name,
+                args=(),
+                kwargs=send.kwargs,
+                options={"redis_message_id": str(uuid4())},
+            )
             redis_broker.emit_before("enqueue", message, None)
             dispatch(
                 keys=keys,
