@@ -269,6 +269,15 @@ GREATEST(EXTRACT(EPOCH FROM claim_expires_at - now()), 0)
 """
 
 
+# The same columns qualified, for the turn row joined to its session.
+_TURN_COLUMNS_E = """
+e.state::text, e.result, e.memory_count, e.attempts, e.llm_calls, e.provider, e.model,
+e.prompt_tokens, e.completion_tokens, e.last_error, e.claim_token,
+COALESCE(e.claim_expires_at > now(), false),
+GREATEST(EXTRACT(EPOCH FROM e.claim_expires_at - now()), 0)
+"""
+
+
 class SlotCache:
     """What ``write_memory`` needs for the first delivery of each slot, kept in-process after
     this process persisted the turn's result: the stored result and the session's agent (both
@@ -403,19 +412,31 @@ class ExtractionState:
         with the claim, the same transaction reads the turn and ``context_turns`` turns before
         it (:attr:`Claimed.turns`)."""
         with tenant(self.db, ref.org_id):
-            session = self._sql(
-                "SELECT last_extracted_turn, turn_count FROM ibex_core.sessions WHERE id = %s",
-                (str(ref.session_id),),
+            # Usually the scan recorded the row: lock it and read its session in one statement.
+            joined = self._sql(
+                f"SELECT s.last_extracted_turn, s.turn_count, {_TURN_COLUMNS_E}"
+                "  FROM ibex_core.extraction_turns e"
+                "  JOIN ibex_core.sessions s ON s.id = e.session_id"
+                " WHERE e.session_id = %s AND e.turn_index = %s FOR UPDATE OF e",
+                (str(ref.session_id), ref.turn_index),
             ).fetchone()
-            if session is None:
-                raise NotFoundError(f"session {ref.session_id} not found")
-            pointer, turn_count = int(session[0]), int(session[1])
+            if joined is not None:
+                pointer, turn_count = int(joined[0]), int(joined[1])
+                row: tuple[Any, ...] | None = tuple(joined[2:])
+            else:
+                session = self._sql(
+                    "SELECT last_extracted_turn, turn_count FROM ibex_core.sessions WHERE id = %s",
+                    (str(ref.session_id),),
+                ).fetchone()
+                if session is None:
+                    raise NotFoundError(f"session {ref.session_id} not found")
+                pointer, turn_count = int(session[0]), int(session[1])
+                row = None
             if ref.turn_index > turn_count:
                 raise NotFoundError(
                     f"turn {ref.turn_index} of session {ref.session_id} not found"
                     f" (the session has {turn_count})"
                 )
-            row = self._lock_turn(ref)
             if row is None:
                 if ref.turn_index <= pointer:
                     # Below the pointer every turn is done, even one recorded before this table.

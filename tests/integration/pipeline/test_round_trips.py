@@ -118,3 +118,17 @@ def test_the_slot_cache_hands_each_ordinal_out_once_and_is_bounded() -> None:
     assert cache.take(refs[1], 1) == (agent, result)
     assert len(cache) == 1  # a turn leaves once every ordinal was handed out
     assert cache.take(TurnRef(uuid.uuid4(), refs[2].session_id, 3), 0) is None  # keyed by org
+
+
+def test_extract_takes_the_claim_with_or_without_a_row_recorded_by_the_scan(
+    store: Any, db: Any, deps: Any, provider: FakeProvider
+) -> None:
+    recorded = make_session(store, 2)
+    scan(deps)
+    unrecorded = make_session(store, 2)  # after the scan: no per-turn rows yet
+    for ref in (recorded, unrecorded):
+        assert len(extract_turn(deps, ref.org_id, ref.session_id, 2)) == 2
+        assert turn_rows(db, ref.session_id)[2]["state"] == "extracted"
+        with pytest.raises(NotFoundError):
+            extract_turn(deps, ref.org_id, ref.session_id, 3)
+    assert provider.total_calls == 2
