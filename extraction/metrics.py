@@ -10,7 +10,7 @@ Series (all prefixed ``ibex_``):
 =================================  =======  ==================================================
 ``llm_calls_total``                counter  LLM calls by ``provider`` and ``result`` (ok/error)
 ``llm_tokens_total``               counter  tokens by ``kind`` (prompt/completion)
-``memory_writes_total``            counter  write outcomes by HTTP ``status`` and ``code``
+``write_outcomes_total``           counter  write outcomes by HTTP ``status`` and ``code``
 ``turns_done_total``               counter  turns marked done
 ``backlog_turns``                  gauge    unextracted turns by ``state`` (at the last scan)
 ``backlog_sessions``               gauge    sessions with unextracted turns (last scan)
@@ -66,7 +66,7 @@ class PrometheusMetrics(PipelineMetrics):
             "llm_calls": prom.Counter("ibex_llm_calls_total", "LLM calls.", ["provider", "result"]),
             "llm_tokens": prom.Counter("ibex_llm_tokens_total", "LLM tokens.", ["kind"]),
             "writes": prom.Counter(
-                "ibex_memory_writes_total", "Memory service write outcomes.", ["status", "code"]
+                "ibex_write_outcomes_total", "Memory service write outcomes.", ["status", "code"]
             ),
             "turns_done": prom.Counter("ibex_turns_done_total", "Turns marked done."),
             "backlog_turns": prom.Gauge(

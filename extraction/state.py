@@ -30,8 +30,7 @@ from playhouse.postgres_ext import PostgresqlExtDatabase
 
 from core.db import APP_ROLE, db_errors, scan_scope, tenant
 from core.errors import NotFoundError
-from models.sessions import Checkpoint, CheckpointPayload
-from models.store import Candidate, SessionStore, Turn
+from models.store import Candidate, SessionStore, Turn, select_turns
 
 UUIDLike = uuid.UUID | str
 
@@ -490,27 +489,7 @@ class ExtractionState:
     def _read_turns(self, ref: TurnRef, first: int) -> tuple[Turn, ...]:
         """Turns ``first..ref.turn_index`` with their content, in the current transaction
         (what :meth:`SessionStore.read_turns` reads in a transaction of its own)."""
-        rows: Any = (
-            Checkpoint.select(
-                Checkpoint.turn_index,
-                Checkpoint.prompt_tokens,
-                Checkpoint.completion_tokens,
-                Checkpoint.latency_ms,
-                CheckpointPayload.messages,
-                CheckpointPayload.completion,
-            )
-            .join(CheckpointPayload, on=(CheckpointPayload.checkpoint_id == Checkpoint.id))
-            .where(
-                Checkpoint.session_id == ref.session_id,
-                Checkpoint.turn_index.between(max(first, 1), ref.turn_index),
-            )
-            .order_by(Checkpoint.turn_index)
-            .tuples()
-        )
-        return tuple(
-            Turn(ref.session_id, ti, msgs, comp, pt, ct, lat)
-            for ti, pt, ct, lat, msgs, comp in rows
-        )
+        return tuple(select_turns(ref.session_id, first, ref.turn_index))
 
     def _lock_turn(self, ref: TurnRef) -> tuple[Any, ...] | None:
         row: tuple[Any, ...] | None = self._sql(

@@ -23,7 +23,7 @@ import uuid
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from types import TracebackType
-from typing import Any
+from typing import Any, NoReturn
 
 import httpx
 
@@ -133,6 +133,12 @@ def classify_write(response: httpx.Response) -> WriteOutcome:
     error = parse_error(response)
     if status == 409 and error.code in SUCCESS_CONFLICTS:
         return WriteOutcome(status, _as_uuid(error.details.get("existing_id")), error.code, False)
+    raise_failure(response, error)
+
+
+def raise_failure(response: httpx.Response, error: ServerError) -> NoReturn:
+    """A non-success answer: retryable (409 in progress, 408, 429, 5xx) or permanent."""
+    status = response.status_code
     if (status == 409 and error.code == IN_PROGRESS) or status in RETRYABLE_4XX or status >= 500:
         raise MemoryUnavailableError(
             _describe(status, error),
@@ -298,16 +304,4 @@ class MemoryClient:
         """Reads and deletes: 2xx passes, anything else is classified like a write."""
         if 200 <= response.status_code < 300:
             return
-        error = parse_error(response)
-        status = response.status_code
-        if status in RETRYABLE_4XX or status >= 500:
-            raise MemoryUnavailableError(
-                _describe(status, error),
-                status=status,
-                code=error.code,
-                retry_after=parse_retry_after(response.headers.get("Retry-After")),
-                server_message=error.message,
-            )
-        raise MemoryRejectedError(
-            _describe(status, error), status=status, code=error.code, server_message=error.message
-        )
+        raise_failure(response, parse_error(response))

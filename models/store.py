@@ -84,6 +84,29 @@ class AppendResult:
     turn_count: int
 
 
+def select_turns(session_id: uuid.UUID, first: int, last: int) -> list[Turn]:
+    """Turns ``first..last`` (inclusive) of a session with their content, in order, in the
+    current transaction (the caller has set the tenant)."""
+    rows: Any = (
+        Checkpoint.select(
+            Checkpoint.turn_index,
+            Checkpoint.prompt_tokens,
+            Checkpoint.completion_tokens,
+            Checkpoint.latency_ms,
+            CheckpointPayload.messages,
+            CheckpointPayload.completion,
+        )
+        .join(CheckpointPayload, on=(CheckpointPayload.checkpoint_id == Checkpoint.id))
+        .where(
+            Checkpoint.session_id == session_id,
+            Checkpoint.turn_index.between(max(first, 1), last),
+        )
+        .order_by(Checkpoint.turn_index)
+        .tuples()
+    )
+    return [Turn(session_id, ti, msgs, comp, pt, ct, lat) for ti, pt, ct, lat, msgs, comp in rows]
+
+
 def upsert_org(db: peewee.Database, slug: str) -> uuid.UUID:
     """The id of the org with ``slug``, inserted when missing, in the current transaction."""
     row = db.execute_sql(
@@ -359,30 +382,7 @@ class SessionStore:
     ) -> list[Turn]:
         """Turns ``first..last`` (inclusive) with their content, in order."""
         with tenant(self.db, org_id):
-            rows: Any = (
-                Checkpoint.select(
-                    Checkpoint.turn_index,
-                    Checkpoint.prompt_tokens,
-                    Checkpoint.completion_tokens,
-                    Checkpoint.latency_ms,
-                    CheckpointPayload.messages,
-                    CheckpointPayload.completion,
-                )
-                .join(
-                    CheckpointPayload,
-                    on=(CheckpointPayload.checkpoint_id == Checkpoint.id),
-                )
-                .where(
-                    Checkpoint.session_id == session_id,
-                    Checkpoint.turn_index.between(max(first, 1), last),
-                )
-                .order_by(Checkpoint.turn_index)
-                .tuples()
-            )
-            return [
-                Turn(session_id, ti, msgs, comp, pt, ct, lat)
-                for ti, pt, ct, lat, msgs, comp in rows
-            ]
+            return select_turns(session_id, first, last)
 
     def read_turn(self, org_id: uuid.UUID, session_id: uuid.UUID, turn_index: int) -> Turn:
         turns = self.read_turns(org_id, session_id, turn_index, turn_index)

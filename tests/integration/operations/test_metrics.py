@@ -90,7 +90,7 @@ def test_the_worker_exposes_dramatiq_and_pipeline_series(
     memories = int(db.execute_sql("SELECT count(*) FROM ibex_memory.memories").fetchone()[0])
     assert _total(samples, "ibex_llm_calls_total", result="ok") == total
     assert _total(samples, "ibex_llm_tokens_total") > 0
-    assert _total(samples, "ibex_memory_writes_total", status="201") == memories
+    assert _total(samples, "ibex_write_outcomes_total", status="201") == memories
     assert _total(samples, "ibex_turns_done_total") == total
     assert _total(samples, "ibex_backlog_turns", state="pending") == 0
     assert samples[("ibex_backlog_sessions", ())] == 0
