@@ -96,26 +96,39 @@ def test_the_demo_extracts_the_samples_and_cleans_up(tmp_path: Path) -> None:
 
 
 def test_ctrl_c_stops_everything(tmp_path: Path) -> None:
+    """Ctrl-C while turns are being extracted: exit 130 and no process left behind. A slow LLM
+    (1.5 s a call) keeps the extraction running when the signal comes."""
+    from bench.fake_llm import FakeLLM
+
     data = tmp_path / "demo"
-    process = subprocess.Popen(
-        [sys.executable, "-m", "core.cli", "demo", "--data-dir", str(data), "--fresh"],
-        env=_demo_env(),
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-    )
-    assert process.stdout is not None
-    lines = []
-    for line in process.stdout:
-        lines.append(line)
-        if line.startswith("imported"):
-            break
-    # The memory service and the workers start right after the import: let them come up.
-    deadline = time.monotonic() + 30
-    while time.monotonic() < deadline and len(_leftovers(str(data))) < 4:
-        time.sleep(0.2)
-    process.send_signal(signal.SIGINT)
-    out, err = process.communicate(timeout=60)
+    with FakeLLM(latency_ms=1500, memories=1) as llm:
+        env = {
+            **_demo_env(),
+            "LLM_PROVIDER": "openai",
+            "LLM_BASE_URL": llm.base_url,
+            "LLM_MODEL": "fake",
+        }
+        process = subprocess.Popen(
+            [sys.executable, "-m", "core.cli", "demo", "--data-dir", str(data), "--fresh"],
+            env=env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        assert process.stdout is not None
+        lines = []
+        for line in process.stdout:
+            lines.append(line)
+            if line.startswith("scan"):
+                break
+        # The workers are calling the LLM now.
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline and sum(llm.calls.values()) == 0:
+            time.sleep(0.1)
+        assert sum(llm.calls.values()) > 0, "".join(lines)
+        process.send_signal(signal.SIGINT)
+        out, err = process.communicate(timeout=60)
     assert process.returncode == 130, "".join(lines) + out + err
     assert "interrupted" in err
+    assert "sessions extracted" not in out  # it stopped before the summary
     assert _leftovers(str(data)) == []
