@@ -138,7 +138,20 @@ def _stack(args: argparse.Namespace, settings: Settings) -> Iterator[dict[str, A
         postgres.stop()
 
 
+def _interrupt(signum: int, frame: Any) -> None:
+    raise KeyboardInterrupt
+
+
 def run_demo(args: argparse.Namespace, settings: Settings) -> int:
+    """The demo; SIGTERM stops it as cleanly as Ctrl-C (everything it started is stopped)."""
+    previous = signal.signal(signal.SIGTERM, _interrupt)
+    try:
+        return _run_demo(args, settings)
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
+def _run_demo(args: argparse.Namespace, settings: Settings) -> int:
     from core.db import make_database
     from core.migrate import migrate
     from memory_service.store import TokenStore

@@ -95,9 +95,16 @@ def test_the_demo_extracts_the_samples_and_cleans_up(tmp_path: Path) -> None:
     assert time.monotonic() - started < 200
 
 
-def test_ctrl_c_stops_everything(tmp_path: Path) -> None:
-    """Ctrl-C while turns are being extracted: exit 130 and no process left behind. A slow LLM
-    (1.5 s a call) keeps the extraction running when the signal comes."""
+def _default_sigint() -> None:
+    # A shell starts background jobs with SIGINT ignored, and Python keeps an ignored SIGINT:
+    # give the demo the terminal's default, as a person at a terminal has.
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
+@pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM])
+def test_ctrl_c_or_sigterm_stops_everything(tmp_path: Path, signum: int) -> None:
+    """Ctrl-C (or SIGTERM) while turns are being extracted: exit 130 and no process left
+    behind. A slow LLM (1.5 s a call) keeps the extraction running when the signal comes."""
     from bench.fake_llm import FakeLLM
 
     data = tmp_path / "demo"
@@ -114,6 +121,7 @@ def test_ctrl_c_stops_everything(tmp_path: Path) -> None:
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,
             text=True,
+            preexec_fn=_default_sigint,
         )
         assert process.stdout is not None
         lines = []
@@ -126,7 +134,7 @@ def test_ctrl_c_stops_everything(tmp_path: Path) -> None:
         while time.monotonic() < deadline and sum(llm.calls.values()) == 0:
             time.sleep(0.1)
         assert sum(llm.calls.values()) > 0, "".join(lines)
-        process.send_signal(signal.SIGINT)
+        process.send_signal(signum)
         out, err = process.communicate(timeout=60)
     assert process.returncode == 130, "".join(lines) + out + err
     assert "interrupted" in err
