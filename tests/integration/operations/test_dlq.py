@@ -81,6 +81,7 @@ def world(store: Any, db: Any, database_url: str, redis_url: str, env: None):  #
         broker.get_actor("scan_sessions").send()
         wait_for(lambda: len(letters.list()) == 1, "the dead letter")
         wait_for(lambda: turn_rows(db, ref.session_id)[3]["state"] == "done", "turn 3")
+        wait_for(lambda: pointer_of(db, ref.session_id) == 1, "the pointer over turn 1")
         yield {
             "db": db,
             "ref": ref,
