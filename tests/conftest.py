@@ -1,24 +1,21 @@
-"""Shared fixtures. Integration tests use the real Postgres and Redis.
+"""Shared fixtures. Integration tests use real Postgres and Redis, and only their own.
 
-``IBEX_TEST_DATABASE_URL`` (default: the ``ibex_test`` database on 127.0.0.1:5432) names a
-database that is dropped and rebuilt from the migrations once per run; ``IBEX_TEST_REDIS_URL``
-(default: Redis db 15 on 127.0.0.1) is flushed before each test that uses it. An unreachable
-service skips those tests locally and fails them when ``CI=true``.
+Which servers, and how the run keeps to its own databases on them, is in :mod:`tests.servers`:
+a database created for the run (dropped at the end) on the Postgres of
+``IBEX_TEST_DATABASE_URL`` (default 127.0.0.1:5432; an embedded one when nothing answers
+there), and a private ``redis-server`` unless ``IBEX_TEST_REDIS_URL`` hands one over. The
+header of the run names both. A configured server that does not answer skips those tests
+locally and fails them when ``CI=true``.
 """
 
 from __future__ import annotations
 
 import os
 from collections.abc import Iterator
-from urllib.parse import urlparse, urlunparse
 
-import psycopg2
 import pytest
 
-TEST_DATABASE_URL = os.environ.get(
-    "IBEX_TEST_DATABASE_URL", "postgresql://postgres@127.0.0.1:5432/ibex_test"
-)
-TEST_REDIS_URL = os.environ.get("IBEX_TEST_REDIS_URL", "redis://127.0.0.1:6379/15")
+from tests.servers import RunPostgres, RunRedis, ServerUnavailable, temp_folder
 
 # Every table, children first; TRUNCATE ... CASCADE takes care of the order anyway.
 TABLES = (
@@ -50,35 +47,88 @@ def _unavailable(what: str, exc: Exception) -> None:
     pytest.skip(message)
 
 
-def _admin_url(url: str) -> tuple[str, str]:
-    parsed = urlparse(url)
-    name = parsed.path.lstrip("/")
-    return urlunparse(parsed._replace(path="/postgres")), name
+class _Servers:
+    """Started on first use, stopped when the run ends."""
+
+    def __init__(self) -> None:
+        self.folder = temp_folder()
+        self.postgres: RunPostgres | Exception | None = None
+        self.redis: RunRedis | Exception | None = None
+
+    def pg(self) -> RunPostgres:
+        if self.postgres is None:
+            try:
+                self.postgres = RunPostgres.find(self.folder)
+                self.postgres.sweep()
+            except Exception as exc:
+                self.postgres = exc
+        if isinstance(self.postgres, Exception):
+            _unavailable("Postgres", self.postgres)
+        assert isinstance(self.postgres, RunPostgres)
+        return self.postgres
+
+    def rd(self) -> RunRedis:
+        if self.redis is None:
+            try:
+                self.redis = RunRedis.find(self.folder)
+            except (ServerUnavailable, RuntimeError, OSError) as exc:
+                self.redis = exc
+        if isinstance(self.redis, Exception):
+            _unavailable("Redis", self.redis)
+        assert isinstance(self.redis, RunRedis)
+        return self.redis
+
+    def close(self) -> None:
+        for server in (self.postgres, self.redis):
+            if server is not None and not isinstance(server, Exception):
+                server.close()
+
+
+_SERVERS = _Servers()
+
+
+def pytest_report_header(config: pytest.Config) -> list[str]:
+    from tests.servers import DEFAULT_DATABASE_URL, force_embedded, postgres_answers
+
+    pg_url = os.environ.get("IBEX_TEST_DATABASE_URL") or DEFAULT_DATABASE_URL
+    if not force_embedded() and postgres_answers(pg_url):
+        pg = f"the server at IBEX_TEST_DATABASE_URL ({pg_url.rpartition('@')[2]}), own databases"
+    elif os.environ.get("IBEX_TEST_DATABASE_URL"):
+        pg = f"IBEX_TEST_DATABASE_URL does not answer ({pg_url.rpartition('@')[2]})"
+    else:
+        pg = "embedded (pgserver): nothing answers at 127.0.0.1:5432"
+    rd = (
+        "IBEX_TEST_REDIS_URL (that database is flushed)"
+        if os.environ.get("IBEX_TEST_REDIS_URL")
+        else "a private redis-server on a free port"
+    )
+    return [f"test servers: postgres {pg}; redis {rd}"]
+
+
+def pytest_terminal_summary(terminalreporter) -> None:  # type: ignore[no-untyped-def]
+    used = [s.describe() for s in (_SERVERS.postgres, _SERVERS.redis) if hasattr(s, "describe")]
+    if used:
+        terminalreporter.write_line("test servers used: " + "; ".join(used))
+
+
+def pytest_unconfigure(config: pytest.Config) -> None:
+    _SERVERS.close()
 
 
 @pytest.fixture(scope="session")
-def database_url() -> str:
-    """A freshly migrated database for this test run."""
-    from core.db import connect_params
+def postgres_server() -> RunPostgres:
+    """The run's Postgres server: create and drop databases of the run on it."""
+    return _SERVERS.pg()
+
+
+@pytest.fixture(scope="session")
+def database_url(postgres_server: RunPostgres) -> str:
+    """A freshly migrated database of this run."""
     from core.migrate import migrate
 
-    admin, name = _admin_url(TEST_DATABASE_URL)
-    try:
-        conn = psycopg2.connect(**connect_params(admin))  # type: ignore[arg-type]
-    except psycopg2.OperationalError as exc:
-        _unavailable("Postgres", exc)
-    conn.autocommit = True
-    with conn.cursor() as cur:
-        cur.execute(
-            "SELECT pg_terminate_backend(pid) FROM pg_stat_activity"
-            " WHERE datname = %s AND pid <> pg_backend_pid()",
-            (name,),
-        )
-        cur.execute(f'DROP DATABASE IF EXISTS "{name}"')
-        cur.execute(f'CREATE DATABASE "{name}"')
-    conn.close()
-    migrate(TEST_DATABASE_URL)
-    return TEST_DATABASE_URL
+    url = postgres_server.create()
+    migrate(url)
+    return url
 
 
 @pytest.fixture(scope="session")
@@ -112,14 +162,15 @@ def store(db):  # type: ignore[no-untyped-def]
     return SessionStore(db)
 
 
+@pytest.fixture(scope="session")
+def redis_server_url() -> str:
+    """The run's Redis, not flushed: for settings that name a Redis they never use."""
+    return _SERVERS.rd().url
+
+
 @pytest.fixture
 def redis_url() -> Iterator[str]:
-    import redis
-
-    client = redis.Redis.from_url(TEST_REDIS_URL)
-    try:
-        client.flushdb()
-    except redis.RedisError as exc:
-        _unavailable("Redis", exc)
-    yield TEST_REDIS_URL
-    client.close()
+    """The run's Redis database, emptied before the test."""
+    server = _SERVERS.rd()
+    server.flush()
+    yield server.url

@@ -2,7 +2,7 @@
 
 :class:`ChaosStack` starts, in process groups of their own:
 
-- a private ``redis-server`` (:class:`~tests.chaos.redis_server.PrivateRedis`);
+- a private ``redis-server`` (:class:`~tests.servers.PrivateRedis`);
 - the memory service under gunicorn (the Procfile ``web`` line, bound to loopback);
 - the fake OpenAI-compatible LLM (``python -m bench.common fake-llm``: rewording, seeded
   429/500 failures and garbage, runtime knobs at ``POST /control``, counters at ``GET /stats``);
@@ -40,8 +40,8 @@ from bench.common import database_name
 from core.db import connect_params
 from core.embedded import free_port
 from tests.chaos.proxy import FaultProxy
-from tests.chaos.redis_server import PrivateRedis
 from tests.integration.pipeline.test_e2e_workers import BIN, ROOT, _procfile, _spawn, _stop
+from tests.servers import PrivateRedis
 
 WORKER_APP = "ibex-worker"
 MEMORY_APP = "ibex-memory"

@@ -4,55 +4,14 @@ a small data set, each in its own process, checked for structure and invariants 
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
 from pathlib import Path
 from typing import Any
-from urllib.parse import urlparse, urlunparse
 
-import psycopg2
-import pytest
-import redis
-
-from tests.conftest import TEST_DATABASE_URL, TEST_REDIS_URL
+from tests.servers import RunPostgres
 
 ROOT = Path(__file__).resolve().parents[3]
-
-
-def _sibling(url: str, suffix: str) -> str:
-    parsed = urlparse(url)
-    return urlunparse(parsed._replace(path=f"{parsed.path}_{suffix}"))
-
-
-def _require_services() -> None:
-    from core.db import connect_params
-
-    admin = urlunparse(urlparse(TEST_DATABASE_URL)._replace(path="/postgres"))
-    try:
-        psycopg2.connect(**connect_params(admin)).close()
-        client = redis.Redis.from_url(TEST_REDIS_URL)
-        client.ping()
-        client.close()
-    except (psycopg2.OperationalError, redis.RedisError) as exc:
-        if os.environ.get("CI") == "true":
-            pytest.fail(f"Postgres or Redis unavailable: {exc}")
-        pytest.skip(f"Postgres or Redis unavailable: {exc}")
-
-
-def _drop(url: str) -> None:
-    """Drop a benchmark database once its test is over (each run creates it afresh)."""
-    from core.db import connect_params
-
-    name = urlparse(url).path.lstrip("/")
-    admin = urlunparse(urlparse(url)._replace(path="/postgres"))
-    conn = psycopg2.connect(**connect_params(admin))
-    conn.autocommit = True
-    try:
-        with conn.cursor() as cur:
-            cur.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
-    finally:
-        conn.close()
 
 
 def _run(module: str, *args: str, timeout: float) -> dict[str, Any]:
@@ -68,20 +27,21 @@ def _run(module: str, *args: str, timeout: float) -> dict[str, Any]:
     return json.loads(done.stdout)
 
 
-def test_pipeline_benchmark_tiny(tmp_path: Path) -> None:
-    _require_services()
-    url = _sibling(TEST_DATABASE_URL, "bench_smoke")
+def test_pipeline_benchmark_tiny(
+    tmp_path: Path, postgres_server: RunPostgres, redis_url: str
+) -> None:
+    url = postgres_server.create("bench_smoke")
     try:
         doc = _run(
             "bench.pipeline",
             "--scenario", "tiny",
             "--database-url", url,
-            "--redis-url", TEST_REDIS_URL,
+            "--redis-url", redis_url,
             "--log-dir", str(tmp_path),
             timeout=90,
         )  # fmt: skip
     finally:
-        _drop(url)
+        postgres_server.drop(url)
     assert set(doc) >= {"benchmark", "machine", "settings", "scenarios", "seconds"}
     (result,) = doc["scenarios"]
     scenario = result["scenario"]
@@ -108,14 +68,13 @@ def test_pipeline_benchmark_tiny(tmp_path: Path) -> None:
     assert result["ratios"]["pipeline_over_baseline"] > 0
 
 
-def test_scan_benchmark_small() -> None:
-    _require_services()
-    url = _sibling(TEST_DATABASE_URL, "bench_scan_smoke")
+def test_scan_benchmark_small(postgres_server: RunPostgres, redis_url: str) -> None:
+    url = postgres_server.create("bench_scan_smoke")
     try:
         doc = _run(
             "bench.scan",
             "--database-url", url,
-            "--redis-url", TEST_REDIS_URL,
+            "--redis-url", redis_url,
             "--sessions", "2000",
             "--pending-sessions", "25",
             "--turns", "2",
@@ -125,7 +84,7 @@ def test_scan_benchmark_small() -> None:
             timeout=60,
         )  # fmt: skip
     finally:
-        _drop(url)
+        postgres_server.drop(url)
     assert doc["data"]["pending_turns"] == 50
     (run,) = doc["runs"]
     assert run["turns_sent"] == 50

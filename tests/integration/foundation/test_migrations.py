@@ -11,6 +11,7 @@ import pytest
 from core.db import connect_params
 from core.errors import ConfigError
 from core.migrate import load_migrations, migrate
+from tests.servers import RunPostgres
 
 SNAPSHOT_QUERIES = (
     "SELECT table_schema, table_name, column_name, data_type, is_nullable, column_default"
@@ -42,19 +43,11 @@ def _snapshot(url: str) -> list[list[tuple]]:
 
 
 @pytest.fixture
-def empty_database(database_url: str):
-    """A brand-new empty database beside the test database, dropped afterwards."""
-    name = f"ibex_mig_{uuid.uuid4().hex[:8]}"
-    admin = database_url.rsplit("/", 1)[0] + "/postgres"
-    conn = psycopg2.connect(**connect_params(admin))
-    conn.autocommit = True
-    with conn.cursor() as cur:
-        cur.execute(f'CREATE DATABASE "{name}"')
-    url = database_url.rsplit("/", 1)[0] + "/" + name
+def empty_database(postgres_server: RunPostgres):
+    """A brand-new empty database of this run, dropped afterwards."""
+    url = postgres_server.create(f"mig_{uuid.uuid4().hex[:8]}")
     yield url
-    with conn.cursor() as cur:
-        cur.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
-    conn.close()
+    postgres_server.drop(url)
 
 
 def test_migrations_apply_to_empty_database_then_change_nothing(empty_database: str) -> None:

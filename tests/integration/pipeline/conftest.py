@@ -17,8 +17,8 @@ from tests.integration.pipeline.helpers import (
 
 
 @pytest.fixture
-def settings(database_url: str) -> Settings:
-    return pipeline_settings(database_url, "redis://127.0.0.1:6379/12")
+def settings(database_url: str, redis_server_url: str) -> Settings:
+    return pipeline_settings(database_url, redis_server_url)
 
 
 @pytest.fixture

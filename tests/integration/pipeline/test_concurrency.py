@@ -174,7 +174,7 @@ def _deliver_concurrently(
 )
 @given(seed=st.integers(0, 2**32 - 1), threads=st.integers(2, 4))
 def test_any_order_any_duplication_across_threads_converges_to_one_memory_per_slot(
-    seed: int, threads: int, store: Any, db: Any, database_url: str
+    seed: int, threads: int, store: Any, db: Any, database_url: str, redis_server_url: str
 ) -> None:
     truncate_all(db)
     rng = random.Random(seed)
@@ -182,7 +182,7 @@ def test_any_order_any_duplication_across_threads_converges_to_one_memory_per_sl
     memory = FakeMemoryService()
     deps = StageDeps(
         store=store,
-        settings=pipeline_settings(database_url, "redis://127.0.0.1:6379/12"),
+        settings=pipeline_settings(database_url, redis_server_url),
         provider=provider,
         memory=memory,
     )

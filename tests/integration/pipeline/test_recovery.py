@@ -162,13 +162,18 @@ def test_zero_memories_still_complete_the_turn(
 
 
 def test_the_scan_respects_the_per_agent_budget_and_pages_through_candidates(
-    store: Any, db: Any, database_url: str, provider: FakeProvider, memory: FakeMemoryService
+    store: Any,
+    db: Any,
+    database_url: str,
+    redis_server_url: str,
+    provider: FakeProvider,
+    memory: FakeMemoryService,
 ) -> None:
     from extraction.stages import StageDeps
     from tests.integration.pipeline.helpers import pipeline_settings
 
     settings = pipeline_settings(
-        database_url, "redis://127.0.0.1:6379/12", SCAN_MAX_TURNS_PER_AGENT="3", SCAN_BATCH_SIZE="2"
+        database_url, redis_server_url, SCAN_MAX_TURNS_PER_AGENT="3", SCAN_BATCH_SIZE="2"
     )
     deps = StageDeps(store=store, settings=settings, provider=provider, memory=memory)
     busy = [make_session(store, 4, agent="busy") for _ in range(3)]

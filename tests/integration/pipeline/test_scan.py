@@ -16,7 +16,8 @@ from tests.integration.pipeline.helpers import (
 
 
 def _deps(store: Any, database_url: str, provider: Any, memory: Any, **env: str) -> StageDeps:
-    settings = pipeline_settings(database_url, "redis://127.0.0.1:6379/12", **env)
+    # The scan stage sends nothing itself: the Redis URL is never used.
+    settings = pipeline_settings(database_url, "redis://unused.invalid:6379/0", **env)
     return StageDeps(store=store, settings=settings, provider=provider, memory=memory)
 
 
