@@ -14,6 +14,8 @@ Settings chosen on purpose (see NOTES-dramatiq):
   errors are in every actor's ``throws`` and never retried.
 - The time limit sits above the LLM and HTTP timeouts, so a slow call fails as a timeout (a
   clean retry) before Dramatiq's asynchronous interrupt would hit the thread.
+- The consumers are guarded (:mod:`actors.guard`): a payload the worker cannot run becomes a
+  dead letter, mirrored into Postgres, instead of crashing the consumer and its batch.
 """
 
 from __future__ import annotations

@@ -13,6 +13,8 @@
   ``ibex_core.dead_letters`` (payload, actor, queue, exception type and message, traceback,
   attempts, slot identity) and marks its turn ``failed`` with the reason, so the pointer of
   that session waits for an operator's replay.
+- :func:`mirror_malformed` records in the same table a payload the consumer could not even
+  decode into a message (see :mod:`actors.guard`), marked ``MalformedMessage`` with the reason.
 """
 
 from __future__ import annotations

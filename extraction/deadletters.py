@@ -17,6 +17,10 @@ Replay is atomic and happens once, however many operators run it at the same mom
    only enqueues if its ``ZREM`` removed the old id, so a second replay is a no-op.
 
 A message whose Redis copy was swept (the 7-day TTL) is replayed from the mirror's payload.
+
+A letter may hold anything (a producer's bug, a hand-made payload): reading never assumes its
+shape. One whose payload is not a runnable message (:func:`message_problem`) is marked
+``malformed`` with the reason; it can be listed, shown and purged, and replay refuses it.
 """
 
 from __future__ import annotations
