@@ -27,14 +27,15 @@ import dramatiq
 import redis
 from dramatiq.broker import MessageProxy
 from dramatiq.brokers.redis import RedisBroker, _RedisConsumer
-from dramatiq.common import compute_backoff, current_millis
+from dramatiq.common import compute_backoff, current_millis, q_name
 from dramatiq.errors import ConnectionClosed
 
 from extraction.deadletters import message_problem
 
 log = logging.getLogger(__name__)
 
-#: Called with (queue, redis message id, raw payload, reason) for every malformed message.
+#: Called with (queue, redis message id, raw payload, reason) for every malformed message; the
+#: queue is the canonical one (``extract`` for ``extract.DQ``), whose dead letters hold it.
 MalformedHook = Callable[[str, str, bytes, str], None]
 
 # Dramatiq's "fetch" (dispatch.lua) returning each id with its payload. KEYS: namespace.
@@ -128,7 +129,8 @@ class GuardedConsumer(_RedisConsumer):
         hook = self.broker.on_malformed
         if hook is not None:
             try:
-                hook(self.queue_name, redis_id, data, reason)
+                # A delay queue's dead letters live in its canonical queue's set.
+                hook(q_name(self.queue_name), redis_id, data, reason)
             except Exception:
                 log.exception("could not record malformed message %s", redis_id)
 

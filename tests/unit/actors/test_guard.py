@@ -134,3 +134,17 @@ def test_the_guarded_fetch_still_runs_dramatiqs_maintenance() -> None:
     assert proxy is not None and proxy.message_id == message.message_id
     assert proxy.options["redis_message_id"] == "r1"
     assert not client.exists("dramatiq:__acks__.dead-worker.q")
+
+
+def test_poison_in_a_delay_queue_lands_in_its_canonical_queues_dead_letters() -> None:
+    client = fakeredis.FakeRedis()
+    seen: list[tuple[str, str, bytes, str]] = []
+    broker = GuardedRedisBroker(
+        client=client, middleware=[], on_malformed=lambda *a: seen.append(a)
+    )
+    client.hset("dramatiq:q.DQ.msgs", "r1", b"nope")
+    client.rpush("dramatiq:q.DQ", "r1")
+    assert next(broker.consume("q.DQ", prefetch=2, timeout=10)) is None
+    assert [(q, rid) for q, rid, _, _ in seen] == [("q", "r1")]
+    assert client.zrange("dramatiq:q.XQ", 0, -1) == [b"r1"]
+    assert client.hget("dramatiq:q.XQ.msgs", "r1") == b"nope"
