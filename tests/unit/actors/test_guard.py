@@ -148,3 +148,13 @@ def test_poison_in_a_delay_queue_lands_in_its_canonical_queues_dead_letters() ->
     assert [(q, rid) for q, rid, _, _ in seen] == [("q", "r1")]
     assert client.zrange("dramatiq:q.XQ", 0, -1) == [b"r1"]
     assert client.hget("dramatiq:q.XQ.msgs", "r1") == b"nope"
+
+
+def test_the_envelope_check_knows_exactly_dramatiqs_message_fields() -> None:
+    """A Dramatiq upgrade that adds or drops a message field must fail here, not reject every
+    message in production."""
+    import dataclasses
+
+    from extraction.deadletters import _FIELDS
+
+    assert set(_FIELDS) == {f.name for f in dataclasses.fields(dramatiq.Message)}
