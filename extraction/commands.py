@@ -115,7 +115,7 @@ def _dlq_list(store: Any, args: argparse.Namespace) -> int:
     print(f"{'ID':<8} {'QUEUE':<8} {'ACTOR':<16} {'FAILED AT':<20} {'TRIES':>5}  SLOT / ERROR")
     for letter in letters:
         print(
-            f"{letter.ref[:8]:<8} {letter.queue:<8} {letter.actor:<16}"
+            f"{letter.ref[:8]:<8} {letter.queue:<8} {letter.actor or '?':<16}"
             f" {letter.failed_at.strftime('%Y-%m-%d %H:%M:%S'):<20} {letter.attempts:>5}"
             f"  {letter.slot}"
         )
