@@ -14,6 +14,8 @@ Settings chosen on purpose (see NOTES-dramatiq):
   errors are in every actor's ``throws`` and never retried.
 - The time limit sits above the LLM and HTTP timeouts, so a slow call fails as a timeout (a
   clean retry) before Dramatiq's asynchronous interrupt would hit the thread.
+- The consumers are guarded (:mod:`actors.guard`): a payload the worker cannot run becomes a
+  dead letter, mirrored into Postgres, instead of crashing the consumer and its batch.
 """
 
 from __future__ import annotations
@@ -131,7 +133,8 @@ def make_broker(
     """A broker for ``settings``: Redis from ``REDIS_URL`` (or ``client``, e.g. fakeredis), or a
     StubBroker for unit tests. The pipeline's own middleware is added unless
     ``extra_middleware`` replaces it."""
-    from actors.middleware import pipeline_middleware
+    from actors.guard import GuardedRedisBroker
+    from actors.middleware import mirror_malformed, pipeline_middleware
 
     middleware = base_middleware(settings)
     middleware.extend(pipeline_middleware() if extra_middleware is None else extra_middleware)
@@ -139,19 +142,22 @@ def make_broker(
     if stub:
         return StubBroker(middleware=middleware)
     middleware.extend(metrics_middleware(settings))
+    # A message the worker cannot run becomes a dead letter instead of crashing the consumer.
     if client is not None:
-        broker = RedisBroker(
+        broker = GuardedRedisBroker(
             client=client,
             middleware=middleware,
             heartbeat_timeout=HEARTBEAT_TIMEOUT_MS,
             maintenance_chance=MAINTENANCE_CHANCE,
+            on_malformed=mirror_malformed,
         )
     else:
-        broker = RedisBroker(
+        broker = GuardedRedisBroker(
             url=settings.redis_url,
             middleware=middleware,
             heartbeat_timeout=HEARTBEAT_TIMEOUT_MS,
             maintenance_chance=MAINTENANCE_CHANCE,
+            on_malformed=mirror_malformed,
         )
     return broker
 

@@ -13,12 +13,15 @@
   ``ibex_core.dead_letters`` (payload, actor, queue, exception type and message, traceback,
   attempts, slot identity) and marks its turn ``failed`` with the reason, so the pointer of
   that session waits for an operator's replay.
+- :func:`mirror_malformed` records in the same table a payload the consumer could not even
+  decode into a message (see :mod:`actors.guard`), marked ``MalformedMessage`` with the reason.
 """
 
 from __future__ import annotations
 
 import contextlib
 import inspect
+import json
 import logging
 import sys
 import threading
@@ -256,6 +259,45 @@ class DeadLetterMirror(Middleware):
             state.mark_failed(ref, f"{exc_type}: {exc_message}")
 
 
+def mirror_malformed(queue: str, redis_message_id: str, raw: bytes, reason: str) -> None:
+    """Record a message the consumer could not deliver (see :mod:`actors.guard`) in
+    ``ibex_core.dead_letters``, marked malformed with the reason. Its raw payload is kept as
+    it is when it is a JSON object, else as text under ``raw``."""
+    from extraction.deadletters import MALFORMED, raw_text
+
+    try:
+        decoded = json.loads(raw)
+    except (ValueError, TypeError):
+        decoded = None
+    fields = decoded if isinstance(decoded, dict) else {}
+    payload = fields if isinstance(decoded, dict) else {"raw": raw_text(raw)}
+    message_id, actor = fields.get("message_id"), fields.get("actor_name")
+    record = DeadLetterRecord(
+        redis_message_id=redis_message_id,
+        message_id=message_id if isinstance(message_id, str) and message_id else redis_message_id,
+        queue_name=queue,
+        actor_name=actor if isinstance(actor, str) else "",
+        payload=payload,
+        exception_type=MALFORMED,
+        exception_message=reason,
+        traceback=None,
+        attempts=1,
+    )
+    deps = _deps
+    if deps is None:
+        log.error(
+            "no database in this process: malformed message %s not mirrored", redis_message_id
+        )
+        return
+    db = deps.store.db
+    try:
+        deps.state.mirror_dead_letter(record)
+    finally:
+        # The consumer thread holds no message: give the pool its connection back at once.
+        if not db.is_closed() and not db.in_transaction():
+            db.close()
+
+
 def pipeline_middleware() -> list[Middleware]:
     """The pipeline's middleware in order; ``after_*`` hooks run in reverse, so the mirror
     writes before the connection is given back."""
@@ -270,6 +312,7 @@ __all__ = [
     "build_worker_deps",
     "current_deps",
     "install_deps",
+    "mirror_malformed",
     "pipeline_middleware",
     "pooled_database",
 ]

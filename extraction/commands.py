@@ -115,11 +115,14 @@ def _dlq_list(store: Any, args: argparse.Namespace) -> int:
     print(f"{'ID':<8} {'QUEUE':<8} {'ACTOR':<16} {'FAILED AT':<20} {'TRIES':>5}  SLOT / ERROR")
     for letter in letters:
         print(
-            f"{letter.ref[:8]:<8} {letter.queue:<8} {letter.actor:<16}"
+            f"{letter.ref[:8]:<8} {letter.queue:<8} {letter.actor or '?':<16}"
             f" {letter.failed_at.strftime('%Y-%m-%d %H:%M:%S'):<20} {letter.attempts:>5}"
             f"  {letter.slot}"
         )
-        print(f"{'':<8} {letter.exception_type or '?'}: {letter.exception_message or ''}")
+        if letter.malformed is not None:
+            print(f"{'':<8} MALFORMED (cannot be replayed): {letter.malformed}")
+        else:
+            print(f"{'':<8} {letter.exception_type or '?'}: {letter.exception_message or ''}")
     print(f"{len(letters)} dead letters")
     return EXIT_OK
 
@@ -149,6 +152,7 @@ def _dlq_show(store: Any, args: argparse.Namespace) -> int:
         "exception_message",
         "in_redis",
         "in_mirror",
+        "malformed",
     ):
         print(f"{key:>18}: {data[key]}")
     print("           payload:")
@@ -173,8 +177,13 @@ def _dlq_replay(store: Any, args: argparse.Namespace) -> int:
     progress.close()
     for ref in report.missing:
         print(f"ibex dlq replay: no dead letter {ref}", file=sys.stderr)
+    for ref, reason in report.refused:
+        print(
+            f"ibex dlq replay: {ref} is malformed ({reason}): not replayed; purge it",
+            file=sys.stderr,
+        )
     print(report.summary(dry_run=args.dry_run))
-    return EXIT_FAILURE if report.missing else EXIT_OK
+    return EXIT_FAILURE if report.missing or report.refused else EXIT_OK
 
 
 def _dlq_purge(store: Any, args: argparse.Namespace) -> int:

@@ -17,6 +17,10 @@ Replay is atomic and happens once, however many operators run it at the same mom
    only enqueues if its ``ZREM`` removed the old id, so a second replay is a no-op.
 
 A message whose Redis copy was swept (the 7-day TTL) is replayed from the mirror's payload.
+
+A letter may hold anything (a producer's bug, a hand-made payload): reading never assumes its
+shape. One whose payload is not a runnable message (:func:`message_problem`) is marked
+``malformed`` with the reason; it can be listed, shown and purged, and replay refuses it.
 """
 
 from __future__ import annotations
@@ -69,6 +73,8 @@ class DeadLetter:
     session_id: str | None = None
     turn_index: int | None = None
     ordinal: int | None = None
+    #: Why the payload is not a runnable message (it cannot be replayed), or None.
+    malformed: str | None = None
 
     @property
     def ref(self) -> str:
@@ -101,6 +107,7 @@ class DeadLetter:
             "exception_message": self.exception_message,
             "in_redis": self.in_redis,
             "in_mirror": self.mirror_id is not None,
+            "malformed": self.malformed,
         }
         if full:
             out["payload"] = self.payload
@@ -113,20 +120,27 @@ class ReplayReport:
     replayed: list[str] = field(default_factory=list)
     already: list[str] = field(default_factory=list)
     missing: list[str] = field(default_factory=list)
+    #: (ref, reason) of malformed letters, which are never sent again.
+    refused: list[tuple[str, str]] = field(default_factory=list)
 
     def summary(self, *, dry_run: bool = False) -> str:
         verb = "would replay" if dry_run else "replayed"
-        return (
+        text = (
             f"{verb} {len(self.replayed)}, already replayed {len(self.already)},"
             f" not found {len(self.missing)}"
         )
+        return text + (f", refused {len(self.refused)} malformed" if self.refused else "")
 
 
-def _identity(payload: dict[str, Any]) -> dict[str, Any]:
-    """The slot identity carried in a pipeline message's kwargs (or positional args)."""
-    kwargs = dict(payload.get("kwargs") or {})
+def _identity(payload: Any) -> dict[str, Any]:
+    """The slot identity carried in a pipeline message's kwargs (or positional args); None for
+    whatever a malformed payload does not carry."""
     names = ("org_id", "session_id", "turn_index", "ordinal")
-    for name, value in zip(names, payload.get("args") or [], strict=False):
+    payload = payload if isinstance(payload, dict) else {}
+    given_kwargs, given_args = payload.get("kwargs"), payload.get("args")
+    kwargs = dict(given_kwargs) if isinstance(given_kwargs, dict) else {}
+    args = given_args if isinstance(given_args, list) else []
+    for name, value in zip(names, args, strict=False):
         kwargs.setdefault(name, value)
     out: dict[str, Any] = {}
     for name in names:
@@ -136,6 +150,103 @@ def _identity(payload: dict[str, Any]) -> dict[str, Any]:
         else:
             out[name] = str(value) if isinstance(value, str) and value else None
     return out
+
+
+#: Malformed letters: what ``exception_type`` says in the mirror.
+MALFORMED = "MalformedMessage"
+
+_FIELDS: dict[str, tuple[type, ...]] = {
+    "queue_name": (str,),
+    "actor_name": (str,),
+    "message_id": (str,),
+    "message_timestamp": (int,),
+    "args": (list,),
+    "kwargs": (dict,),
+    "options": (dict,),
+}
+# Options that Dramatiq's worker and middleware read and compute with: a wrong type there
+# raises inside the worker (a dead worker thread, a message never acked), not in the actor.
+_NUMBER = (int, float)
+_OPTIONS: dict[str, tuple[type, ...]] = {
+    "redis_message_id": (str,),
+    "retries": (int,),
+    "max_retries": (int,),
+    "min_backoff": _NUMBER,
+    "max_backoff": _NUMBER,
+    "time_limit": _NUMBER,
+    "max_age": _NUMBER,
+    "delay": _NUMBER,
+    "eta": _NUMBER,
+    "requeue_timestamp": _NUMBER,
+    "traceback": (str,),
+    "on_success": (str,),
+    "on_failure": (str,),
+    "on_retry_exhausted": (str,),
+    "pipe_target": (dict,),
+    "pipe_ignore": (bool,),
+    "notify_shutdown": (bool,),
+    "ibex_invalid": (str,),
+}
+
+
+def _type_name(value: Any) -> str:
+    return "null" if value is None else type(value).__name__
+
+
+def _is(value: Any, types: tuple[type, ...]) -> bool:
+    # JSON booleans are Python ints: never accept one where a number is meant.
+    if isinstance(value, bool):
+        return bool in types
+    return isinstance(value, types)
+
+
+def message_problem(payload: Any, *, queue: str | None = None) -> str | None:
+    """Why a decoded payload is not a message the worker can run safely, or None.
+
+    Checks the envelope only (fields and the options Dramatiq computes with); whether the
+    arguments bind to the actor and pass validation is the worker's job. With ``queue``, the
+    message must also name the queue it was fetched from (the worker routes its ack by it)."""
+    if not isinstance(payload, dict):
+        return f"the message is a JSON {_type_name(payload)}, not an object"
+    for name, types in _FIELDS.items():
+        if name not in payload:
+            return f"the message has no {name}"
+        if not _is(payload[name], types):
+            return f"{name} is a {_type_name(payload[name])}"
+    for name in ("queue_name", "actor_name", "message_id"):
+        if not payload[name]:
+            return f"{name} is empty"
+    extra = sorted(set(payload) - set(_FIELDS))
+    if extra:
+        return f"unexpected field {extra[0]!r}"
+    if queue is not None and payload["queue_name"] != queue:
+        return f"queue_name {payload['queue_name']!r} is not the queue it was sent to ({queue})"
+    options = payload["options"]
+    if options.get("throws") is not None:
+        return "option throws cannot be given in a message"
+    for name, types in _OPTIONS.items():
+        value = options.get(name)
+        if value is not None and not _is(value, types):
+            return f"option {name} is a {_type_name(value)}"
+    for name in ("retries", "max_retries"):
+        if options.get(name) is not None and options[name] < 0:
+            return f"option {name} is negative"
+    return None
+
+
+def decode_problem(raw: bytes | str) -> tuple[Any, str | None]:
+    """``raw`` decoded as JSON and why it is not a runnable message (None when it is)."""
+    try:
+        payload = json.loads(raw)
+    except (ValueError, TypeError) as exc:
+        return None, f"not valid JSON: {exc}"
+    return payload, message_problem(payload)
+
+
+def raw_text(raw: bytes | str, limit: int = 65536) -> str:
+    """A malformed payload as text Postgres can store (jsonb holds no NUL), cut at ``limit``."""
+    text = raw.decode("utf-8", errors="replace") if isinstance(raw, bytes) else str(raw)
+    return text.replace("\x00", "\ufffd")[:limit]
 
 
 def canonical_queue(name: str) -> str:
@@ -224,7 +335,8 @@ class DeadLetterStore:
             ordinal,
         ) = row
         if isinstance(payload, str):
-            payload = json.loads(payload)
+            payload, _ = decode_problem(payload)
+        malformed = emsg or MALFORMED if etype == MALFORMED else message_problem(payload)
         return DeadLetter(
             redis_message_id=rid,
             message_id=msg_id,
@@ -242,28 +354,49 @@ class DeadLetterStore:
             session_id=str(session) if session else None,
             turn_index=turn,
             ordinal=ordinal,
+            malformed=malformed,
         )
 
     def _from_redis(self, queue: str, redis_id: str, score: float, raw: bytes) -> DeadLetter:
-        payload = json.loads(raw)
-        options = payload.get("options") or {}
-        identity = _identity(payload)
+        decoded, malformed = decode_problem(raw)
+        if malformed is not None:
+            # Whatever it holds, show it as it is: the fields are read only where they are
+            # of the right type.
+            fields = decoded if isinstance(decoded, dict) else {}
+            payload = fields if isinstance(decoded, dict) else {"raw": raw_text(raw)}
+            message_id, actor = fields.get("message_id"), fields.get("actor_name")
+            return DeadLetter(
+                redis_message_id=redis_id,
+                message_id=message_id if isinstance(message_id, str) else "",
+                queue=queue,
+                actor=actor if isinstance(actor, str) else "",
+                payload=payload,
+                failed_at=dt.datetime.fromtimestamp(score / 1000, tz=dt.UTC),
+                attempts=1,
+                exception_type=MALFORMED,
+                exception_message=malformed,
+                in_redis=True,
+                malformed=malformed,
+                **_identity(fields),
+            )
+        payload = decoded
+        options = payload["options"]
         tb = options.get("traceback")
         last_line = tb.strip().splitlines()[-1] if isinstance(tb, str) and tb.strip() else None
         etype, _, emsg = (last_line or "").partition(": ")
         return DeadLetter(
             redis_message_id=redis_id,
-            message_id=str(payload.get("message_id", "")),
+            message_id=payload["message_id"],
             queue=queue,
-            actor=str(payload.get("actor_name", "")),
+            actor=payload["actor_name"],
             payload=payload,
             failed_at=dt.datetime.fromtimestamp(score / 1000, tz=dt.UTC),
-            attempts=int(options.get("retries", 0)) + 1,
+            attempts=int(options.get("retries") or 0) + 1,
             exception_type=etype or None,
             exception_message=emsg or None,
             traceback=tb,
             in_redis=True,
-            **identity,
+            **_identity(payload),
         )
 
     def _redis_entries(self, queue: str) -> list[tuple[str, float, bytes]]:
@@ -325,6 +458,8 @@ class DeadLetterStore:
             found = by_any.get(ref)
             if found is None:
                 (report.already if self._was_replayed(ref) else report.missing).append(ref)
+            elif found.malformed is not None:
+                report.refused.append((found.ref, found.malformed))
             elif dry_run or self._replay_one(found):
                 report.replayed.append(found.ref)
             else:
@@ -346,8 +481,11 @@ class DeadLetterStore:
         new_id = str(uuid.uuid4())
         if letter.mirror_id is not None and not self._claim(letter, new_id):
             return False
-        raw = self.redis.hget(self._xq(letter.queue) + ".msgs", letter.redis_message_id)
-        payload = json.loads(raw) if raw is not None else letter.payload
+        raw: Any = self.redis.hget(self._xq(letter.queue) + ".msgs", letter.redis_message_id)
+        payload = letter.payload
+        if raw is not None:
+            decoded, problem = decode_problem(raw)
+            payload = decoded if problem is None else payload
         fresh = fresh_payload(payload, new_id, int(time.time() * 1000))
         queue = fresh["queue_name"]
         moved = self._move(

@@ -1,0 +1,160 @@
+"""The guarded Redis consumer on fakeredis[lua]: every payload is checked before Dramatiq sees
+it; a bad one goes to the dead letters with its reason and the rest of the batch is
+delivered. Also the envelope check itself (``message_problem``), payload by payload."""
+
+from __future__ import annotations
+
+import json
+import uuid
+from typing import Any
+
+import dramatiq
+import fakeredis
+import pytest
+
+from actors.guard import GuardedRedisBroker
+from extraction.deadletters import decode_problem, message_problem
+
+
+def envelope(**overrides: Any) -> dict[str, Any]:
+    fields: dict[str, Any] = {
+        "queue_name": "q",
+        "actor_name": "a",
+        "message_id": "m",
+        "message_timestamp": 1,
+        "args": [],
+        "kwargs": {},
+        "options": {"redis_message_id": "r", "retries": 2, "eta": 1.5, "traceback": "t"},
+    }
+    fields.update(overrides)
+    return fields
+
+
+def test_a_message_dramatiq_itself_encodes_has_no_problem() -> None:
+    message: dramatiq.Message[Any] = dramatiq.Message(
+        queue_name="q", actor_name="a", args=(1,), kwargs={"x": 2}, options={"retries": 0}
+    )
+    payload, problem = decode_problem(message.encode())
+    assert problem is None and payload["message_id"] == message.message_id
+    assert message_problem(envelope(), queue="q") is None
+
+
+@pytest.mark.parametrize(
+    ("payload", "reason"),
+    [
+        ([1], "the message is a JSON list, not an object"),
+        (None, "the message is a JSON null, not an object"),
+        (
+            {k: v for k, v in envelope().items() if k != "message_id"},
+            "the message has no message_id",
+        ),
+        (envelope(actor_name=3), "actor_name is a int"),
+        (envelope(actor_name=""), "actor_name is empty"),
+        (envelope(message_timestamp=True), "message_timestamp is a bool"),
+        (envelope(message_timestamp="1"), "message_timestamp is a str"),
+        (envelope(kwargs=[]), "kwargs is a list"),
+        (envelope(options="x"), "options is a str"),
+        ({**envelope(), "extra": 1}, "unexpected field 'extra'"),
+        (envelope(options={"retries": "3"}), "option retries is a str"),
+        (envelope(options={"retries": -1}), "option retries is negative"),
+        (envelope(options={"max_retries": 1.5}), "option max_retries is a float"),
+        (envelope(options={"eta": "soon"}), "option eta is a str"),
+        (envelope(options={"time_limit": False}), "option time_limit is a bool"),
+        (envelope(options={"throws": "ValueError"}), "option throws cannot be given in a message"),
+        (envelope(options={"pipe_target": "x"}), "option pipe_target is a str"),
+    ],
+)
+def test_each_malformed_envelope_is_named(payload: Any, reason: str) -> None:
+    assert message_problem(payload) == reason
+
+
+def test_a_message_for_another_queue_is_malformed_where_it_was_fetched() -> None:
+    assert message_problem(envelope(queue_name="write")) is None
+    assert message_problem(envelope(queue_name="write"), queue="extract") == (
+        "queue_name 'write' is not the queue it was sent to (extract)"
+    )
+
+
+def test_invalid_json_and_bytes_are_named() -> None:
+    assert (decode_problem(b"{oops")[1] or "").startswith("not valid JSON: Expecting")
+    assert (decode_problem(b"\xff\xfe")[1] or "").startswith("not valid JSON")
+
+
+def test_the_consumer_dead_letters_poison_and_delivers_the_rest_of_its_batch() -> None:
+    client = fakeredis.FakeRedis()
+    seen: list[tuple[str, str, bytes, str]] = []
+    broker = GuardedRedisBroker(
+        client=client, middleware=[], on_malformed=lambda *a: seen.append(a)
+    )
+    good = [
+        dramatiq.Message(queue_name="q", actor_name="a", args=(i,), kwargs={}, options={})
+        for i in range(3)
+    ]
+    # The payload names a stale id: ack and nack go by the id it was fetched under.
+    good[1] = good[1].copy(options={"redis_message_id": "stale"})
+    raws = [b"{oops", good[0].encode(), json.dumps(envelope(options="x")).encode()]
+    raws += [good[1].encode(), b"", good[2].encode()]
+    ids = [str(uuid.uuid4()) for _ in raws]
+    for redis_id, raw in zip(ids, raws, strict=True):
+        client.hset("dramatiq:q.msgs", redis_id, raw)
+        client.rpush("dramatiq:q", redis_id)
+    consumer = broker.consume("q", prefetch=10, timeout=10)
+    delivered = []
+    for _ in range(10):
+        proxy = next(consumer)
+        if proxy is None:
+            break
+        delivered.append(proxy)
+    assert [p.args for p in delivered] == [(0,), (1,), (2,)]
+    assert [p.options["redis_message_id"] for p in delivered] == [ids[1], ids[3], ids[5]]
+    assert [(q, rid, reason.split(":")[0]) for q, rid, _, reason in seen] == [
+        ("q", ids[0], "not valid JSON"),
+        ("q", ids[2], "options is a str"),
+    ]
+    assert set(client.zrange("dramatiq:q.XQ", 0, -1)) == {ids[0].encode(), ids[2].encode()}
+    assert client.hget("dramatiq:q.XQ.msgs", ids[0]) == b"{oops"
+    for proxy in delivered:
+        consumer.ack(proxy)
+    assert client.scard(f"dramatiq:__acks__.{broker.broker_id}.q") == 0
+    assert client.hlen("dramatiq:q.msgs") == 0 and client.llen("dramatiq:q") == 0
+
+
+def test_the_guarded_fetch_still_runs_dramatiqs_maintenance() -> None:
+    """A dead worker's in-flight message comes back through Dramatiq's own maintenance."""
+    client = fakeredis.FakeRedis()
+    broker = GuardedRedisBroker(client=client, middleware=[], maintenance_chance=1_000_000)
+    message: dramatiq.Message[Any] = dramatiq.Message(
+        queue_name="q", actor_name="a", args=(), kwargs={}, options={}
+    )
+    client.hset("dramatiq:q.msgs", "r1", message.encode())
+    client.sadd("dramatiq:__acks__.dead-worker.q", "r1")
+    client.zadd("dramatiq:__heartbeats__", {"dead-worker": 1})
+    consumer = broker.consume("q", prefetch=1, timeout=10)
+    proxy = next(consumer)
+    assert proxy is not None and proxy.message_id == message.message_id
+    assert proxy.options["redis_message_id"] == "r1"
+    assert not client.exists("dramatiq:__acks__.dead-worker.q")
+
+
+def test_poison_in_a_delay_queue_lands_in_its_canonical_queues_dead_letters() -> None:
+    client = fakeredis.FakeRedis()
+    seen: list[tuple[str, str, bytes, str]] = []
+    broker = GuardedRedisBroker(
+        client=client, middleware=[], on_malformed=lambda *a: seen.append(a)
+    )
+    client.hset("dramatiq:q.DQ.msgs", "r1", b"nope")
+    client.rpush("dramatiq:q.DQ", "r1")
+    assert next(broker.consume("q.DQ", prefetch=2, timeout=10)) is None
+    assert [(q, rid) for q, rid, _, _ in seen] == [("q", "r1")]
+    assert client.zrange("dramatiq:q.XQ", 0, -1) == [b"r1"]
+    assert client.hget("dramatiq:q.XQ.msgs", "r1") == b"nope"
+
+
+def test_the_envelope_check_knows_exactly_dramatiqs_message_fields() -> None:
+    """A Dramatiq upgrade that adds or drops a message field must fail here, not reject every
+    message in production."""
+    import dataclasses
+
+    from extraction.deadletters import _FIELDS
+
+    assert set(_FIELDS) == {f.name for f in dataclasses.fields(dramatiq.Message)}
