@@ -37,6 +37,7 @@ from memory_service.store import MemoryRow, MemoryStore, NewMemory, Outcome
 from memory_service.validation import quick_load_create
 from schema import describe_errors
 from schema.memory import (
+    MAX_CURSOR_CHARS,
     MAX_IDEMPOTENCY_KEY_CHARS,
     MemoryCreateSchema,
     MemoryListQuerySchema,
@@ -329,8 +330,9 @@ class MemoriesResource:
 
     def on_get(self, req: falcon.Request, resp: falcon.Response) -> None:
         _, org_id = _principal(self.service, req, READ)
+        # The cursor first: a malformed one is a 400 of its own, whatever else is wrong.
+        after = decode_cursor(req.params["cursor"]) if "cursor" in req.params else None
         query = _load(LIST_QUERY_SCHEMA, dict(req.params))
-        after = decode_cursor(query["cursor"]) if "cursor" in query else None
         limit = query["limit"]
         rows = self.service.store.list(
             org_id,
@@ -370,16 +372,32 @@ def encode_cursor(row: MemoryRow) -> str:
     return base64.urlsafe_b64encode(raw).decode("ascii").rstrip("=")
 
 
-def decode_cursor(cursor: str) -> tuple[dt.datetime, uuid.UUID]:
+def _cursor_error() -> ApiError:
+    return ApiError(
+        400,
+        "INVALID_CURSOR",
+        "cursor: not a cursor this service issued",
+        fields={"cursor": ["not a cursor this service issued"]},
+    )
+
+
+def decode_cursor(cursor: Any) -> tuple[dt.datetime, uuid.UUID]:
+    """The (created_at, id) in a cursor from :func:`encode_cursor`; anything else, whatever its
+    shape (a repeated parameter, not base64, base64 of something else, a timestamp out of
+    range, too long), is a 400. Only a cursor that encodes back to itself is accepted."""
+    if not isinstance(cursor, str) or not 0 < len(cursor) <= MAX_CURSOR_CHARS:
+        raise _cursor_error()
     try:
         raw = base64.urlsafe_b64decode(cursor + "=" * (-len(cursor) % 4)).decode("ascii")
         when, _, ident = raw.partition("|")
         created_at = dt.datetime.fromisoformat(when)
-        if created_at.tzinfo is None:
-            raise ValueError("naive timestamp")
-        return created_at, uuid.UUID(ident)
-    except (binascii.Error, ValueError, UnicodeDecodeError):
-        raise _validation_error({"cursor": ["not a cursor this service issued"]}) from None
+        memory_id = uuid.UUID(ident)
+        canonical = f"{created_at.astimezone(dt.UTC).isoformat()}|{memory_id}"
+    except (binascii.Error, ValueError, UnicodeError, OverflowError):
+        raise _cursor_error() from None
+    if created_at.tzinfo is None or raw != canonical:
+        raise _cursor_error()
+    return created_at, memory_id
 
 
 class HealthResource:
