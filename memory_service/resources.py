@@ -135,7 +135,12 @@ def read_body(req: falcon.Request, limit: int) -> bytes:
     # wsgi.input_terminated, and only then may the raw stream be read to its end.
     terminated = length is None and req.env.get("wsgi.input_terminated")
     stream = req.stream if terminated else req.bounded_stream
-    raw: bytes = stream.read(limit + 1)
+    try:
+        raw: bytes = stream.read(limit + 1)
+    except Exception as exc:
+        # The WSGI server's own error for a body it cannot decode (a broken chunk, a client
+        # gone mid-body): the client's mistake, whatever server raised it.
+        raise ApiError(400, "BAD_REQUEST", f"the body could not be read: {exc}") from None
     if len(raw) > limit:
         raise ApiError(413, "BODY_TOO_LARGE", f"the body must be at most {limit} bytes")
     return raw
