@@ -41,6 +41,7 @@ DEFAULTS: dict[str, str | None] = {
     "IDEMPOTENCY_TTL_SECONDS": "86400",
     "IDEMPOTENCY_LEASE_SECONDS": "30",
     "MEMORY_MAX_BODY_BYTES": "65536",
+    "WEB_REQUEST_TIMEOUT_SECONDS": "10",
     "PROMETHEUS_MULTIPROC_DIR": None,  # unset: each web process serves its own metrics
     "HTTP_TIMEOUT_SECONDS": "30",
     "METRICS_PORT": None,  # unset: the worker exposes no metrics
@@ -96,6 +97,7 @@ class Settings:
     idempotency_ttl_seconds: int
     idempotency_lease_seconds: int
     memory_max_body_bytes: int
+    web_request_timeout_seconds: int
     prometheus_multiproc_dir: str | None
     http_timeout_seconds: int
     metrics_port: int | None
@@ -148,6 +150,7 @@ class Settings:
             idempotency_ttl_seconds=_int(env, "IDEMPOTENCY_TTL_SECONDS", 1),
             idempotency_lease_seconds=_int(env, "IDEMPOTENCY_LEASE_SECONDS", 1),
             memory_max_body_bytes=_int(env, "MEMORY_MAX_BODY_BYTES", 1024),
+            web_request_timeout_seconds=_int(env, "WEB_REQUEST_TIMEOUT_SECONDS", 1),
             prometheus_multiproc_dir=_str(env, "PROMETHEUS_MULTIPROC_DIR"),
             http_timeout_seconds=_int(env, "HTTP_TIMEOUT_SECONDS", 1),
             metrics_port=_int(env, "METRICS_PORT", 1) if _str(env, "METRICS_PORT") else None,

@@ -111,9 +111,8 @@ def require_scope(principal: Principal, scope: str) -> None:
 
 def resolve_org(principal: Principal, header: str | None) -> uuid.UUID:
     """The org a request acts for: a service token names it in ``X-IBEX-Org-ID``; an org
-    token acts for its own org, and naming another one is forbidden."""
-    if header is not None and header.strip() == "":
-        header = None
+    token acts for its own org, and naming another one is forbidden. A header that is present
+    but empty is malformed, not absent."""
     named: uuid.UUID | None = None
     if header is not None:
         try:

@@ -58,7 +58,8 @@ def _with_org_errors(responses: dict[str, Any]) -> dict[str, Any]:
     responses.setdefault(
         "400",
         _error(
-            "Malformed X-IBEX-Org-ID (INVALID_HEADER) or none with a service token (ORG_REQUIRED)."
+            "Malformed or empty X-IBEX-Org-ID (INVALID_HEADER) or none with a service token "
+            "(ORG_REQUIRED)."
         ),
     )
     return {**responses, **AUTH_ERRORS, **COMMON_ERRORS}
@@ -172,6 +173,11 @@ def build_spec(max_body_bytes: int) -> dict[str, Any]:
                             "description": "One page.",
                             "content": {"application/json": {"schema": "MemoryPage"}},
                         },
+                        "400": _error(
+                            "A cursor this service did not issue (INVALID_CURSOR), or a "
+                            "malformed X-IBEX-Org-ID (INVALID_HEADER) or none with a service "
+                            "token (ORG_REQUIRED)."
+                        ),
                         "422": _error("Invalid query parameter (VALIDATION_FAILED)."),
                     }
                 ),

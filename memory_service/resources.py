@@ -37,6 +37,7 @@ from memory_service.store import MemoryRow, MemoryStore, NewMemory, Outcome
 from memory_service.validation import quick_load_create
 from schema import describe_errors
 from schema.memory import (
+    MAX_CURSOR_CHARS,
     MAX_IDEMPOTENCY_KEY_CHARS,
     MemoryCreateSchema,
     MemoryListQuerySchema,
@@ -134,7 +135,12 @@ def read_body(req: falcon.Request, limit: int) -> bytes:
     # wsgi.input_terminated, and only then may the raw stream be read to its end.
     terminated = length is None and req.env.get("wsgi.input_terminated")
     stream = req.stream if terminated else req.bounded_stream
-    raw: bytes = stream.read(limit + 1)
+    try:
+        raw: bytes = stream.read(limit + 1)
+    except Exception as exc:
+        # The WSGI server's own error for a body it cannot decode (a broken chunk, a client
+        # gone mid-body): the client's mistake, whatever server raised it.
+        raise ApiError(400, "BAD_REQUEST", f"the body could not be read: {exc}") from None
     if len(raw) > limit:
         raise ApiError(413, "BODY_TOO_LARGE", f"the body must be at most {limit} bytes")
     return raw
@@ -329,8 +335,9 @@ class MemoriesResource:
 
     def on_get(self, req: falcon.Request, resp: falcon.Response) -> None:
         _, org_id = _principal(self.service, req, READ)
+        # The cursor first: a malformed one is a 400 of its own, whatever else is wrong.
+        after = decode_cursor(req.params["cursor"]) if "cursor" in req.params else None
         query = _load(LIST_QUERY_SCHEMA, dict(req.params))
-        after = decode_cursor(query["cursor"]) if "cursor" in query else None
         limit = query["limit"]
         rows = self.service.store.list(
             org_id,
@@ -370,16 +377,32 @@ def encode_cursor(row: MemoryRow) -> str:
     return base64.urlsafe_b64encode(raw).decode("ascii").rstrip("=")
 
 
-def decode_cursor(cursor: str) -> tuple[dt.datetime, uuid.UUID]:
+def _cursor_error() -> ApiError:
+    return ApiError(
+        400,
+        "INVALID_CURSOR",
+        "cursor: not a cursor this service issued",
+        fields={"cursor": ["not a cursor this service issued"]},
+    )
+
+
+def decode_cursor(cursor: Any) -> tuple[dt.datetime, uuid.UUID]:
+    """The (created_at, id) in a cursor from :func:`encode_cursor`; anything else, whatever its
+    shape (a repeated parameter, not base64, base64 of something else, a timestamp out of
+    range, too long), is a 400. Only a cursor that encodes back to itself is accepted."""
+    if not isinstance(cursor, str) or not 0 < len(cursor) <= MAX_CURSOR_CHARS:
+        raise _cursor_error()
     try:
         raw = base64.urlsafe_b64decode(cursor + "=" * (-len(cursor) % 4)).decode("ascii")
         when, _, ident = raw.partition("|")
         created_at = dt.datetime.fromisoformat(when)
-        if created_at.tzinfo is None:
-            raise ValueError("naive timestamp")
-        return created_at, uuid.UUID(ident)
-    except (binascii.Error, ValueError, UnicodeDecodeError):
-        raise _validation_error({"cursor": ["not a cursor this service issued"]}) from None
+        memory_id = uuid.UUID(ident)
+        canonical = f"{created_at.astimezone(dt.UTC).isoformat()}|{memory_id}"
+    except (binascii.Error, ValueError, UnicodeError, OverflowError):
+        raise _cursor_error() from None
+    if created_at.tzinfo is None or raw != canonical:
+        raise _cursor_error()
+    return created_at, memory_id
 
 
 class HealthResource:

@@ -22,6 +22,7 @@ MAX_METADATA_DEPTH = 16
 MAX_IDEMPOTENCY_KEY_CHARS = 255
 DEFAULT_PAGE_SIZE = 50
 MAX_PAGE_SIZE = 200
+MAX_CURSOR_CHARS = 512
 
 #: Every error code the service answers with; documented in the OpenAPI error schema.
 ERROR_CODES = (
@@ -38,7 +39,13 @@ ERROR_CODES = (
     "DUPLICATE_CONTENT",
     "BODY_TOO_LARGE",
     "VALIDATION_FAILED",
+    "INVALID_CURSOR",
     "BAD_REQUEST",
+    "URI_TOO_LONG",
+    "HEADERS_TOO_LARGE",
+    "REQUEST_TIMEOUT",
+    "EXPECTATION_FAILED",
+    "FORBIDDEN",
     "INTERNAL_ERROR",
     "UNAVAILABLE",
 )
@@ -176,7 +183,7 @@ class MemoryListQuerySchema(Schema):
         load_default=DEFAULT_PAGE_SIZE, validate=validate.Range(min=1, max=MAX_PAGE_SIZE)
     )
     cursor = fields.String(
-        validate=validate.Length(min=1, max=512),
+        validate=validate.Length(min=1, max=MAX_CURSOR_CHARS),
         metadata={"description": "Opaque; the `next_cursor` of the previous page."},
     )
 

@@ -123,3 +123,16 @@ def test_service_token_acts_for_the_org_it_names(
     )
     assert (crossed.status_code, list(crossed.json()["error"]["fields"])) == (422, ["agent_id"])
     assert memory_count(db) == 2
+
+
+def test_an_empty_org_header_is_malformed_not_absent(http: httpx.Client, acme: Tenant, db) -> None:
+    """An org token with ``X-IBEX-Org-ID:`` (empty) is refused, not read as "my own org"; a
+    service token gets the same answer, not ORG_REQUIRED."""
+    service, _ = make_token(db, None, ["memory:read", "memory:write"])
+    for token in (acme.writer, service):
+        headers = {"Authorization": f"Bearer {token}", "X-IBEX-Org-ID": ""}
+        posted = http.post("/v1/memories", json=memory_body(acme.agent_id), headers=headers)
+        assert (posted.status_code, error_code(posted)) == (400, "INVALID_HEADER")
+        listed = http.get("/v1/memories", headers={**headers, "X-IBEX-Org-ID": "  "})
+        assert (listed.status_code, error_code(listed)) == (400, "INVALID_HEADER")
+    assert memory_count(db) == 0

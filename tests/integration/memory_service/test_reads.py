@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import base64
 import uuid
 
 import httpx
@@ -66,8 +67,6 @@ def test_filters(http: httpx.Client, acme: Tenant, store) -> None:
         {"limit": "201"},
         {"limit": "many"},
         {"agent_id": "x"},
-        {"cursor": "%%%"},
-        {"cursor": "bm90IGEgY3Vyc29y"},
         {"colour": "red"},
     ],
 )
@@ -76,6 +75,60 @@ def test_bad_query_is_422(http: httpx.Client, acme: Tenant, params: dict[str, st
     assert response.status_code == 422
     assert response.json()["error"]["code"] == "VALIDATION_FAILED"
     assert set(response.json()["error"]["fields"]) == set(params)
+
+
+def _b64(text: str | bytes) -> str:
+    raw = text.encode() if isinstance(text, str) else text
+    return base64.urlsafe_b64encode(raw).decode().rstrip("=")
+
+
+SOME_ID = "8b9f2a52-3f57-4bd1-9c1e-2c1a8f0d6b11"
+MALFORMED_CURSORS = [
+    "%%%",  # not base64 at all
+    "a",  # base64 of an impossible length
+    "====",
+    "é",  # not ASCII
+    _b64("not a cursor"),  # valid base64 of garbage
+    _b64(b"\xff\xfe\x00"),  # not text
+    _b64("2024-01-01T00:00:00+00:00"),  # no id
+    _b64("2024-01-01T00:00:00+00:00|not-a-uuid"),
+    _b64(f"2024-01-01T00:00:00|{SOME_ID}"),  # naive timestamp
+    _b64(f"|{SOME_ID}"),
+    _b64(f"2024-01-01T00:00:00+00:00|{SOME_ID}\x00"),
+    _b64(f"0001-01-01T00:00:00+14:00|{SOME_ID}"),  # before year 1 in UTC
+    _b64(f"9999-12-31T23:59:59-14:00|{SOME_ID}"),  # after year 9999 in UTC
+    _b64(f"2024-01-01T00:00:00+23:59:59.999999|{SOME_ID}"),  # an odd offset
+    _b64(f"12345|{SOME_ID}"),
+    _b64("[1, 2]"),
+    _b64(f"2024-01-01T00:00:00+00:00|{SOME_ID}|extra"),
+    _b64(f"2024-01-01T00:00:00+00:00|{SOME_ID}") + "x" * 600,  # huge
+    "A" * 6000,  # huge base64 of zeros
+]
+
+
+@pytest.mark.parametrize("cursor", MALFORMED_CURSORS)
+def test_malformed_cursor_is_400(http: httpx.Client, acme: Tenant, cursor: str) -> None:
+    response = http.get("/v1/memories", params={"cursor": cursor}, headers=acme.headers())
+    assert response.status_code == 400, response.text
+    error = response.json()["error"]
+    assert error["code"] == "INVALID_CURSOR"
+    assert set(error["fields"]) == {"cursor"}
+
+
+def test_a_repeated_cursor_is_400(http: httpx.Client, acme: Tenant) -> None:
+    (memory_id,) = seed(http, acme, 2, uuid.uuid4())[:1]
+    first = http.get("/v1/memories", params={"limit": "1"}, headers=acme.headers()).json()
+    cursor = first["next_cursor"]
+    assert cursor
+    response = http.get(
+        "/v1/memories", params=[("cursor", cursor), ("cursor", cursor)], headers=acme.headers()
+    )
+    assert response.status_code == 400
+    assert response.json()["error"]["code"] == "INVALID_CURSOR"
+    # The same cursor once is a good one.
+    again = http.get("/v1/memories", params={"cursor": cursor}, headers=acme.headers())
+    assert again.status_code == 200
+    assert [item["id"] for item in again.json()["items"]] == [memory_id]
 
 
 def test_limit_default_and_maximum(http: httpx.Client, acme: Tenant) -> None:

@@ -112,7 +112,10 @@ def test_org_resolution() -> None:
         (org_token, str(OTHER), (403, "FORBIDDEN_ORG")),
         (org_token, "acme", (400, "INVALID_HEADER")),
         (service, None, (400, "ORG_REQUIRED")),
-        (service, " ", (400, "ORG_REQUIRED")),
+        # Present but empty is malformed, not absent, for either kind of token.
+        (service, "", (400, "INVALID_HEADER")),
+        (service, " ", (400, "INVALID_HEADER")),
+        (org_token, "", (400, "INVALID_HEADER")),
         (service, "nope", (400, "INVALID_HEADER")),
     ]:
         with pytest.raises(AuthError) as info:

@@ -1,0 +1,279 @@
+"""The memory service as the Procfile ``web`` line runs it: a real gunicorn on a free loopback
+port. What only the server sees: requests it cannot parse or that break its limits (answered in
+the JSON error format, 4xx, never gunicorn's HTML page), and clients that stall mid-request
+(they must not hold up health checks and writes)."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+import uuid
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+
+from tests.integration.memory_service.helpers import Tenant, make_tenant, memory_body
+
+ROOT = Path(__file__).resolve().parents[3]
+BIN = Path(sys.executable).parent
+#: A short request deadline, so the test of it is quick; the default is 10 s.
+REQUEST_TIMEOUT_SECONDS = 3
+
+
+@dataclass(frozen=True)
+class Web:
+    port: int
+    url: str
+    log: Path
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def _web_line() -> str:
+    for line in (ROOT / "Procfile").read_text().splitlines():
+        if line.startswith("web:"):
+            return line.split(":", 1)[1].strip().replace("--bind 0.0.0.0:", "--bind 127.0.0.1:")
+    raise AssertionError("no web line in the Procfile")
+
+
+@pytest.fixture
+def web(database_url: str, redis_url: str, tmp_path: Path) -> Iterator[Web]:
+    """The Procfile web line with 2 workers x 2 threads: 4 threads in all."""
+    port = _free_port()
+    env = {
+        **os.environ,
+        "PATH": f"{BIN}{os.pathsep}{os.environ.get('PATH', '')}",
+        "PYTHONPATH": str(ROOT),
+        "DATABASE_URL": database_url,
+        "REDIS_URL": redis_url,
+        "PORT": str(port),
+        "WEB_CONCURRENCY": "2",
+        "WEB_THREADS": "2",
+        "MEMORY_MAX_BODY_BYTES": "4096",
+        "WEB_REQUEST_TIMEOUT_SECONDS": str(REQUEST_TIMEOUT_SECONDS),
+    }
+    env.pop("PROMETHEUS_MULTIPROC_DIR", None)
+    log = tmp_path / "web.log"
+    with log.open("ab") as err:
+        proc = subprocess.Popen(
+            ["sh", "-c", f"exec {_web_line()}"],
+            cwd=ROOT,
+            env=env,
+            stdout=subprocess.DEVNULL,
+            stderr=err,
+            start_new_session=True,
+        )
+    url = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + 30
+        while True:
+            try:
+                if httpx.get(f"{url}/healthz", timeout=1).status_code == 200:
+                    break
+            except httpx.HTTPError:
+                pass
+            assert proc.poll() is None, log.read_text()
+            assert time.monotonic() < deadline, "the memory service did not start"
+            time.sleep(0.1)
+        yield Web(port, url, log)
+    finally:
+        os.killpg(proc.pid, signal.SIGTERM)
+        try:
+            proc.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait(timeout=5)
+
+
+@pytest.fixture
+def acme(store: Any) -> Tenant:
+    return make_tenant(store, "acme")
+
+
+def _raw(web: Web, request: bytes, timeout: float = 10) -> tuple[int, dict[str, str], bytes]:
+    """Send raw bytes, read the answer to its end (the server closes after an error)."""
+    with socket.create_connection(("127.0.0.1", web.port), timeout=timeout) as sock:
+        sock.sendall(request)
+        data = b""
+        while True:
+            chunk = sock.recv(65536)
+            if not chunk:
+                break
+            data += chunk
+            head, sep, body = data.partition(b"\r\n\r\n")
+            length = [
+                int(line.split(b":", 1)[1])
+                for line in head.split(b"\r\n")
+                if line.lower().startswith(b"content-length:")
+            ]
+            if sep and length and len(body) >= length[0]:
+                break
+    head, _, body = data.partition(b"\r\n\r\n")
+    lines = head.decode("latin-1").split("\r\n")
+    headers = {k.strip().lower(): v.strip() for k, _, v in (x.partition(":") for x in lines[1:])}
+    return int(lines[0].split()[1]), headers, body
+
+
+BAD_REQUESTS = [
+    # (what, raw request, expected status, expected code)
+    ("request line too long", b"GET /healthz?" + b"a" * 9000 + b" HTTP/1.1\r\nHost: x\r\n\r\n",
+     414, "URI_TOO_LONG"),
+    ("header too long", b"GET /healthz HTTP/1.1\r\nHost: x\r\nX-Big: " + b"b" * 9000 + b"\r\n\r\n",
+     431, "HEADERS_TOO_LARGE"),
+    ("too many headers", b"GET /healthz HTTP/1.1\r\nHost: x\r\n"
+     + b"".join(b"X-H%d: v\r\n" % i for i in range(150)) + b"\r\n", 431, "HEADERS_TOO_LARGE"),
+    ("head over 64 KiB", b"GET /healthz HTTP/1.1\r\nHost: x\r\n"
+     + b"".join(b"X-H%d: %s\r\n" % (i, b"v" * 8000) for i in range(9)) + b"\r\n",
+     431, "HEADERS_TOO_LARGE"),
+    ("control character in a header",
+     b"GET /healthz HTTP/1.1\r\nHost: x\r\nX-Bad: a\x01b\r\n\r\n", 400, "BAD_REQUEST"),
+    ("NUL in a header", b"GET /healthz HTTP/1.1\r\nHost: x\r\nX-Bad: a\x00b\r\n\r\n",
+     400, "BAD_REQUEST"),
+    ("space in a header name", b"GET /healthz HTTP/1.1\r\nHost: x\r\nX Bad: 1\r\n\r\n",
+     400, "BAD_REQUEST"),
+    ("garbage request line", b"\x16\x03\x01\x00 nonsense\r\n\r\n", 400, "BAD_REQUEST"),
+    ("bad HTTP version", b"GET /healthz HTTP/9.9\r\nHost: x\r\n\r\n", 400, "BAD_REQUEST"),
+    ("bad Content-Length", b"POST /v1/memories HTTP/1.1\r\nHost: x\r\nContent-Length: -1\r\n\r\n",
+     400, "BAD_REQUEST"),
+    ("two Content-Lengths",
+     b"POST /v1/memories HTTP/1.1\r\nHost: x\r\nContent-Length: 1\r\nContent-Length: 2\r\n\r\n{}",
+     400, "BAD_REQUEST"),
+]  # fmt: skip
+
+
+def test_what_gunicorn_refuses_is_a_json_4xx(web: Web) -> None:
+    """Every request gunicorn cannot parse, or that breaks a limit, gets the JSON error body
+    and a 4xx (gunicorn alone would answer these with its HTML page, or 501)."""
+    answers = {}
+    for what, request_bytes, _, _ in BAD_REQUESTS:
+        got, headers, body = _raw(web, request_bytes)
+        content_type = headers.get("content-type")
+        code = json.loads(body)["error"]["code"] if content_type == "application/json" else body
+        answers[what] = (got, content_type, code)
+    expected = {what: (status, "application/json", code) for what, _, status, code in BAD_REQUESTS}
+    assert answers == expected
+    assert "Invalid request from ip=127.0.0.1" in web.log.read_text()
+    # The server is still serving.
+    assert httpx.get(f"{web.url}/healthz", timeout=5).status_code == 200
+
+
+def test_a_malformed_chunked_body_read_by_the_app_is_a_json_400(web: Web, acme: Tenant) -> None:
+    """The chunk framing breaks inside a body the app is reading (authenticated, so it reads)."""
+    head = (
+        "POST /v1/memories HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+        f"Authorization: Bearer {acme.writer}\r\nTransfer-Encoding: chunked\r\n\r\n"
+    ).encode()
+    for framing in (b"zz\r\n{}\r\n0\r\n\r\n", b"2\r\n{}XX0\r\n\r\n", b"2;\x01\r\n{}\r\n0\r\n\r\n"):
+        got, headers, body = _raw(web, head + framing)
+        assert (got, headers.get("content-type")) == (400, "application/json"), body
+        assert json.loads(body)["error"]["code"] in {"BAD_REQUEST", "MALFORMED_JSON"}
+
+
+def test_a_chunked_post_is_read_whole_and_stored(web: Web, acme: Tenant) -> None:
+    """A chunked body in two pieces, with a pause between them, is buffered and served."""
+    body = json.dumps(memory_body(acme.agent_id, "Sent in chunks.")).encode()
+    half = len(body) // 2
+    head = (
+        "POST /v1/memories HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+        f"Authorization: Bearer {acme.writer}\r\nTransfer-Encoding: chunked\r\n\r\n"
+    ).encode()
+    with socket.create_connection(("127.0.0.1", web.port), timeout=10) as sock:
+        sock.sendall(head + b"%x\r\n%s\r\n" % (half, body[:half]))
+        time.sleep(0.3)
+        sock.sendall(b"%x\r\n%s\r\n0\r\n\r\n" % (len(body) - half, body[half:]))
+        answer = sock.recv(65536)
+    assert answer.startswith(b"HTTP/1.1 201"), answer
+
+
+def _stall(web: Web, acme: Tenant, *, body: bool) -> socket.socket:
+    """A client that sends part of a request and then nothing: its headers with a
+    Content-Length and the first byte of the body, or only part of its headers."""
+    sock = socket.create_connection(("127.0.0.1", web.port), timeout=10)
+    if body:
+        sock.sendall(
+            (
+                "POST /v1/memories HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                f"Authorization: Bearer {acme.writer}\r\nContent-Length: 300\r\n\r\n{{"
+            ).encode()
+        )
+    else:
+        sock.sendall(b"GET /healthz HTTP/1.1\r\nHost: x\r\nX-Slow: ")
+    return sock
+
+
+def test_stalled_clients_hold_up_no_one(web: Web, acme: Tenant) -> None:
+    """12 clients stall mid-request (8 after their headers, with a body promised; 4 inside
+    their headers), three times the 4 threads the server has. Health checks and POSTs on
+    other connections keep answering quickly; the stalled connections stay open meanwhile
+    (nothing was refused to make room)."""
+    stalled = [_stall(web, acme, body=True) for _ in range(8)]
+    stalled += [_stall(web, acme, body=False) for _ in range(4)]
+    try:
+        time.sleep(0.3)  # every stalled request has reached the server
+        health: list[float] = []
+        posts: list[float] = []
+        with httpx.Client(base_url=web.url, timeout=5) as http:
+            for i in range(10):
+                started = time.monotonic()
+                assert http.get("/healthz").status_code == 200
+                health.append(time.monotonic() - started)
+                started = time.monotonic()
+                body = memory_body(acme.agent_id, f"Written past stalled clients {i}.")
+                response = http.post("/v1/memories", json=body, headers=acme.headers())
+                assert response.status_code == 201, response.text
+                posts.append(time.monotonic() - started)
+        # Unfixed, the first health check waits forever (it times out at 5 s); these bounds
+        # leave a loaded 2-core machine plenty of room.
+        assert max(health) < 1.0, health
+        assert max(posts) < 2.0, posts
+        for sock in stalled:  # still open: not one byte answered yet
+            sock.setblocking(False)
+            with pytest.raises(BlockingIOError):
+                sock.recv(1)
+    finally:
+        for sock in stalled:
+            sock.close()
+
+
+def test_a_stalled_request_is_answered_408_then_closed(web: Web, acme: Tenant) -> None:
+    sock = _stall(web, acme, body=True)
+    with sock:
+        started = time.monotonic()
+        sock.settimeout(REQUEST_TIMEOUT_SECONDS + 5)
+        answer = b""
+        while chunk := sock.recv(65536):
+            answer += chunk
+        waited = time.monotonic() - started
+    head, _, body = answer.partition(b"\r\n\r\n")
+    assert head.startswith(b"HTTP/1.1 408"), answer
+    assert json.loads(body)["error"]["code"] == "REQUEST_TIMEOUT"
+    assert REQUEST_TIMEOUT_SECONDS - 0.5 < waited < REQUEST_TIMEOUT_SECONDS + 2.5, waited
+
+
+def test_kept_alive_connections_serve_one_request_after_another(web: Web, acme: Tenant) -> None:
+    """The buffering path for a kept-alive connection's next request, and an unread body."""
+    with httpx.Client(base_url=web.url, timeout=5) as http:
+        for i in range(3):
+            body = memory_body(acme.agent_id, f"Kept alive {i}.")
+            assert http.post("/v1/memories", json=body, headers=acme.headers()).status_code == 201
+            # A body the app refuses without reading it (over the limit) leaves it unread.
+            big = memory_body(acme.agent_id, "x" * 5000)
+            refused = http.post("/v1/memories", json=big, headers=acme.headers())
+            assert refused.status_code == 413
+            assert refused.json()["error"]["code"] == "BODY_TOO_LARGE"
+        listed = http.get("/v1/memories", headers=acme.headers(), params={"limit": "10"})
+        assert len(listed.json()["items"]) == 3
+    assert uuid.UUID(listed.json()["items"][0]["id"])
