@@ -52,7 +52,7 @@ def _add_scheduler(sub: Any) -> None:
 
 register("scan", _add_scan, "actors.commands:run_scan")
 register("extract", _add_extract, "actors.commands:run_extract")
-register("scheduler", _add_scheduler, "actors.commands:run_scheduler")
+register("scheduler", _add_scheduler, "actors.commands:run_scheduler", database=False)
 
 
 def session_id_arg(value: str) -> uuid.UUID:
