@@ -17,7 +17,65 @@ def test_healthz_and_readyz(http: httpx.Client) -> None:
     assert http.get("/healthz").json() == {"status": "ok"}
     ready = http.get("/readyz")
     assert ready.status_code == 200
-    assert ready.json() == {"status": "ok", "checks": {"postgres": "ok", "redis": "ok"}}
+    assert ready.json() == {
+        "status": "ok",
+        "checks": {"postgres": "ok", "schema": "ok", "redis": "ok"},
+    }
+
+
+@pytest.fixture
+def unmigrated_url(postgres_server):  # type: ignore[no-untyped-def]
+    url = postgres_server.create("readyz")
+    yield url
+    postgres_server.drop(url)
+
+
+def test_readyz_is_503_until_the_schema_is_current(settings, redis_client, unmigrated_url) -> None:
+    import psycopg2
+
+    from core.migrate import load_migrations, migrate
+
+    last = load_migrations()[-1]
+    pool = make_pool(unmigrated_url, max_connections=2)
+    app = create_app(settings, db=pool, redis_client=redis_client)
+    try:
+        with httpx.Client(transport=httpx.WSGITransport(app=app), base_url="http://m") as http:
+            # Never migrated.
+            ready = http.get("/readyz")
+            assert ready.status_code == 503
+            body = ready.json()
+            assert body["status"] == "unavailable"
+            assert body["checks"] == {
+                "postgres": "ok",
+                "schema": "error: SchemaMissingError",
+                "redis": "ok",
+            }
+            assert "run `ibex migrate`" in body["details"]["schema"]
+            # Migrated by an older release: the last migration is pending.
+            migrate(unmigrated_url)
+            conn = psycopg2.connect(unmigrated_url)
+            with conn, conn.cursor() as cur:
+                cur.execute(
+                    "DELETE FROM public.ibex_schema_migrations WHERE version = %s",
+                    (last.version,),
+                )
+            conn.close()
+            pending = http.get("/readyz")
+            assert pending.status_code == 503
+            assert pending.json()["checks"]["schema"] == "error: MigrationsPendingError"
+            assert last.name in pending.json()["details"]["schema"]
+            # Current.
+            conn = psycopg2.connect(unmigrated_url)
+            with conn, conn.cursor() as cur:
+                cur.execute(
+                    "INSERT INTO public.ibex_schema_migrations (version, name, checksum)"
+                    " VALUES (%s, %s, %s)",
+                    (last.version, last.name, last.checksum),
+                )
+            conn.close()
+            assert http.get("/readyz").status_code == 200
+    finally:
+        pool.close_all()
 
 
 def test_readyz_is_503_when_postgres_does_not_answer(settings, redis_client) -> None:
