@@ -25,7 +25,6 @@ from marshmallow import Schema, ValidationError
 from core.db import db_errors
 from core.errors import SchemaNotReadyError
 from core.migrate import verify_schema
-
 from memory_service.auth import (
     Authenticator,
     AuthError,
