@@ -118,6 +118,12 @@ def upsert_org(db: peewee.Database, slug: str) -> uuid.UUID:
     return uuid.UUID(str(row[0]))
 
 
+def select_org(db: peewee.Database, slug: str) -> uuid.UUID | None:
+    """The id of the org with ``slug``, or None: never creates one."""
+    row = db.execute_sql("SELECT id FROM ibex_core.orgs WHERE slug = %s", (slug,)).fetchone()
+    return uuid.UUID(str(row[0])) if row else None
+
+
 CANDIDATES_SQL = """
 SELECT org_id, agent_id, id, last_extracted_turn, turn_count
   FROM ibex_core.sessions
@@ -156,10 +162,7 @@ class SessionStore:
 
     def find_org(self, slug: str) -> uuid.UUID | None:
         with db_errors():
-            row = self.db.execute_sql(
-                "SELECT id FROM ibex_core.orgs WHERE slug = %s", (slug,)
-            ).fetchone()
-        return uuid.UUID(str(row[0])) if row else None
+            return select_org(self.db, slug)
 
     def ensure_agent(self, org_id: uuid.UUID, slug: str) -> uuid.UUID:
         with tenant(self.db, org_id):

@@ -115,6 +115,7 @@ def test_token_create_list_revoke(cli_env, capsys, settings, app_db, redis_clien
                 "memory:read",
                 "--name",
                 "pipeline",
+                "--create-org",
             ]
         )
         == 0
@@ -168,3 +169,28 @@ def test_token_create_service_and_errors(cli_env, capsys) -> None:
     with pytest.raises(SystemExit) as no_scope:
         main(["token", "create", "--org", "a"])
     assert no_scope.value.code == 2
+
+
+def test_token_create_for_an_unknown_org_is_an_error_unless_asked(cli_env, capsys, store) -> None:
+    argv = ["token", "create", "--org", "acme", "--scope", "memory:read"]
+    assert main(argv) == 1
+    out = capsys.readouterr()
+    assert out.out == ""
+    assert out.err == (
+        "ibex token create: no org 'acme'; check the slug, or add --create-org to create it\n"
+    )
+    assert store.find_org("acme") is None
+    assert store.db.execute_sql("SELECT count(*) FROM ibex_memory.api_tokens").fetchone()[0] == 0
+
+    assert main([*argv, "--create-org"]) == 0
+    org_id = store.find_org("acme")
+    assert org_id is not None
+    capsys.readouterr()
+    # Now it exists: no flag needed, the same org is used.
+    assert main(argv) == 0
+    assert store.find_org("acme") == org_id
+    capsys.readouterr()
+    assert main(["token", "list", "--json"]) == 0
+    listed = json.loads(capsys.readouterr().out)
+    assert [e["org_id"] for e in listed] == [str(org_id), str(org_id)]
+    assert main(["token", "create", "--service", "--create-org", "--scope", "memory:read"]) == 2
