@@ -119,6 +119,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         line = database_error_line(exc)
         if line is None:
             raise
+        logging.getLogger("ibex").debug("%s failed", args.command, exc_info=True)  # with -v
         print(f"ibex {args.command}: {line}", file=sys.stderr)
         return EXIT_FAILURE
 
