@@ -27,22 +27,35 @@ from typing import Any
 
 from core.cli import EXIT_FAILURE, EXIT_OK, register
 from core.config import Settings
-from core.errors import PermanentError, TransientError, TurnBusyError
+from core.errors import NotFoundError, PermanentError, TransientError, TurnBusyError
 
 log = logging.getLogger(__name__)
 
 
+def add_session_args(p: Any) -> None:
+    """``--session ID`` (the session's external id or its UUID) and the ``--org`` and
+    ``--agent`` slugs that pick one when an external id is used in several places."""
+    p.add_argument(
+        "--session", metavar="ID", type=session_id_arg, help="only this session (id or UUID)"
+    )
+    p.add_argument("--org", metavar="SLUG", help="the session's org, when --session is ambiguous")
+    p.add_argument("--agent", metavar="SLUG", help="the session's agent, when ambiguous")
+
+
 def _add_scan(sub: Any) -> None:
     p = sub.add_parser("scan", help="run one extraction scan now and send what it finds")
-    p.add_argument("--session", metavar="ID", type=session_id_arg, help="only this session")
+    add_session_args(p)
     p.add_argument("--json", action="store_true", help="stable JSON output")
+    p.add_argument(
+        "--verbose", dest="list_messages", action="store_true", help="list every message sent"
+    )
 
 
 def _add_extract(sub: Any) -> None:
     p = sub.add_parser(
         "extract", help="run the extraction stages inline, without the broker (debugging)"
     )
-    p.add_argument("--session", metavar="ID", type=session_id_arg, help="only this session")
+    add_session_args(p)
     p.add_argument("--json", action="store_true", help="stable JSON output")
 
 
@@ -52,15 +65,39 @@ def _add_scheduler(sub: Any) -> None:
 
 register("scan", _add_scan, "actors.commands:run_scan")
 register("extract", _add_extract, "actors.commands:run_extract")
-register("scheduler", _add_scheduler, "actors.commands:run_scheduler")
+register("scheduler", _add_scheduler, "actors.commands:run_scheduler", database=False)
 
 
-def session_id_arg(value: str) -> uuid.UUID:
-    """argparse type of ``--session``: a malformed id is a usage error (exit status 2)."""
-    try:
-        return uuid.UUID(value)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"not a session id (a UUID): {value!r}") from None
+def session_id_arg(value: str) -> str:
+    """argparse type of ``--session``: an empty or overlong id is a usage error (status 2)."""
+    value = value.strip()
+    if not value or len(value) > 512:
+        raise argparse.ArgumentTypeError(f"not a session id: {value!r}")
+    return value
+
+
+def resolve_session(store: Any, args: argparse.Namespace) -> uuid.UUID | None:
+    """The session ``--session`` names (with ``--org``/``--agent``), or None without it.
+    Raises :class:`~core.errors.NotFoundError` when it names none or several."""
+    if args.session is None:
+        if args.org or args.agent:
+            raise NotFoundError("--org and --agent narrow --session: give --session too")
+        return None
+    found = store.find_sessions(args.session, org=args.org, agent=args.agent)
+    narrowed = "".join(
+        f" {flag} {value}"
+        for flag, value in (("--org", args.org), ("--agent", args.agent))
+        if value
+    )
+    if not found:
+        raise NotFoundError(f"no session {args.session!r}{narrowed}")
+    if len(found) > 1:
+        raise NotFoundError(
+            f"session {args.session!r}{narrowed} is ambiguous: "
+            + ", ".join(str(name) for name in found)
+            + "; add --org and/or --agent"
+        )
+    return uuid.UUID(str(found[0].session_id))
 
 
 # -- ibex scan -------------------------------------------------------------------------------
@@ -71,7 +108,8 @@ def run_scan(args: argparse.Namespace, settings: Settings) -> int:
     from models.store import SessionStore
 
     store = SessionStore.from_url(settings.require_database_url())
-    report = scan(StageDeps(store=store, settings=settings), session_id=args.session)
+    session_id = resolve_session(store, args)
+    report = scan(StageDeps(store=store, settings=settings), session_id=session_id)
 
     from actors.broker import send_all
 
@@ -88,8 +126,9 @@ def run_scan(args: argparse.Namespace, settings: Settings) -> int:
             )
         )
     else:
-        for message in report.sent:
-            print(f"sent {message}")
+        if args.list_messages:
+            for message in report.sent:
+                print(f"sent {message}")
         print(f"{report.sessions} sessions scanned, {report.turns} turns sent")
     return EXIT_OK
 
@@ -148,10 +187,12 @@ def drain_inline(deps: Any, first: Sequence[Any], report: InlineReport) -> None:
             follow = run_message(deps, message.actor_name, message.kwargs)
         except PermanentError as exc:
             report.failures.append(f"{message}: {type(exc).__name__}: {exc}")
+            _release(deps, message, exc)
             continue
         except TransientError as exc:
             if tries >= INLINE_RETRIES:
                 report.failures.append(f"{message}: gave up: {type(exc).__name__}: {exc}")
+                _release(deps, message, exc)
                 continue
             wait = getattr(exc, "retry_after", None)
             if wait is None or not isinstance(exc, TurnBusyError):
@@ -164,6 +205,17 @@ def drain_inline(deps: Any, first: Sequence[Any], report: InlineReport) -> None:
             if status is not None and status.state == "done":
                 report.turns_done += 1
         queue.extend((m, 0) for m in follow)
+
+
+def _release(deps: Any, message: Any, exc: BaseException) -> None:
+    """Nothing retries a message this run gave up on: free its turn for the next run now,
+    instead of leaving it leased for EXTRACTION_LEASE_SECONDS."""
+    if "turn_index" not in message.kwargs:
+        return
+    try:
+        deps.state.release_lease(_ref(message.kwargs), f"{type(exc).__name__}: {exc}")
+    except Exception:
+        log.warning("could not release the lease of %s", message, exc_info=True)
 
 
 def _ref(kwargs: Mapping[str, Any]) -> Any:
@@ -180,6 +232,7 @@ def run_extract(args: argparse.Namespace, settings: Settings) -> int:
 
     # Fail closed: no database, no extraction (the ConfigError names DATABASE_URL).
     store = SessionStore.from_url(settings.require_database_url())
+    session_id = resolve_session(store, args)
     if not settings.memory_service_token:
         print(
             "ibex extract: configuration error: MEMORY_SERVICE_TOKEN is not set: cannot write"
@@ -198,8 +251,16 @@ def run_extract(args: argparse.Namespace, settings: Settings) -> int:
     started = time.monotonic()
     report = InlineReport()
     try:
-        scanned = scan(deps, session_id=args.session)
+        scanned = scan(deps, session_id=session_id)
         report.turns_sent = scanned.turns
+        retried = deps.state.last_errors([_ref(m.kwargs) for m in scanned.sent])
+        if not args.json:
+            for ref, error in retried.items():
+                print(
+                    f"ibex extract: retrying turn {ref.turn_index} of session {ref.session_id};"
+                    f" it failed last time: {error}",
+                    file=sys.stderr,
+                )
         drain_inline(deps, scanned.sent, report)
     finally:
         client.close()
@@ -212,6 +273,10 @@ def run_extract(args: argparse.Namespace, settings: Settings) -> int:
         "memory_posts": memory.posts,
         "llm_calls": provider.calls,
         "failures": report.failures,
+        "retried": [
+            {"session_id": str(r.session_id), "turn_index": r.turn_index, "last_error": e}
+            for r, e in retried.items()
+        ],
         "seconds": round(elapsed, 3),
     }
     if args.json:

@@ -18,7 +18,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from core.config import Settings
-from core.errors import ConfigError, IbexError
+from core.errors import ConfigError, DatabaseUnavailableError, IbexError
 
 EXIT_OK, EXIT_FAILURE, EXIT_USAGE = 0, 1, 2
 
@@ -45,9 +45,20 @@ COMMANDS: dict[str, tuple[Callable[[Any], None], str]] = {
 }
 
 
-def register(name: str, add_parser: Callable[[Any], None], target: str) -> None:
-    """Add a command: ``add_parser(subparsers)`` and the ``module:function`` that runs it."""
+#: Commands that run without a migrated database; every other one checks the schema first.
+NO_DATABASE: set[str] = {"migrate"}
+
+
+def register(
+    name: str, add_parser: Callable[[Any], None], target: str, *, database: bool = True
+) -> None:
+    """Add a command: ``add_parser(subparsers)`` and the ``module:function`` that runs it.
+    ``database=False`` for a command that does not need the migrated database."""
     COMMANDS[name] = (add_parser, target)
+    if not database:
+        NO_DATABASE.add(name)
+    else:
+        NO_DATABASE.discard(name)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -85,10 +96,18 @@ def main(argv: Sequence[str] | None = None) -> int:
     module_name, _, func_name = target.partition(":")
     try:
         settings = Settings.from_env()
+        if args.command not in NO_DATABASE:
+            from core.migrate import check_schema
+
+            check_schema(settings.require_database_url())
         func = getattr(importlib.import_module(module_name), func_name)
         return int(func(args, settings))
     except ConfigError as exc:
         print(f"ibex: configuration error: {exc}", file=sys.stderr)
+        return EXIT_FAILURE
+    except DatabaseUnavailableError as exc:
+        # Lost mid-command (the check above passed): psycopg2's text runs to several lines.
+        print(f"ibex {args.command}: {_one_line(exc)}", file=sys.stderr)
         return EXIT_FAILURE
     except IbexError as exc:
         print(f"ibex {args.command}: {exc}", file=sys.stderr)
@@ -96,6 +115,40 @@ def main(argv: Sequence[str] | None = None) -> int:
     except KeyboardInterrupt:
         print("ibex: interrupted", file=sys.stderr)
         return 130
+    except Exception as exc:
+        line = database_error_line(exc)
+        if line is None:
+            raise
+        logging.getLogger("ibex").debug("%s failed", args.command, exc_info=True)  # with -v
+        print(f"ibex {args.command}: {line}", file=sys.stderr)
+        return EXIT_FAILURE
+
+
+def _one_line(exc: BaseException) -> str:
+    return " ".join(str(exc).split()) or type(exc).__name__
+
+
+#: SQLSTATEs that mean the schema is older than the code: undefined table, column, function,
+#: object (a role), schema.
+_SCHEMA_STATES = {"42P01", "42703", "42883", "42704", "3F000"}
+
+
+def database_error_line(exc: BaseException) -> str | None:
+    """One line for a database error that escaped a command (peewee or psycopg2), or None when
+    ``exc`` is not one: the boundary where the command line translates them."""
+    import peewee
+    import psycopg2
+
+    if not isinstance(exc, peewee.DatabaseError | peewee.InterfaceError | psycopg2.Error):
+        return None
+    cause = exc if isinstance(exc, psycopg2.Error) else (exc.__cause__ or exc)
+    detail = " ".join(str(cause).split()).split(" LINE ")[0].split(" CONTEXT: ")[0]
+    detail = detail or type(cause).__name__
+    if getattr(cause, "pgcode", None) in _SCHEMA_STATES:
+        return f"the database schema is not current ({detail}): run `ibex migrate`"
+    if isinstance(cause, psycopg2.OperationalError | peewee.OperationalError):
+        return f"database unavailable: {detail}"
+    return f"database error: {detail}"
 
 
 def run_migrate(args: argparse.Namespace, settings: Settings) -> int:

@@ -111,3 +111,28 @@ class TurnBusyError(TransientError):
     def __init__(self, message: str, *, retry_after: float | None = None) -> None:
         super().__init__(message)
         self.retry_after = retry_after
+
+
+class SchemaNotReadyError(IbexError):
+    """The database cannot serve IBEX yet. The message is one line that says what to do."""
+
+
+class DatabaseUnreachableError(SchemaNotReadyError):
+    """No connection to the database at all (wrong URL, server down, authentication)."""
+
+    def __init__(self, message: str, *, target: str) -> None:
+        super().__init__(message)
+        self.target = target
+
+
+class SchemaMissingError(SchemaNotReadyError):
+    """The database answers but was never migrated."""
+
+
+class MigrationsPendingError(SchemaNotReadyError):
+    """The database is migrated, but not up to the migrations this version ships."""
+
+    def __init__(self, message: str, *, pending: list[str], applied: int) -> None:
+        super().__init__(message)
+        self.pending = pending
+        self.applied = applied

@@ -53,7 +53,7 @@ def _add_demo(sub: Any) -> None:
 
 register("status", _add_status, "extraction.commands:run_status")
 register("dlq", _add_dlq, "extraction.commands:run_dlq")
-register("demo", _add_demo, "actors.demo:run_demo")
+register("demo", _add_demo, "actors.demo:run_demo", database=False)
 
 
 def _redis(settings: Settings) -> Any:

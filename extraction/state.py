@@ -210,7 +210,10 @@ free AS (
        AND e.state IN ('pending', 'extracted')
        AND e.turn_index > s.last_extracted_turn
        AND e.turn_index <= s.turn_count
-       AND (e.lease_expires_at IS NULL OR e.lease_expires_at <= now())
+       -- A lease runs at most EXTRACTION_LEASE_SECONDS from now as currently set: lowering
+       -- the setting shortens the leases granted under the old one.
+       AND (e.lease_expires_at IS NULL OR e.lease_expires_at <= now()
+            OR e.lease_expires_at > now() + make_interval(secs => %(lease)s))
        FOR UPDATE OF e SKIP LOCKED
 ),
 missing AS (
@@ -516,6 +519,40 @@ class ExtractionState:
                 " WHERE session_id = %s AND turn_index = %s AND claim_token = %s",
                 (error[:2000], str(ref.session_id), ref.turn_index, str(token)),
             )
+
+    def release_lease(self, ref: TurnRef, error: str) -> bool:
+        """A run that will not retry the turn itself (``ibex extract`` gave up on it): end its
+        lease and its claim, keep why, and start a fresh series of attempts, so that the next
+        scan sends it again at once. A done turn is left alone."""
+        with tenant(self.db, ref.org_id):
+            updated = self._sql(
+                "UPDATE ibex_core.extraction_turns"
+                "   SET lease_expires_at = NULL, claim_token = NULL, claim_expires_at = NULL,"
+                "       attempts = 0, last_error = %s"
+                " WHERE session_id = %s AND turn_index = %s AND state <> 'done'",
+                (error[:2000], str(ref.session_id), ref.turn_index),
+            ).rowcount
+        return bool(updated)
+
+    def last_errors(self, refs: Sequence[TurnRef]) -> dict[TurnRef, str]:
+        """The turns of ``refs`` that are not done and failed last time, with their error."""
+        by_org: dict[uuid.UUID, list[TurnRef]] = {}
+        for ref in refs:
+            by_org.setdefault(ref.org_id, []).append(ref)
+        found: dict[TurnRef, str] = {}
+        for org, group in by_org.items():
+            with tenant(self.db, org):
+                rows = self._sql(
+                    "SELECT e.session_id, e.turn_index, e.last_error"
+                    "  FROM ibex_core.extraction_turns e"
+                    "  JOIN unnest(%s::uuid[], %s::int[]) AS r(session_id, turn_index)"
+                    "    ON r.session_id = e.session_id AND r.turn_index = e.turn_index"
+                    " WHERE e.last_error IS NOT NULL AND e.state <> 'done'",
+                    ([str(r.session_id) for r in group], [r.turn_index for r in group]),
+                ).fetchall()
+            for sid, turn_index, error in rows:
+                found[TurnRef(org, uuid.UUID(str(sid)), int(turn_index))] = str(error)
+        return found
 
     def keep_leased(self, ref: TurnRef, lease_seconds: int, error: str) -> None:
         """A write of this turn failed and will be retried: keep the scan from sending the turn

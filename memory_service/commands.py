@@ -1,7 +1,7 @@
 """``ibex token create|list|revoke``: API tokens of the memory service (DESIGN section 8).
 
-``create`` prints the token once, on standard output, and stores only its SHA-256 hash; the
-org is created when missing (the same ``INSERT ... ON CONFLICT`` as the session store's).
+``create`` prints the token once, on standard output, and stores only its SHA-256 hash. An
+unknown org slug is an error (a typo must not create an org) unless ``--create-org`` is given.
 Registered with :func:`core.cli.register` when the CLI loads its extensions.
 """
 
@@ -13,8 +13,10 @@ import sys
 import uuid
 from typing import Any
 
-from core.cli import EXIT_FAILURE, EXIT_OK, register
+from core.cli import EXIT_FAILURE, EXIT_OK, EXIT_USAGE, register
 from core.config import Settings
+from core.db import db_errors
+from models.store import select_org
 from schema.common import SLUG
 from schema.memory import SCOPES
 
@@ -38,6 +40,9 @@ def _add_token(sub: Any) -> None:
         help="memory:read and/or memory:write (repeat the option)",
     )
     create.add_argument("--name", help="a label shown by 'ibex token list'")
+    create.add_argument(
+        "--create-org", action="store_true", help="create the --org when it does not exist yet"
+    )
 
     listing = actions.add_parser(
         "list", help="list tokens (prefix, scopes, state; never the token)"
@@ -68,11 +73,25 @@ def run_token(args: argparse.Namespace, settings: Settings) -> int:
 
 def _create(store: Any, args: argparse.Namespace) -> int:
     org_id: uuid.UUID | None = None
+    if args.org is None and args.create_org:
+        print("ibex token create: --create-org needs --org", file=sys.stderr)
+        return EXIT_USAGE
     if args.org is not None:
         if not SLUG.match(args.org):
             print(f"ibex token create: invalid org slug {args.org!r}", file=sys.stderr)
             return EXIT_FAILURE
-        org_id = store.ensure_org(args.org)
+        if args.create_org:
+            org_id = store.ensure_org(args.org)
+        else:
+            with db_errors():
+                org_id = select_org(store.db, args.org)
+            if org_id is None:
+                print(
+                    f"ibex token create: no org {args.org!r}; check the slug, or add"
+                    " --create-org to create it",
+                    file=sys.stderr,
+                )
+                return EXIT_FAILURE
     scopes = sorted(set(args.scope))
     row, token = store.issue(org_id=org_id, name=args.name, scopes=scopes)
     owner = f"org {args.org} ({org_id})" if org_id else "service (any org via X-IBEX-Org-ID)"

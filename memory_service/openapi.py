@@ -232,10 +232,14 @@ def build_spec(max_body_bytes: int) -> dict[str, Any]:
         operations={
             "get": {
                 "operationId": "readyz",
-                "summary": "Postgres and Redis answer.",
+                "summary": "Postgres and Redis answer and the schema is current.",
                 "responses": {
                     "200": {"description": "Ready.", "content": health},
-                    "503": {"description": "A dependency does not answer.", "content": health},
+                    "503": {
+                        "description": "A dependency does not answer, or the database is not"
+                        " migrated (details.schema says what to run).",
+                        "content": health,
+                    },
                 },
             }
         },

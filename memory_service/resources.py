@@ -22,6 +22,9 @@ import falcon
 import redis
 from marshmallow import Schema, ValidationError
 
+from core.db import db_errors
+from core.errors import SchemaNotReadyError
+from core.migrate import verify_schema
 from memory_service.auth import (
     Authenticator,
     AuthError,
@@ -418,11 +421,23 @@ class ReadyResource:
 
     def on_get(self, req: falcon.Request, resp: falcon.Response) -> None:
         checks: dict[str, str] = {}
+        details: dict[str, str] = {}
         try:
             self.store.ping()
             checks["postgres"] = "ok"
         except Exception as exc:
             checks["postgres"] = f"error: {type(exc).__name__}"
+        else:
+            # Not ready until the schema is current: before `ibex migrate`, every request would
+            # answer 500.
+            try:
+                with db_errors():
+                    verify_schema(lambda sql: self.store.db.execute_sql(sql).fetchall())
+                checks["schema"] = "ok"
+            except Exception as exc:
+                checks["schema"] = f"error: {type(exc).__name__}"
+                if isinstance(exc, SchemaNotReadyError):
+                    details["schema"] = str(exc)
         try:
             self.redis.ping()
             checks["redis"] = "ok"
@@ -431,7 +446,10 @@ class ReadyResource:
         ready = all(v == "ok" for v in checks.values())
         resp.status = 200 if ready else 503
         resp.content_type = falcon.MEDIA_JSON
-        resp.data = dumps({"status": "ok" if ready else "unavailable", "checks": checks})
+        body: dict[str, Any] = {"status": "ok" if ready else "unavailable", "checks": checks}
+        if details:
+            body["details"] = details
+        resp.data = dumps(body)
 
 
 class OpenApiResource:

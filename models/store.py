@@ -17,7 +17,7 @@ from typing import Any
 import peewee
 from playhouse.postgres_ext import PostgresqlExtDatabase
 
-from core.db import db_errors, make_database, scan_scope, tenant
+from core.db import db_errors, make_database, operator_scope, scan_scope, tenant
 from core.errors import ConfigError, ImmutableTurnError, NotFoundError
 from models.base import bind
 from models.sessions import Checkpoint, CheckpointPayload, Session
@@ -77,6 +77,19 @@ class Candidate:
 
 
 @dataclass(frozen=True)
+class SessionName:
+    """A session's id with the names a person knows it by."""
+
+    session_id: uuid.UUID
+    org: str
+    agent: str
+    external_id: str | None
+
+    def __str__(self) -> str:
+        return f"{self.org}/{self.agent}/{self.external_id or self.session_id}"
+
+
+@dataclass(frozen=True)
 class AppendResult:
     session_id: uuid.UUID
     created: bool
@@ -118,6 +131,12 @@ def upsert_org(db: peewee.Database, slug: str) -> uuid.UUID:
     return uuid.UUID(str(row[0]))
 
 
+def select_org(db: peewee.Database, slug: str) -> uuid.UUID | None:
+    """The id of the org with ``slug``, or None: never creates one."""
+    row = db.execute_sql("SELECT id FROM ibex_core.orgs WHERE slug = %s", (slug,)).fetchone()
+    return uuid.UUID(str(row[0])) if row else None
+
+
 CANDIDATES_SQL = """
 SELECT org_id, agent_id, id, last_extracted_turn, turn_count
   FROM ibex_core.sessions
@@ -156,10 +175,7 @@ class SessionStore:
 
     def find_org(self, slug: str) -> uuid.UUID | None:
         with db_errors():
-            row = self.db.execute_sql(
-                "SELECT id FROM ibex_core.orgs WHERE slug = %s", (slug,)
-            ).fetchone()
-        return uuid.UUID(str(row[0])) if row else None
+            return select_org(self.db, slug)
 
     def ensure_agent(self, org_id: uuid.UUID, slug: str) -> uuid.UUID:
         with tenant(self.db, org_id):
@@ -179,6 +195,31 @@ class SessionStore:
         return uuid.UUID(str(row[0]))
 
     # -- sessions --------------------------------------------------------------------------
+
+    def find_sessions(
+        self, ident: str, *, org: str | None = None, agent: str | None = None, limit: int = 10
+    ) -> list[SessionName]:
+        """Sessions across orgs (an operator read) whose id is ``ident`` or, when none is,
+        whose external id is ``ident``, narrowed to the org and agent slugs given."""
+        try:
+            as_uuid: str | None = str(uuid.UUID(ident))
+        except ValueError:
+            as_uuid = None
+        with operator_scope(self.db):
+            rows = self.db.execute_sql(
+                "SELECT s.id, o.slug, a.slug, s.external_id, s.id = %(id)s::uuid AS exact"
+                "  FROM ibex_core.sessions s"
+                "  JOIN ibex_core.orgs o ON o.id = s.org_id"
+                "  JOIN ibex_core.agents a ON a.id = s.agent_id"
+                " WHERE (s.id = %(id)s::uuid OR s.external_id = %(ext)s)"
+                "   AND (%(org)s::text IS NULL OR o.slug = %(org)s)"
+                "   AND (%(agent)s::text IS NULL OR a.slug = %(agent)s)"
+                " ORDER BY exact DESC, o.slug, a.slug, s.id LIMIT %(limit)s",
+                {"id": as_uuid, "ext": ident, "org": org, "agent": agent, "limit": limit},
+            ).fetchall()
+        if rows and rows[0][4]:
+            rows = rows[:1]  # the session's own id wins over an external id that looks like one
+        return [SessionName(uuid.UUID(str(r[0])), r[1], r[2], r[3]) for r in rows]
 
     def get_session(self, org_id: uuid.UUID, session_id: uuid.UUID) -> Session:
         with tenant(self.db, org_id):
@@ -430,6 +471,7 @@ class SessionStore:
 __all__ = [
     "AppendResult",
     "Candidate",
+    "SessionName",
     "SessionStore",
     "Turn",
     "TurnInput",

@@ -229,3 +229,5 @@ class HealthSchema(Schema):
 
     status = fields.String(required=True, validate=validate.OneOf(("ok", "unavailable")))
     checks = fields.Dict(keys=fields.String(), values=fields.String())
+    #: Why a check failed, when it says more than the error's name (e.g. what to run).
+    details = fields.Dict(keys=fields.String(), values=fields.String())

@@ -17,7 +17,65 @@ def test_healthz_and_readyz(http: httpx.Client) -> None:
     assert http.get("/healthz").json() == {"status": "ok"}
     ready = http.get("/readyz")
     assert ready.status_code == 200
-    assert ready.json() == {"status": "ok", "checks": {"postgres": "ok", "redis": "ok"}}
+    assert ready.json() == {
+        "status": "ok",
+        "checks": {"postgres": "ok", "schema": "ok", "redis": "ok"},
+    }
+
+
+@pytest.fixture
+def unmigrated_url(postgres_server):  # type: ignore[no-untyped-def]
+    url = postgres_server.create("readyz")
+    yield url
+    postgres_server.drop(url)
+
+
+def test_readyz_is_503_until_the_schema_is_current(settings, redis_client, unmigrated_url) -> None:
+    import psycopg2
+
+    from core.migrate import load_migrations, migrate
+
+    last = load_migrations()[-1]
+    pool = make_pool(unmigrated_url, max_connections=2)
+    app = create_app(settings, db=pool, redis_client=redis_client)
+    try:
+        with httpx.Client(transport=httpx.WSGITransport(app=app), base_url="http://m") as http:
+            # Never migrated.
+            ready = http.get("/readyz")
+            assert ready.status_code == 503
+            body = ready.json()
+            assert body["status"] == "unavailable"
+            assert body["checks"] == {
+                "postgres": "ok",
+                "schema": "error: SchemaMissingError",
+                "redis": "ok",
+            }
+            assert "run `ibex migrate`" in body["details"]["schema"]
+            # Migrated by an older release: the last migration is pending.
+            migrate(unmigrated_url)
+            conn = psycopg2.connect(unmigrated_url)
+            with conn, conn.cursor() as cur:
+                cur.execute(
+                    "DELETE FROM public.ibex_schema_migrations WHERE version = %s",
+                    (last.version,),
+                )
+            conn.close()
+            pending = http.get("/readyz")
+            assert pending.status_code == 503
+            assert pending.json()["checks"]["schema"] == "error: MigrationsPendingError"
+            assert last.name in pending.json()["details"]["schema"]
+            # Current.
+            conn = psycopg2.connect(unmigrated_url)
+            with conn, conn.cursor() as cur:
+                cur.execute(
+                    "INSERT INTO public.ibex_schema_migrations (version, name, checksum)"
+                    " VALUES (%s, %s, %s)",
+                    (last.version, last.name, last.checksum),
+                )
+            conn.close()
+            assert http.get("/readyz").status_code == 200
+    finally:
+        pool.close_all()
 
 
 def test_readyz_is_503_when_postgres_does_not_answer(settings, redis_client) -> None:
@@ -57,6 +115,7 @@ def test_token_create_list_revoke(cli_env, capsys, settings, app_db, redis_clien
                 "memory:read",
                 "--name",
                 "pipeline",
+                "--create-org",
             ]
         )
         == 0
@@ -110,3 +169,28 @@ def test_token_create_service_and_errors(cli_env, capsys) -> None:
     with pytest.raises(SystemExit) as no_scope:
         main(["token", "create", "--org", "a"])
     assert no_scope.value.code == 2
+
+
+def test_token_create_for_an_unknown_org_is_an_error_unless_asked(cli_env, capsys, store) -> None:
+    argv = ["token", "create", "--org", "acme", "--scope", "memory:read"]
+    assert main(argv) == 1
+    out = capsys.readouterr()
+    assert out.out == ""
+    assert out.err == (
+        "ibex token create: no org 'acme'; check the slug, or add --create-org to create it\n"
+    )
+    assert store.find_org("acme") is None
+    assert store.db.execute_sql("SELECT count(*) FROM ibex_memory.api_tokens").fetchone()[0] == 0
+
+    assert main([*argv, "--create-org"]) == 0
+    org_id = store.find_org("acme")
+    assert org_id is not None
+    capsys.readouterr()
+    # Now it exists: no flag needed, the same org is used.
+    assert main(argv) == 0
+    assert store.find_org("acme") == org_id
+    capsys.readouterr()
+    assert main(["token", "list", "--json"]) == 0
+    listed = json.loads(capsys.readouterr().out)
+    assert [e["org_id"] for e in listed] == [str(org_id), str(org_id)]
+    assert main(["token", "create", "--service", "--create-org", "--scope", "memory:read"]) == 2

@@ -9,7 +9,12 @@ from core.cli import main
 
 @pytest.mark.parametrize(
     "command",
-    [["extract"], ["extract", "--session", "6f1c3a52-9d0e-4b8e-a3f1-0c2d4e6f8a10"], ["scan"]],
+    [
+        ["extract"],
+        ["extract", "--session", "6f1c3a52-9d0e-4b8e-a3f1-0c2d4e6f8a10"],
+        ["extract", "--session", "conv-1"],
+        ["scan"],
+    ],
 )
 def test_without_database_url_the_command_fails_naming_it(
     command: list[str], monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
@@ -22,7 +27,7 @@ def test_without_database_url_the_command_fails_naming_it(
 
 def test_a_malformed_session_id_is_a_usage_error(capsys: pytest.CaptureFixture[str]) -> None:
     with pytest.raises(SystemExit) as exited:
-        main(["extract", "--session", "conv-1"])
+        main(["extract", "--session", "  "])
     assert exited.value.code == 2
     assert "not a session id" in capsys.readouterr().err
 

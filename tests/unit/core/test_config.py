@@ -69,3 +69,32 @@ def test_env_example_and_readme_list_every_variable() -> None:
     for name in DEFAULTS:
         assert name in listed, f"{name} missing from .env.example"
         assert f"`{name}`" in readme, f"{name} missing from README.md"
+
+
+def test_procfile_variables_are_in_the_readme_table_and_env_example() -> None:
+    procfile = (ROOT / "Procfile").read_text()
+    used = dict.fromkeys(re.findall(r"\$\{?([A-Z][A-Z0-9_]*)", procfile))
+    defaults = dict(re.findall(r"\$\{([A-Z][A-Z0-9_]*):-([^}]*)\}", procfile))
+    assert {"PORT", "WEB_CONCURRENCY", "WEB_THREADS", "WORKER_PROCESSES"} <= set(used)
+    example = (ROOT / ".env.example").read_text()
+    readme = (ROOT / "README.md").read_text()
+    for name in used:
+        row = re.search(rf"^\| `{name}` \| ([^|]*) \|", readme, flags=re.MULTILINE)
+        assert row, f"{name} (Procfile) missing from the README configuration table"
+        listed = re.search(rf"^#?\s*{name}=(.*)$", example, flags=re.MULTILINE)
+        assert listed, f"{name} (Procfile) missing from .env.example"
+        if name in defaults:
+            # The documented default is the Procfile's.
+            assert row.group(1).strip() == f"`{defaults[name]}`", name
+            assert listed.group(1).strip() == defaults[name], name
+
+
+def test_env_example_leaves_off_what_the_readme_says_is_off_by_default() -> None:
+    example = (ROOT / ".env.example").read_text()
+    readme = (ROOT / "README.md").read_text()
+    off = re.findall(r"^\| `([A-Z][A-Z0-9_]*)` \| unset", readme, flags=re.MULTILINE)
+    assert "METRICS_PORT" in off
+    for name in off:
+        assert not re.search(rf"^{name}=.", example, flags=re.MULTILINE), (
+            f"{name} is unset by default (README) but set in .env.example"
+        )
