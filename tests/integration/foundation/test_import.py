@@ -40,15 +40,15 @@ def _line(session: str = "conv-1", turns: int = 2, **extra) -> str:
 def run_import(db, database_url, monkeypatch, tmp_path: Path, capsys):
     monkeypatch.setenv("DATABASE_URL", database_url)
 
-    def run(*lines: str, stdin: bool = False) -> tuple[int, str, str]:
-        text = "\n".join(lines) + "\n"
+    def run(*lines: str | bytes, stdin: bool = False, options: tuple[str, ...] = ()):
+        data = b"".join((ln if isinstance(ln, bytes) else ln.encode()) + b"\n" for ln in lines)
         if stdin:
-            monkeypatch.setattr("sys.stdin", io.StringIO(text))
-            code = main(["import", "-"])
+            monkeypatch.setattr("sys.stdin", io.TextIOWrapper(io.BytesIO(data)))
+            code = main(["import", *options, "-"])
         else:
             path = tmp_path / "sessions.jsonl"
-            path.write_text(text)
-            code = main(["import", str(path)])
+            path.write_bytes(data)
+            code = main(["import", *options, str(path)])
         out, err = capsys.readouterr()
         return code, out, err
 
@@ -166,3 +166,88 @@ def test_import_without_a_database_url_fails_closed(monkeypatch, capsys) -> None
     monkeypatch.delenv("DATABASE_URL", raising=False)
     assert main(["import", "-"]) == 1
     assert "DATABASE_URL" in capsys.readouterr().err
+
+
+def _nested(depth: int) -> object:
+    value: object = "deep"
+    for _ in range(depth):
+        value = [value]
+    return value
+
+
+def test_each_bad_line_is_rejected_by_number_and_the_rest_imports(db, run_import) -> None:
+    deep = json.loads(_line("deep"))
+    deep["turns"][0]["messages"][0]["content"] = _nested(200)
+    lines: list[str | bytes] = [
+        _line("conv-1"),
+        _line("conv-bad-utf8").encode().replace(b"message 1", b"message \xff\xfe"),
+        _line("conv-after-bad-utf8"),
+        _line("conv-\u0000-nul"),
+        _line("conv-2").replace("reply 2", "reply \\ud800"),
+        json.dumps(deep),
+        _line("conv-3").replace('"user"', '"us\\u0007er"', 1),
+        _line("conv-4").replace("message 1", "message\x01one"),
+        _line("conv-5").replace("message 1", "tab\\there\\r\\n ok \\ud83d\\ude00"),
+    ]
+    code, out, err = run_import(*lines)
+    assert code == 1
+    assert "3 sessions created" in out and "6 lines rejected" in out
+    assert "line 2: not valid UTF-8: byte 0xff at byte offset" in err
+    assert "line 4: session: contains a NUL character (U+0000)" in err
+    assert "line 5: turns[1].completion.content: contains a lone surrogate (U+D800)" in err
+    assert "line 6: nested deeper than 64 levels" in err
+    assert "line 7: turns[0].messages[0].role: contains a control character (U+0007)" in err
+    assert "line 8: malformed JSON: Invalid control character" in err
+    assert "Traceback" not in err
+    assert set(_sessions(db)) == {"conv-1", "conv-after-bad-utf8", "conv-5"}
+
+
+def test_a_line_over_the_size_limit_is_skipped_and_the_next_one_imports(db, run_import) -> None:
+    fits = _line("fits", 1)
+    limit = len(fits.encode())
+    over = _line("over", 1).replace("message 1", "message 1" + "x" * 5000)
+    code, out, err = run_import(
+        fits, over, _line("next", 1), options=("--max-line-bytes", str(limit))
+    )
+    assert code == 1
+    assert f"line 2: line is {len(over.encode())} bytes, over the limit of {limit}" in err
+    assert "2 sessions created" in out and "1 lines rejected" in out
+    assert set(_sessions(db)) == {"fits", "next"}
+
+
+def test_json_output_lists_each_line_and_its_session(db, run_import) -> None:
+    assert run_import(_line("old", 1), _line("same", 1))[0] == 0
+    code, out, err = run_import(
+        _line("new", 2), _line("old", 3), "{oops", _line("same", 1), options=("--json",)
+    )
+    assert code == 1
+    assert err == ""
+    document = json.loads(out)
+    sessions = _sessions(db)
+    assert document == {
+        "lines": 4,
+        "sessions_created": 1,
+        "sessions_extended": 1,
+        "sessions_unchanged": 1,
+        "turns_added": 4,
+        "lines_rejected": 1,
+        "imported": [
+            {
+                "line": n,
+                "org": "acme",
+                "agent": "support-bot",
+                "session": name,
+                "session_id": str(sessions[name].id),
+                "result": result,
+                "turns_added": added,
+            }
+            for n, name, result, added in [
+                (1, "new", "created", 2),
+                (2, "old", "extended", 2),
+                (4, "same", "unchanged", 0),
+            ]
+        ],
+        "rejected": [{"line": 3, "error": document["rejected"][0]["error"]}],
+        "stopped": None,
+    }
+    assert document["rejected"][0]["error"].startswith("malformed JSON")
