@@ -189,11 +189,10 @@ def run_import(args: argparse.Namespace, settings: Settings) -> int:
 
 def _stopped_message(line: int, reason: str) -> str:
     if line <= 1:
-        return f"ibex import: stopped at line 1: {reason}. Nothing was imported."
+        return f"ibex import: stopped at line 1, nothing was imported: {reason}"
     return (
-        f"ibex import: stopped at line {line}: {reason}. Lines 1-{line - 1} were processed and"
-        " what they imported is committed; re-run the import to finish (sessions already"
-        " imported come out unchanged)."
+        f"ibex import: stopped at line {line}; lines 1-{line - 1} were processed and stay"
+        f" committed, re-run the import to finish: {reason}"
     )
 
 

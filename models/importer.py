@@ -138,7 +138,7 @@ class ImportStopped(DatabaseUnavailableError):
     already imported come out unchanged."""
 
     def __init__(self, message: str, *, line: int, report: ImportReport) -> None:
-        super().__init__(message)
+        super().__init__(" ".join(message.split()))  # driver messages span lines: one line
         self.line = line
         self.report = report
 

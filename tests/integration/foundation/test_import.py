@@ -4,6 +4,12 @@ from __future__ import annotations
 
 import io
 import json
+import os
+import socket
+import subprocess
+import sys
+import time
+import uuid
 from pathlib import Path
 
 import pytest
@@ -251,3 +257,85 @@ def test_json_output_lists_each_line_and_its_session(db, run_import) -> None:
         "stopped": None,
     }
     assert document["rejected"][0]["error"].startswith("malformed JSON")
+
+
+def _closed_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def test_an_unreachable_database_is_reported_once(monkeypatch, tmp_path: Path, capsys) -> None:
+    monkeypatch.setenv("DATABASE_URL", f"postgresql://postgres@127.0.0.1:{_closed_port()}/ibex")
+    path = tmp_path / "sessions.jsonl"
+    path.write_text("".join(_line(f"conv-{i}") + "\n" for i in range(5)))
+    assert main(["import", str(path)]) == 1
+    out, err = capsys.readouterr()
+    assert err.count("\n") == 1, err
+    assert err.startswith("ibex import: stopped at line 1, nothing was imported: database")
+    assert out.strip().endswith(
+        "0 sessions created, 0 extended, 0 unchanged, 0 turns added, 0 lines rejected"
+    )
+
+
+def test_an_unmigrated_database_stops_the_import_once(
+    postgres_server, monkeypatch, tmp_path: Path, capsys
+) -> None:
+    url = postgres_server.create("unmigrated")
+    try:
+        monkeypatch.setenv("DATABASE_URL", url)
+        path = tmp_path / "sessions.jsonl"
+        path.write_text("".join(_line(f"conv-{i}") + "\n" for i in range(5)))
+        assert main(["import", str(path)]) == 1
+        _out, err = capsys.readouterr()
+        assert err.count("\n") == 1, err
+        assert "stopped at line 1, nothing was imported: the database refused" in err
+        assert "(run `ibex migrate`)" in err
+    finally:
+        postgres_server.drop(url)
+
+
+def test_a_connection_killed_mid_import_stops_it_with_one_message(db, database_url) -> None:
+    """Crash point: the importer's backend is terminated (pg_terminate_backend) while idle,
+    after line 2 committed and before line 3 is read. Lines 1-2 stay imported, line 3 on are
+    not, and the import ends with one message and exit status 1."""
+    app = f"ibex-import-{uuid.uuid4().hex[:8]}"
+    sep = "&" if "?" in database_url else "?"
+    env = {**os.environ, "DATABASE_URL": f"{database_url}{sep}application_name={app}"}
+    proc = subprocess.Popen(
+        [str(Path(sys.executable).parent / "ibex"), "import", "-"],
+        env=env,
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+    )
+    try:
+        assert proc.stdin is not None
+        proc.stdin.write(f"{_line('conv-1')}\n{_line('conv-2')}\n".encode())
+        proc.stdin.flush()
+        deadline = time.monotonic() + 30
+        while set(_sessions(db)) != {"conv-1", "conv-2"}:
+            assert time.monotonic() < deadline, "lines 1-2 were not imported"
+            time.sleep(0.05)
+        killed = db.execute_sql(
+            "SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE application_name = %s",
+            (app,),
+        ).fetchall()
+        assert killed == [(True,)]
+        rest = "".join(f"{_line(f'conv-{i}')}\n" for i in range(3, 8))
+        out, err = proc.communicate(rest.encode(), timeout=30)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    assert proc.returncode == 1
+    lines = err.decode().splitlines()
+    assert len(lines) == 1, lines
+    assert lines[0].startswith(
+        "ibex import: stopped at line 3; lines 1-2 were processed and stay committed"
+    )
+    assert "database unavailable" in lines[0]
+    assert out.decode().strip() == (
+        "2 sessions created, 0 extended, 0 unchanged, 4 turns added, 0 lines rejected"
+    )
+    assert set(_sessions(db)) == {"conv-1", "conv-2"}
