@@ -25,6 +25,11 @@ from schema.imports import MAX_LINE_BYTES, parse_session_line
 #: SQLSTATEs that mean the schema is missing or older than this code: no line can succeed.
 _SCHEMA_MISSING = {"3F000", "42P01", "42883", "42703"}
 
+#: SQLSTATEs of a transaction that lost a race with a concurrent one (serialization failure,
+#: deadlock): the line is tried again, up to this many times in all, before it stops the import.
+_CONFLICT = {"40001", "40P01"}
+LINE_ATTEMPTS = 3
+
 
 @dataclass(frozen=True)
 class OversizeLine:
@@ -183,9 +188,24 @@ def import_session(store: SessionStore, record: dict[str, Any]) -> tuple[uuid.UU
     return uuid.UUID(str(session.id)), created, added
 
 
-def _schema_missing(exc: peewee.DatabaseError) -> bool:
-    orig = getattr(exc, "orig", None) or exc.__cause__
-    return getattr(orig, "pgcode", None) in _SCHEMA_MISSING
+def _pgcode(exc: BaseException | None) -> str | None:
+    """The SQLSTATE of the driver error under ``exc`` (peewee keeps it as ``orig``)."""
+    while exc is not None:
+        code = getattr(exc, "pgcode", None)
+        if code is not None:
+            return str(code)
+        exc = getattr(exc, "orig", None) or exc.__cause__
+    return None
+
+
+def _import_with_retry(store: SessionStore, record: dict[str, Any]) -> tuple[uuid.UUID, bool, int]:
+    for attempt in range(1, LINE_ATTEMPTS + 1):
+        try:
+            return import_session(store, record)
+        except (DatabaseUnavailableError, peewee.DatabaseError) as exc:
+            if attempt == LINE_ATTEMPTS or _pgcode(exc) not in _CONFLICT:
+                raise
+    raise AssertionError("unreachable")  # pragma: no cover
 
 
 def import_lines(
@@ -206,10 +226,10 @@ def import_lines(
                     f"line is {raw.size} bytes, over the limit of {raw.limit} (--max-line-bytes)",
                 )
             )
-        elif raw.strip():
+        elif raw and not raw.isspace():
             try:
                 record = parse_line(raw, first=number == 1)
-                session_id, created, added = import_session(store, record)
+                session_id, created, added = _import_with_retry(store, record)
             except DatabaseUnavailableError as exc:
                 raise ImportStopped(str(exc), line=number, report=report) from exc
             except IbexError as exc:
@@ -218,7 +238,7 @@ def import_lines(
                 report.errors.append(LineError(number, f"refused by the database: {exc}".strip()))
             except peewee.DatabaseError as exc:
                 # Not about this line: every following line would fail the same way.
-                hint = " (run `ibex migrate`)" if _schema_missing(exc) else ""
+                hint = " (run `ibex migrate`)" if _pgcode(exc) in _SCHEMA_MISSING else ""
                 raise ImportStopped(
                     f"the database refused the import{hint}: {exc}".strip(),
                     line=number,

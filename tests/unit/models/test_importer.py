@@ -80,3 +80,38 @@ def test_losing_the_database_stops_the_import_at_that_line(
     assert [i.line for i in stopped.report.imported] == [1]
     assert [e.line for e in stopped.report.errors] == [2]
     assert stopped.report.sessions_created == 1
+
+
+class _Deadlock(Exception):
+    pgcode = "40P01"
+
+
+def test_a_line_that_loses_a_race_is_tried_again(monkeypatch: pytest.MonkeyPatch) -> None:
+    # Fault injected: line 1's first transaction is chosen as a deadlock victim.
+    attempts: list[str] = []
+
+    def fake_import(store: Any, record: dict[str, Any]) -> tuple[uuid.UUID, bool, int]:
+        attempts.append(record["session"])
+        if len(attempts) == 1:
+            raise DatabaseUnavailableError("deadlock detected") from _Deadlock()
+        return uuid.uuid4(), True, 2
+
+    monkeypatch.setattr(importer, "import_session", fake_import)
+    line = b'{"org": "acme", "agent": "bot", "session": "s1", "turns": []}'
+    report = import_lines(None, [line])  # type: ignore[arg-type]
+    assert attempts == ["s1", "s1"]
+    assert (report.sessions_created, report.turns_added, report.errors) == (1, 2, [])
+
+
+def test_a_line_that_keeps_losing_races_stops_the_import(monkeypatch: pytest.MonkeyPatch) -> None:
+    attempts: list[str] = []
+
+    def fake_import(store: Any, record: dict[str, Any]) -> tuple[uuid.UUID, bool, int]:
+        attempts.append(record["session"])
+        raise DatabaseUnavailableError("deadlock detected") from _Deadlock()
+
+    monkeypatch.setattr(importer, "import_session", fake_import)
+    line = b'{"org": "acme", "agent": "bot", "session": "s1", "turns": []}'
+    with pytest.raises(ImportStopped, match="deadlock detected"):
+        import_lines(None, [line, line])  # type: ignore[arg-type]
+    assert attempts == ["s1"] * importer.LINE_ATTEMPTS
