@@ -190,9 +190,10 @@ def run_import(args: argparse.Namespace, settings: Settings) -> int:
 def _stopped_message(line: int, reason: str) -> str:
     if line <= 1:
         return f"ibex import: stopped at line 1, nothing was imported: {reason}"
+    done = "line 1" if line == 2 else f"lines 1-{line - 1}"
     return (
-        f"ibex import: stopped at line {line}; lines 1-{line - 1} were processed and stay"
-        f" committed, re-run the import to finish: {reason}"
+        f"ibex import: stopped at line {line}; what {done} imported is committed,"
+        f" re-run the import to finish: {reason}"
     )
 
 

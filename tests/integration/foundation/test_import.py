@@ -278,6 +278,23 @@ def test_an_unreachable_database_is_reported_once(monkeypatch, tmp_path: Path, c
     )
 
 
+def test_json_output_of_an_import_stopped_by_the_database(
+    monkeypatch, tmp_path: Path, capsys
+) -> None:
+    monkeypatch.setenv("DATABASE_URL", f"postgresql://postgres@127.0.0.1:{_closed_port()}/ibex")
+    path = tmp_path / "sessions.jsonl"
+    path.write_text("{bad\n" + "".join(_line(f"conv-{i}") + "\n" for i in range(3)))
+    assert main(["import", "--json", str(path)]) == 1
+    out, err = capsys.readouterr()
+    document = json.loads(out)
+    assert document["lines"] == 2 and document["imported"] == []
+    assert [r["line"] for r in document["rejected"]] == [1]
+    assert document["stopped"]["line"] == 2
+    assert document["stopped"]["error"].startswith("database unavailable:")
+    assert "\n" not in document["stopped"]["error"]
+    assert err.count("\n") == 1 and "stopped at line 2; what line 1 imported is committed" in err
+
+
 def test_an_unmigrated_database_stops_the_import_once(
     postgres_server, monkeypatch, tmp_path: Path, capsys
 ) -> None:
@@ -332,7 +349,7 @@ def test_a_connection_killed_mid_import_stops_it_with_one_message(db, database_u
     lines = err.decode().splitlines()
     assert len(lines) == 1, lines
     assert lines[0].startswith(
-        "ibex import: stopped at line 3; lines 1-2 were processed and stay committed"
+        "ibex import: stopped at line 3; what lines 1-2 imported is committed"
     )
     assert "database unavailable" in lines[0]
     assert out.decode().strip() == (
