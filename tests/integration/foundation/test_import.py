@@ -12,6 +12,7 @@ import time
 import uuid
 from pathlib import Path
 
+import psycopg2
 import pytest
 
 from core.cli import main
@@ -312,10 +313,8 @@ def test_an_unmigrated_database_stops_the_import_once(
         postgres_server.drop(url)
 
 
-def test_a_connection_killed_mid_import_stops_it_with_one_message(db, database_url) -> None:
-    """Crash point: the importer's backend is terminated (pg_terminate_backend) while idle,
-    after line 2 committed and before line 3 is read. Lines 1-2 stay imported, line 3 on are
-    not, and the import ends with one message and exit status 1."""
+def _spawn_import(database_url: str) -> tuple[str, subprocess.Popen[bytes]]:
+    """``ibex import -`` in a child process whose connection has its own application_name."""
     app = f"ibex-import-{uuid.uuid4().hex[:8]}"
     sep = "&" if "?" in database_url else "?"
     env = {**os.environ, "DATABASE_URL": f"{database_url}{sep}application_name={app}"}
@@ -326,33 +325,100 @@ def test_a_connection_killed_mid_import_stops_it_with_one_message(db, database_u
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
     )
+    return app, proc
+
+
+def _wait_for(condition, what: str) -> None:
+    deadline = time.monotonic() + 30
+    while not condition():
+        assert time.monotonic() < deadline, what
+        time.sleep(0.05)
+
+
+def _terminate(db, app: str) -> None:
+    killed = db.execute_sql(
+        "SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE application_name = %s",
+        (app,),
+    ).fetchall()
+    assert killed == [(True,)]
+
+
+def _assert_stopped_at_line_3(proc: subprocess.Popen[bytes], out: bytes, err: bytes) -> None:
+    assert proc.returncode == 1
+    lines = err.decode().splitlines()
+    assert len(lines) == 1, lines
+    assert lines[0].startswith("ibex import: stopped at line 3; what lines 1-2 imported is")
+    assert "database unavailable" in lines[0]
+    assert out.decode().strip() == (
+        "2 sessions created, 0 extended, 0 unchanged, 4 turns added, 0 lines rejected"
+    )
+
+
+def test_a_connection_killed_between_lines_stops_the_import_with_one_message(
+    db, database_url
+) -> None:
+    """Crash point: the importer's backend is terminated (pg_terminate_backend) while idle,
+    after line 2 committed and before line 3 is read. Lines 1-2 stay imported, line 3 on are
+    not, and the import ends with one message and exit status 1."""
+    app, proc = _spawn_import(database_url)
     try:
         assert proc.stdin is not None
         proc.stdin.write(f"{_line('conv-1')}\n{_line('conv-2')}\n".encode())
         proc.stdin.flush()
-        deadline = time.monotonic() + 30
-        while set(_sessions(db)) != {"conv-1", "conv-2"}:
-            assert time.monotonic() < deadline, "lines 1-2 were not imported"
-            time.sleep(0.05)
-        killed = db.execute_sql(
-            "SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE application_name = %s",
-            (app,),
-        ).fetchall()
-        assert killed == [(True,)]
+        _wait_for(lambda: set(_sessions(db)) == {"conv-1", "conv-2"}, "lines 1-2 not imported")
+        _terminate(db, app)
         rest = "".join(f"{_line(f'conv-{i}')}\n" for i in range(3, 8))
         out, err = proc.communicate(rest.encode(), timeout=30)
     finally:
         if proc.poll() is None:
             proc.kill()
             proc.wait()
-    assert proc.returncode == 1
-    lines = err.decode().splitlines()
-    assert len(lines) == 1, lines
-    assert lines[0].startswith(
-        "ibex import: stopped at line 3; what lines 1-2 imported is committed"
-    )
-    assert "database unavailable" in lines[0]
-    assert out.decode().strip() == (
-        "2 sessions created, 0 extended, 0 unchanged, 4 turns added, 0 lines rejected"
-    )
+    _assert_stopped_at_line_3(proc, out, err)
     assert set(_sessions(db)) == {"conv-1", "conv-2"}
+
+
+def test_a_connection_killed_inside_a_line_stops_the_import_and_rolls_the_line_back(
+    db, database_url
+) -> None:
+    """Crash point: the importer's backend is terminated in the middle of line 3's
+    transaction (waiting on a row lock that another transaction holds on line 3's org).
+    Nothing of line 3 lands, lines 1-2 stay, one message, exit status 1."""
+    blocker = psycopg2.connect(database_url)
+    try:
+        with blocker.cursor() as cur:
+            cur.execute("INSERT INTO ibex_core.orgs (slug) VALUES ('blocked')")
+        app, proc = _spawn_import(database_url)
+        try:
+            lines = [_line("conv-1"), _line("conv-2"), _line("conv-3", org="blocked")]
+            lines += [_line(f"conv-{i}") for i in range(4, 8)]
+            assert proc.stdin is not None
+            proc.stdin.write("".join(f"{ln}\n" for ln in lines).encode())
+            proc.stdin.close()
+            _wait_for(
+                lambda: (
+                    db.execute_sql(
+                        "SELECT count(*) FROM pg_stat_activity"
+                        " WHERE application_name = %s AND wait_event_type = 'Lock'",
+                        (app,),
+                    ).fetchone()
+                    == (1,)
+                ),
+                "line 3 never waited on the org's lock",
+            )
+            _terminate(db, app)
+            proc.wait(timeout=30)
+            assert proc.stdout is not None and proc.stderr is not None
+            out, err = proc.stdout.read(), proc.stderr.read()
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
+            for pipe in (proc.stdout, proc.stderr):
+                if pipe is not None:
+                    pipe.close()
+    finally:
+        blocker.rollback()
+        blocker.close()
+    _assert_stopped_at_line_3(proc, out, err)
+    assert set(_sessions(db)) == {"conv-1", "conv-2"}
+    assert db.execute_sql("SELECT slug FROM ibex_core.orgs ORDER BY slug").fetchall() == [("acme",)]
