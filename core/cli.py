@@ -36,6 +36,28 @@ def _add_migrate(sub: Any) -> None:
 def _add_import(sub: Any) -> None:
     p = sub.add_parser("import", help="import sessions from a JSON Lines file ('-' for stdin)")
     p.add_argument("file", help="path of the .jsonl file, or - for standard input")
+    p.add_argument(
+        "--max-line-bytes",
+        type=_positive_int,
+        default=None,
+        metavar="N",
+        help="reject lines longer than N bytes (default 16777216, 16 MiB)",
+    )
+    p.add_argument(
+        "--json",
+        action="store_true",
+        help="print a stable JSON document: counts, each imported and each rejected line",
+    )
+
+
+def _positive_int(value: str) -> int:
+    try:
+        number = int(value)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a whole number: {value!r}") from None
+    if number < 1:
+        raise argparse.ArgumentTypeError(f"must be at least 1: {value!r}")
+    return number
 
 
 #: name -> (how to add its parser, "module:function" that runs it)
@@ -164,44 +186,68 @@ def run_migrate(args: argparse.Namespace, settings: Settings) -> int:
 
 
 def run_import(args: argparse.Namespace, settings: Settings) -> int:
+    import json
+
     from core.progress import Progress
-    from models.importer import import_lines
+    from models.importer import MAX_LINE_BYTES, ImportStopped, import_lines, read_lines
     from models.store import SessionStore
 
     store = SessionStore.from_url(settings.require_database_url())
     if args.file == "-":
-        stream = sys.stdin
+        stream = sys.stdin.buffer
         close = False
     else:
         try:
-            stream = open(args.file, encoding="utf-8")  # noqa: SIM115
+            stream = open(args.file, "rb")  # noqa: SIM115
         except OSError as exc:
             print(f"ibex import: cannot read {args.file}: {exc.strerror}", file=sys.stderr)
             return EXIT_FAILURE
         close = True
     progress = Progress("importing")
+    stopped: ImportStopped | None = None
     try:
         report = import_lines(
             store,
-            stream,
+            read_lines(stream, args.max_line_bytes or MAX_LINE_BYTES),
             lambda r: progress.update(
                 r.lines,
                 f"{r.sessions_created + r.sessions_extended} sessions, "
                 f"{r.turns_added} turns, {r.lines_rejected} rejected",
             ),
+            keep_lines=args.json,
         )
-    except UnicodeDecodeError as exc:
-        progress.close()
-        print(f"ibex import: the file is not UTF-8 text: {exc}", file=sys.stderr)
+    except ImportStopped as exc:
+        stopped, report = exc, exc.report
+    except OSError as exc:
+        print(f"ibex import: cannot read {args.file}: {exc.strerror or exc}", file=sys.stderr)
         return EXIT_FAILURE
     finally:
+        progress.close()
         if close:
             stream.close()
-    progress.close()
-    for error in report.errors:
-        print(f"ibex import: {error}", file=sys.stderr)
-    print(report.summary())
-    return EXIT_FAILURE if report.errors else EXIT_OK
+    if args.json:
+        document = report.as_json()
+        document["stopped"] = (
+            {"line": stopped.line, "error": str(stopped)} if stopped is not None else None
+        )
+        print(json.dumps(document, sort_keys=True))
+    else:
+        for error in report.errors:
+            print(f"ibex import: {error}", file=sys.stderr)
+        print(report.summary())
+    if stopped is not None:
+        print(_stopped_message(stopped.line, str(stopped)), file=sys.stderr)
+    return EXIT_FAILURE if report.errors or stopped is not None else EXIT_OK
+
+
+def _stopped_message(line: int, reason: str) -> str:
+    if line <= 1:
+        return f"ibex import: stopped at line 1, nothing was imported: {reason}"
+    done = "line 1" if line == 2 else f"lines 1-{line - 1}"
+    return (
+        f"ibex import: stopped at line {line}; what {done} imported is committed,"
+        f" re-run the import to finish: {reason}"
+    )
 
 
 if __name__ == "__main__":  # pragma: no cover
