@@ -2,7 +2,7 @@
 -- can do only what its name says.
 --
 --   ibex_app   tenant data of the one org set for the transaction; with no org set it sees and
---              writes nothing, and may only authenticate a bearer token it holds in clear.
+--              writes nothing, and may only authenticate a bearer token whose hash it holds.
 --   ibex_scan  the identity and progress columns of sessions, across orgs; nothing else.
 --   ibex_ops   reads every org (never a token hash) and writes nothing, not even through a
 --              function.
@@ -43,6 +43,10 @@ BEGIN
      WHERE t.token_hash = p_token_hash;
 END
 $$;
+
+-- The org registry is read by the owner only (slugs are resolved before a tenant transaction
+-- starts; foreign-key checks do not need the privilege): a tenant does not list other orgs.
+REVOKE ALL ON ibex_core.orgs FROM ibex_app;
 
 -- Functions are executable by their owner only, unless granted below. Trigger functions fire
 -- whatever the privilege, so no role needs EXECUTE on them; create_memory is the memory

@@ -52,7 +52,7 @@ CASES = {
 }
 
 TENANT_TABLES: dict[str, dict[str, Any]] = {
-    "ibex_core.orgs": {"SELECT": ALL},  # the registry: slugs resolve before an org is known
+    "ibex_core.orgs": {},  # the registry: the owner resolves slugs before a tenant transaction
     "ibex_core.agents": {"SELECT": ALL, "INSERT": ALL},
     "ibex_core.directives": {"SELECT": ALL, "INSERT": ALL, "UPDATE": ALL},
     "ibex_core.directive_versions": {"SELECT": ALL, "INSERT": ALL, "UPDATE": ALL, "DELETE": ALL},
@@ -98,7 +98,7 @@ EXPECTED: dict[str, dict[str, Any]] = {
         "functions": {POLICY_PREDICATE, TOKEN_LOOKUP},
     },
     "tenant without org": {
-        "tables": {"ibex_core.orgs": {"SELECT": ALL}},
+        "tables": {},
         "functions": {POLICY_PREDICATE, TOKEN_LOOKUP},
     },
     "scan": {
