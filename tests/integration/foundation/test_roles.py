@@ -336,7 +336,11 @@ def test_each_role_can_do_what_its_name_says_and_nothing_else(catalog, case: str
         if (expected["tables"].get(table) or {}) != (seen["tables"].get(table) or {})
     }
     assert difference == {}, json.dumps(difference, default=sorted, indent=1)
-    assert seen["functions"] == expected["functions"]
+    functions_seen, functions_expected = seen["functions"], expected["functions"]
+    assert functions_seen == functions_expected, {
+        "executed but not stated": sorted(functions_seen - functions_expected),
+        "stated but refused": sorted(functions_expected - functions_seen),
+    }
 
 
 def test_the_operator_cannot_write_a_memory_through_the_function(catalog) -> None:
