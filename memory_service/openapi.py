@@ -158,7 +158,10 @@ def build_spec(max_body_bytes: int) -> dict[str, Any]:
                             **replayed,
                         ),
                         "413": _error(f"Body over {max_body_bytes} bytes (BODY_TOO_LARGE)."),
-                        "422": _error("Validation failed, field by field (VALIDATION_FAILED)."),
+                        "422": _error(
+                            "Validation failed, field by field (VALIDATION_FAILED); also an "
+                            "agent_id or source.session_id that is not of this org."
+                        ),
                     }
                 ),
             },

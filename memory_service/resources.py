@@ -325,7 +325,9 @@ class MemoriesResource:
             )
         if result.outcome is Outcome.UNKNOWN_ORG:
             return Answer(403, error_body("FORBIDDEN_ORG", "no such org"), storable=False)
-        messages = {"agent_id": ["unknown agent for this org"]}
+        messages: dict[str, Any] = {"agent_id": ["unknown agent for this org"]}
+        if result.outcome is Outcome.UNKNOWN_SESSION:
+            messages = {"source": {"session_id": ["unknown session for this org"]}}
         return Answer(
             422,
             error_body(

@@ -57,6 +57,8 @@ UPDATE ibex_memory.memories SET deleted_at = now()
 """
 
 ORG_FK = "memories_org_id_fkey"
+#: The source session must be one of the memory's org (migration 000005).
+SESSION_FK = "memories_source_session_fkey"
 
 
 @dataclass(frozen=True)
@@ -144,6 +146,8 @@ class Outcome(enum.Enum):
     CONTENT_EXISTS = "content_exists"
     UNKNOWN_AGENT = "unknown_agent"
     UNKNOWN_ORG = "unknown_org"
+    #: ``source.session_id`` names no session of this org.
+    UNKNOWN_SESSION = "unknown_session"
 
 
 #: What ``ibex_memory.create_memory`` says in its first column.
@@ -249,14 +253,19 @@ def create_params(org_id: uuid.UUID, new: NewMemory) -> tuple[Any, ...]:
 
 
 def _foreign_key_outcome(exc: Exception) -> Outcome:
-    """Which reference a failed insert named: the org (403) or the agent (422)."""
+    """Which reference a failed insert named: the org (403), the agent or the source session
+    (422). The org's key was declared first, so an unknown org is reported as such."""
     orig = getattr(exc, "orig", None) or exc.__cause__ or exc
     if getattr(orig, "pgcode", None) != "23503":
         if is_unique_violation(exc):  # cannot happen with ON CONFLICT DO NOTHING
             raise DatabaseUnavailableError("unexpected unique violation") from exc
         raise exc
     constraint = getattr(getattr(orig, "diag", None), "constraint_name", None)
-    return Outcome.UNKNOWN_ORG if constraint == ORG_FK else Outcome.UNKNOWN_AGENT
+    if constraint == ORG_FK:
+        return Outcome.UNKNOWN_ORG
+    if constraint == SESSION_FK:
+        return Outcome.UNKNOWN_SESSION
+    return Outcome.UNKNOWN_AGENT
 
 
 # -- API tokens ----------------------------------------------------------------------------
@@ -310,33 +319,25 @@ TOKEN_COLUMNS = (
 
 
 class TokenStore:
-    """``ibex_memory.api_tokens``. Lookups run as the tenant role (no org is known yet; the
-    table is readable by it and not row-secured); creation and revocation are operator actions.
+    """``ibex_memory.api_tokens``. Lookups run as the tenant role (no org is known yet) through a
+    function that returns the one row of a hash; creation and revocation are operator actions.
     """
 
     def __init__(self, db: peewee.Database) -> None:
         self.db = db
 
     def lookup(self, token_hash: str) -> TokenRow | None:
-        """The token with this hash, revoked or not; stamps ``last_used_at`` at most per minute."""
+        """The token with this hash, revoked or not; stamps ``last_used_at`` at most per minute.
+
+        Runs as the tenant role, which cannot read the table: ``ibex_memory.authenticate_token``
+        returns only the row of the hash given and does the stamping (migration 000005)."""
         with db_errors(), self.db.atomic():
             self.db.execute_sql(f"SET LOCAL ROLE {APP_ROLE}")
             row = self.db.execute_sql(
-                f"SELECT {TOKEN_COLUMNS} FROM ibex_memory.api_tokens WHERE token_hash = %s",
+                f"SELECT {TOKEN_COLUMNS} FROM ibex_memory.authenticate_token(%s)",
                 (token_hash,),
             ).fetchone()
-            if row is None:
-                return None
-            token = TokenRow.from_db(row)
-            if token.revoked_at is None and (
-                token.last_used_at is None
-                or token.last_used_at < dt.datetime.now(dt.UTC) - dt.timedelta(minutes=1)
-            ):
-                self.db.execute_sql(
-                    "UPDATE ibex_memory.api_tokens SET last_used_at = now() WHERE id = %s",
-                    (str(token.id),),
-                )
-        return token
+        return TokenRow.from_db(row) if row else None
 
     def create(
         self,

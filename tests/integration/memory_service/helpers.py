@@ -6,6 +6,7 @@ import uuid
 from dataclasses import dataclass
 from typing import Any
 
+from core.db import tenant
 from memory_service.store import TokenStore
 
 BASE_URL = "http://memory.test"
@@ -18,6 +19,8 @@ class Tenant:
     writer: str  # memory:read + memory:write
     reader: str  # memory:read only
     writer_id: uuid.UUID
+    #: The session that :func:`memory_body` names as the source of this agent's memories.
+    session_id: uuid.UUID
 
     def headers(
         self, token: str | None = None, *, key: str | None = None, org: object = None
@@ -36,20 +39,44 @@ def make_token(db: Any, org_id: uuid.UUID | None, scopes: list[str]) -> tuple[st
     return token, row.id
 
 
+def source_session_of(agent_id: uuid.UUID) -> uuid.UUID:
+    """The id :func:`memory_body` gives the source session of ``agent_id``'s memories."""
+    return uuid.uuid5(agent_id, "source-session")
+
+
+def make_source_session(store: Any, org_id: uuid.UUID, agent_id: uuid.UUID) -> uuid.UUID:
+    """Create the session :func:`memory_body` names for ``agent_id`` (a memory's source session
+    must exist in its org); idempotent."""
+    session_id = source_session_of(agent_id)
+    with tenant(store.db, org_id):
+        store.db.execute_sql(
+            "INSERT INTO ibex_core.sessions (id, org_id, agent_id, external_id, status)"
+            " VALUES (%s, %s, %s, %s, 'completed') ON CONFLICT DO NOTHING",
+            (str(session_id), str(org_id), str(agent_id), f"source-{session_id}"),
+        )
+    return session_id
+
+
 def make_tenant(store: Any, slug: str) -> Tenant:
     org_id = store.ensure_org(slug)
     agent_id = store.ensure_agent(org_id, "bot")
+    session_id = make_source_session(store, org_id, agent_id)
     writer, writer_id = make_token(store.db, org_id, ["memory:read", "memory:write"])
     reader, _ = make_token(store.db, org_id, ["memory:read"])
-    return Tenant(org_id, agent_id, writer, reader, writer_id)
+    return Tenant(org_id, agent_id, writer, reader, writer_id, session_id)
 
 
 def memory_body(agent_id: uuid.UUID, content: str = "Dana is allergic to peanuts.", **extra: Any):
+    """A valid body whose source is the session of :func:`make_source_session`."""
     body: dict[str, Any] = {
         "agent_id": str(agent_id),
         "content": content,
         "kind": "fact",
-        "source": {"session_id": str(uuid.UUID(int=7)), "turn_index": 3, "ordinal": 0},
+        "source": {
+            "session_id": str(source_session_of(agent_id)),
+            "turn_index": 3,
+            "ordinal": 0,
+        },
         "metadata": {},
     }
     body.update(extra)

@@ -133,6 +133,42 @@ def test_unknown_agent_is_422_on_agent_id(
     assert memory_count(db) == 0
 
 
+def test_a_source_session_outside_the_org_is_422_on_source_session_id(
+    http: httpx.Client, acme: Tenant, globex: Tenant, db
+) -> None:
+    for session in (uuid.uuid4(), globex.session_id):  # no session at all, another org's
+        body = memory_body(acme.agent_id)
+        body["source"]["session_id"] = str(session)
+        key = f"k-{session}"
+        response = http.post("/v1/memories", json=body, headers=acme.headers(key=key))
+        assert response.status_code == 422, response.text
+        error = error_of(response)
+        assert error["code"] == "VALIDATION_FAILED"
+        assert error["fields"] == {"source": {"session_id": ["unknown session for this org"]}}
+        assert "source.session_id" in error["message"]
+        # A refusal does not consume the key: the corrected body goes through under it.
+        fixed = http.post(
+            "/v1/memories", json=memory_body(acme.agent_id), headers=acme.headers(key=key)
+        )
+        assert fixed.status_code == 201
+        assert (
+            http.delete(f"/v1/memories/{fixed.json()['id']}", headers=acme.headers()).status_code
+            == 204
+        )
+    assert memory_count(db) == 2
+    live = db.execute_sql("SELECT count(*) FROM ibex_memory.memories WHERE deleted_at IS NULL")
+    assert live.fetchone()[0] == 0
+
+
+def test_a_memory_without_a_source_needs_no_session(http: httpx.Client, acme: Tenant, db) -> None:
+    response = http.post(
+        "/v1/memories", json=memory_body(acme.agent_id, source=None), headers=acme.headers()
+    )
+    assert response.status_code == 201, response.text
+    assert response.json()["source"] is None
+    assert memory_count(db) == 1
+
+
 def test_body_over_the_limit_is_413(http: httpx.Client, app, acme: Tenant, db) -> None:
     body = memory_body(acme.agent_id, metadata={"pad": "x" * 5000})  # the test limit is 4096
     response = http.post("/v1/memories", json=body, headers=acme.headers())

@@ -10,7 +10,7 @@ import pytest
 
 from core.cli import main
 from memory_service.app import create_app, make_pool
-from tests.integration.memory_service.helpers import memory_body
+from tests.integration.memory_service.helpers import make_source_session, memory_body
 
 
 def test_healthz_and_readyz(http: httpx.Client) -> None:
@@ -127,6 +127,7 @@ def test_token_create_list_revoke(cli_env, capsys, settings, app_db, redis_clien
     org_id = store.find_org("initech")
     assert org_id is not None
     agent_id = store.ensure_agent(org_id, "bot")
+    make_source_session(store, org_id, agent_id)
 
     assert main(["token", "list", "--json"]) == 0
     listed = json.loads(capsys.readouterr().out)

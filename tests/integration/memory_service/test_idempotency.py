@@ -26,6 +26,7 @@ from memory_service.idempotency import IdempotencyStore, record_key
 from memory_service.store import CREATE_SQL, MemoryStore, create_params
 from tests.integration.memory_service.helpers import (
     Tenant,
+    make_source_session,
     memory_body,
     memory_count,
     memory_ids,
@@ -167,6 +168,7 @@ def test_another_agent_may_hold_the_same_content(
     http: httpx.Client, acme: Tenant, store, db
 ) -> None:
     other_agent = store.ensure_agent(acme.org_id, "other-bot")
+    make_source_session(store, acme.org_id, other_agent)
     assert post(http, acme, memory_body(acme.agent_id)).status_code == 201
     assert post(http, acme, memory_body(other_agent)).status_code == 201
     assert memory_count(db) == 2

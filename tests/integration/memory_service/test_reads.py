@@ -9,7 +9,7 @@ import httpx
 import pytest
 
 from schema.memory import MemoryPageSchema
-from tests.integration.memory_service.helpers import Tenant, memory_body
+from tests.integration.memory_service.helpers import Tenant, make_source_session, memory_body
 
 
 def seed(http: httpx.Client, tenant_: Tenant, count: int, session: uuid.UUID) -> list[str]:
@@ -24,7 +24,7 @@ def seed(http: httpx.Client, tenant_: Tenant, count: int, session: uuid.UUID) ->
 
 
 def test_pages_cover_everything_once_newest_first(http: httpx.Client, acme: Tenant) -> None:
-    ids = seed(http, acme, 7, uuid.uuid4())
+    ids = seed(http, acme, 7, acme.session_id)
     seen: list[str] = []
     cursor = None
     pages = 0
@@ -43,9 +43,10 @@ def test_pages_cover_everything_once_newest_first(http: httpx.Client, acme: Tena
 
 
 def test_filters(http: httpx.Client, acme: Tenant, store) -> None:
-    session_a, session_b = uuid.uuid4(), uuid.uuid4()
-    a = seed(http, acme, 2, session_a)
     other_agent = store.ensure_agent(acme.org_id, "helper")
+    session_a = acme.session_id
+    session_b = make_source_session(store, acme.org_id, other_agent)
+    a = seed(http, acme, 2, session_a)
     body = memory_body(other_agent, content="Fact number 0.")
     body["source"]["session_id"] = str(session_b)
     b = http.post("/v1/memories", json=body, headers=acme.headers()).json()["id"]
@@ -132,7 +133,7 @@ def test_a_repeated_cursor_is_400(http: httpx.Client, acme: Tenant) -> None:
 
 
 def test_limit_default_and_maximum(http: httpx.Client, acme: Tenant) -> None:
-    seed(http, acme, 3, uuid.uuid4())
+    seed(http, acme, 3, acme.session_id)
     response = http.get("/v1/memories", params={"limit": "200"}, headers=acme.headers())
     assert response.status_code == 200
     assert len(response.json()["items"]) == 3
@@ -140,7 +141,7 @@ def test_limit_default_and_maximum(http: httpx.Client, acme: Tenant) -> None:
 
 
 def test_delete_is_soft_and_frees_the_content(http: httpx.Client, acme: Tenant, db) -> None:
-    (memory_id,) = seed(http, acme, 1, uuid.uuid4())
+    (memory_id,) = seed(http, acme, 1, acme.session_id)
     location = f"/v1/memories/{memory_id}"
     assert http.delete(location, headers=acme.headers()).status_code == 204
     assert http.get(location, headers=acme.headers()).status_code == 404

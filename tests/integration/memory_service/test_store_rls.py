@@ -7,9 +7,11 @@ in an implicit transaction), and that its outcomes are the ones the resources ex
 
 from __future__ import annotations
 
+import dataclasses
 import uuid
 from typing import Any
 
+import peewee
 import pytest
 
 from memory_service.canonical import content_hash
@@ -89,3 +91,34 @@ def test_soft_deleted_content_is_free_again(db: Any, acme: Tenant, deleted_first
     again = store.create(acme.org_id, new_memory(acme.agent_id, "note"))
     expected = Outcome.CREATED if deleted_first else Outcome.CONTENT_EXISTS
     assert again.outcome is expected
+
+
+def test_the_source_session_must_be_of_the_memorys_org(
+    db: Any, acme: Tenant, globex: Tenant
+) -> None:
+    store = MemoryStore(db)
+    ours = dataclasses.replace(new_memory(acme.agent_id, "ours"), session_id=acme.session_id)
+    assert store.create(acme.org_id, ours).outcome is Outcome.CREATED
+    for session in (globex.session_id, uuid.uuid4()):  # another org's, and none at all
+        theirs = dataclasses.replace(
+            new_memory(acme.agent_id, f"from {session}"), session_id=session
+        )
+        assert store.create(acme.org_id, theirs).outcome is Outcome.UNKNOWN_SESSION
+    # An unknown org is still reported as such, whatever the session.
+    stray = dataclasses.replace(new_memory(acme.agent_id, "stray"), session_id=uuid.uuid4())
+    assert store.create(uuid.uuid4(), stray).outcome is Outcome.UNKNOWN_ORG
+    assert memory_count(db) == 1
+
+
+def test_the_database_itself_refuses_a_foreign_source_session(
+    db: Any, acme: Tenant, globex: Tenant
+) -> None:
+    # Not the service's path: the owner's plain INSERT, which row-level security does not
+    # restrict (a superuser), is refused by the constraint all the same.
+    with pytest.raises(peewee.IntegrityError, match="memories_source_session_fkey"), db.atomic():
+        db.execute_sql(
+            "INSERT INTO ibex_memory.memories (org_id, agent_id, session_id, content, content_hash)"
+            " VALUES (%s, %s, %s, 'x', 'h')",
+            (str(acme.org_id), str(acme.agent_id), str(globex.session_id)),
+        )
+    assert memory_count(db) == 0
