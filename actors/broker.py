@@ -24,7 +24,6 @@ import logging
 import os
 import tempfile
 from collections.abc import Callable, Iterable
-from enum import StrEnum
 from typing import Any
 from uuid import uuid4
 
@@ -37,6 +36,7 @@ from dramatiq.middleware import AgeLimit, Middleware, Retries, ShutdownNotificat
 from core.config import Settings, export_environment
 from core.errors import ConfigError
 from extraction.stages import Send
+from schema.messages import Queue
 
 log = logging.getLogger(__name__)
 
@@ -46,15 +46,6 @@ HEARTBEAT_TIMEOUT_MS = 30_000
 MAINTENANCE_CHANCE = 20_000
 #: Slack on top of the slowest single call a stage makes, for the database work around it.
 TIME_LIMIT_SLACK_S = 60
-
-
-class Queue(StrEnum):
-    """The pipeline's queues: one per stage, so a backlog of writes never delays the pointer."""
-
-    SCAN = "scan"
-    EXTRACT = "extract"
-    WRITE = "write"
-    POINTER = "pointer"
 
 
 def time_limit_ms(settings: Settings) -> int:

@@ -26,11 +26,13 @@ from typing import Any
 
 import httpx
 
-from core.cli import EXIT_FAILURE, EXIT_OK
 from core.config import Settings, child_environment
 from core.embedded import EmbeddedPostgres, EmbeddedRedis, default_demo_folder, free_port
 from core.errors import ConfigError
 from core.progress import Progress
+
+#: Exit statuses of ``ibex demo``, as the command line defines them.
+EXIT_OK, EXIT_FAILURE = 0, 1
 
 
 @dataclass
@@ -224,7 +226,7 @@ def _run_demo(args: argparse.Namespace, settings: Settings) -> int:
             logs / "worker.log",
         )
         scan = subprocess.run(
-            [sys.executable, "-m", "core.cli", "scan"],
+            [sys.executable, "-m", "cli", "scan"],
             env=env,
             capture_output=True,
             text=True,

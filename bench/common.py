@@ -198,13 +198,11 @@ def python() -> str:
 
 
 def ibex(*args: str) -> list[str]:
-    """argv of the ``ibex`` command. (``python -m core.cli`` would not do: run as ``__main__``,
-    core.cli is a second module, and the commands that extensions register land on the other
-    one, so only ``migrate`` and ``import`` would exist.)"""
+    """argv of the ``ibex`` command: the console script, else ``python -m cli``."""
     script = Path(sys.executable).with_name("ibex")
     if script.is_file():
         return [str(script), *args]
-    return [sys.executable, "-c", "import sys; from core.cli import main; sys.exit(main())", *args]
+    return [sys.executable, "-m", "cli", *args]
 
 
 def child_env(overrides: Mapping[str, str]) -> dict[str, str]:

@@ -10,9 +10,30 @@ so it goes to the dead-letter queue at once. The persisted extraction result has
 
 from __future__ import annotations
 
+from enum import StrEnum
+
 from marshmallow import RAISE, Schema, fields, validate
 
 from schema.common import StrictInteger
+
+
+class Queue(StrEnum):
+    """The pipeline's queues: one per stage, so a backlog of writes never delays the pointer.
+    The one list of queue names (the broker's, ``ibex status``'s, the dead letters')."""
+
+    SCAN = "scan"
+    EXTRACT = "extract"
+    WRITE = "write"
+    POINTER = "pointer"
+
+
+class ActorName(StrEnum):
+    """The pipeline's actors, by the name their messages carry."""
+
+    SCAN = "scan_sessions"
+    EXTRACT = "extract_turn"
+    WRITE = "write_memory"
+    POINTER = "advance_pointer"
 
 
 class _Strict(Schema):
@@ -42,14 +63,16 @@ class SlotMessageSchema(TurnMessageSchema):
 
 #: actor name -> schema of its message
 MESSAGE_SCHEMAS: dict[str, type[Schema]] = {
-    "scan_sessions": ScanMessageSchema,
-    "extract_turn": TurnMessageSchema,
-    "write_memory": SlotMessageSchema,
-    "advance_pointer": TurnMessageSchema,
+    ActorName.SCAN: ScanMessageSchema,
+    ActorName.EXTRACT: TurnMessageSchema,
+    ActorName.WRITE: SlotMessageSchema,
+    ActorName.POINTER: TurnMessageSchema,
 }
 
 __all__ = [
     "MESSAGE_SCHEMAS",
+    "ActorName",
+    "Queue",
     "ScanMessageSchema",
     "SlotMessageSchema",
     "TurnMessageSchema",

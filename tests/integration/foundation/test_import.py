@@ -15,7 +15,7 @@ from pathlib import Path
 import psycopg2
 import pytest
 
-from core.cli import main
+from cli import main
 from models import Checkpoint, CheckpointPayload, Session
 from models.store import content_digest
 

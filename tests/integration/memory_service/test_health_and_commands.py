@@ -8,7 +8,7 @@ import uuid
 import httpx
 import pytest
 
-from core.cli import main
+from cli import main
 from memory_service.app import create_app, make_pool
 from tests.integration.memory_service.helpers import make_source_session, memory_body
 

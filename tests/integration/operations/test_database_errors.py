@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from core.cli import main
+from cli import main
 
 ROOT = Path(__file__).resolve().parents[3]
 BIN = Path(sys.executable).parent

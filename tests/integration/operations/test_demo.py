@@ -61,7 +61,7 @@ def test_the_demo_extracts_the_samples_and_cleans_up(tmp_path: Path) -> None:
     data = tmp_path / "demo"
     started = time.monotonic()
     result = subprocess.run(
-        [sys.executable, "-m", "core.cli", "demo", "--data-dir", str(data), "--fresh"],
+        [sys.executable, "-m", "cli", "demo", "--data-dir", str(data), "--fresh"],
         env=_demo_env(),
         capture_output=True,
         text=True,
@@ -80,7 +80,7 @@ def test_the_demo_extracts_the_samples_and_cleans_up(tmp_path: Path) -> None:
 
     # A second run reuses the data: nothing new to import, extract or pay for.
     again = subprocess.run(
-        [sys.executable, "-m", "core.cli", "demo", "--data-dir", str(data)],
+        [sys.executable, "-m", "cli", "demo", "--data-dir", str(data)],
         env=_demo_env(),
         capture_output=True,
         text=True,
@@ -116,7 +116,7 @@ def test_ctrl_c_or_sigterm_stops_everything(tmp_path: Path, signum: int) -> None
             "LLM_MODEL": "fake",
         }
         process = subprocess.Popen(
-            [sys.executable, "-m", "core.cli", "demo", "--data-dir", str(data), "--fresh"],
+            [sys.executable, "-m", "cli", "demo", "--data-dir", str(data), "--fresh"],
             env=env,
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,

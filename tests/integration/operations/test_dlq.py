@@ -18,7 +18,7 @@ import dramatiq
 import pytest
 import redis
 
-from core.cli import main
+from cli import main
 from extraction.deadletters import DeadLetterStore, fresh_payload
 from extraction.stages import StageDeps
 from tests.integration.pipeline.helpers import (

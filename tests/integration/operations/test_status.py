@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from core.cli import main
+from cli import main
 from core.db import tenant
 from tests.integration.foundation.helpers import make_session
 

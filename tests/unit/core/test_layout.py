@@ -10,9 +10,9 @@ import pytest
 ROOT = Path(__file__).resolve().parents[3]
 
 
-@pytest.mark.parametrize("name", ["actors", "models", "schema", "core", "extraction"])
+@pytest.mark.parametrize("name", ["actors", "models", "schema", "core", "extraction", "cli"])
 def test_generic_package_names_resolve_inside_this_repository(name: str) -> None:
-    # `actors`, `models` and `schema` are also names of unrelated packages on PyPI.
+    # `actors`, `models`, `schema` and `cli` are also names of unrelated packages on PyPI.
     module = importlib.import_module(name)
     assert module.__file__ is not None
     assert Path(module.__file__).resolve().parent == ROOT / name
@@ -35,8 +35,9 @@ def test_procfile_names_the_contract_processes() -> None:
 
 
 def test_imports_flow_one_way() -> None:
-    # import-linter reads its contracts from setup.cfg: actors → extraction | memory_service
-    # → models → schema → core, and schema imports no I/O library.
+    # import-linter reads its contracts from setup.cfg: cli → actors → extraction |
+    # memory_service → models → schema → core; nothing below actors imports cli, actors or
+    # dramatiq; and schema imports no I/O library.
     import subprocess
     import sys
 
@@ -57,7 +58,7 @@ def test_the_packages_type_check() -> None:
     mypy = Path(sys.executable).parent / "mypy"
     if not mypy.exists():
         pytest.skip("mypy is not installed (pip install -e '.[test]')")
-    packages = ["core", "models", "schema", "extraction", "memory_service", "actors"]
+    packages = ["core", "models", "schema", "extraction", "memory_service", "actors", "cli"]
     result = subprocess.run(
         [str(mypy), *packages], cwd=ROOT, capture_output=True, text=True, timeout=300
     )

@@ -9,7 +9,7 @@ import peewee
 import psycopg2
 import pytest
 
-from core.cli import database_error_line
+from cli import database_error_line
 from core.errors import MigrationsPendingError, SchemaMissingError
 from core.migrate import Migration, verify_schema
 

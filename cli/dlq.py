@@ -1,4 +1,4 @@
-"""Operator commands: ``ibex status``, ``ibex dlq ...`` and ``ibex demo``."""
+"""``ibex dlq list|show|replay|purge``: the dead letters, in Redis and their Postgres mirror."""
 
 from __future__ import annotations
 
@@ -7,20 +7,14 @@ import json
 import sys
 from typing import Any
 
-from core.cli import EXIT_FAILURE, EXIT_OK, EXIT_USAGE, register
+from cli.common import EXIT_FAILURE, EXIT_OK, EXIT_USAGE
+from cli.status import database, redis_client
 from core.config import Settings
 
-#: The pipeline's queues, as ``actors.broker`` names them; listed here so that operator
-#: commands do not have to load the worker (and its broker) to read the backlog.
-PIPELINE_QUEUES = ("scan", "extract", "write", "pointer")
+DATABASE = True
 
 
-def _add_status(sub: Any) -> None:
-    p = sub.add_parser("status", help="extraction backlog per org, queues and dead letters")
-    p.add_argument("--json", action="store_true", help="stable JSON output")
-
-
-def _add_dlq(sub: Any) -> None:
+def add_parser(sub: Any) -> None:
     p = sub.add_parser("dlq", help="list, show, replay or purge dead letters")
     dsub = p.add_subparsers(dest="dlq_command", metavar="ACTION", required=True)
     ls = dsub.add_parser("list", help="list open dead letters")
@@ -42,57 +36,11 @@ def _add_dlq(sub: Any) -> None:
     purge.add_argument("--yes", action="store_true", help="do not ask for confirmation")
 
 
-def _add_demo(sub: Any) -> None:
-    p = sub.add_parser("demo", help="run the whole system on this machine with sample data")
-    p.add_argument("--fresh", action="store_true", help="start over with empty data")
-    p.add_argument("--data-dir", help="where embedded servers keep data (~/.ibex/demo)")
-    p.add_argument("--workers", type=int, default=2, help="worker processes (default 2)")
-    p.add_argument("--threads", type=int, default=4, help="threads per worker (default 4)")
-    p.add_argument("--timeout", type=float, default=300.0, help="seconds to wait for drain")
-
-
-register("status", _add_status, "extraction.commands:run_status")
-register("dlq", _add_dlq, "extraction.commands:run_dlq")
-register("demo", _add_demo, "actors.demo:run_demo", database=False)
-
-
-def _redis(settings: Settings) -> Any:
-    import redis
-
-    return redis.Redis.from_url(settings.redis_url, socket_timeout=5, socket_connect_timeout=5)
-
-
-def _db(settings: Settings) -> Any:
-    from core.db import make_database
-    from models import bind
-
-    return bind(make_database(settings.require_database_url()))
-
-
-def run_status(args: argparse.Namespace, settings: Settings) -> int:
-    import redis
-
-    from extraction.status import collect, render
-
-    db = _db(settings)
-    client = _redis(settings)
-    try:
-        status = collect(db, client, queues=list(PIPELINE_QUEUES))
-    except redis.RedisError as exc:
-        print(f"ibex status: Redis unavailable ({exc}); showing Postgres only", file=sys.stderr)
-        status = collect(db, None, queues=list(PIPELINE_QUEUES))
-    if args.json:
-        print(json.dumps(status.as_json(), indent=2, sort_keys=True))
-    else:
-        print(render(status))
-    return EXIT_OK
-
-
-def run_dlq(args: argparse.Namespace, settings: Settings) -> int:
+def run(args: argparse.Namespace, settings: Settings) -> int:
     from extraction.deadletters import DeadLetterStore
 
     store = DeadLetterStore(
-        _db(settings), _redis(settings), lease_seconds=settings.extraction_lease_seconds
+        database(settings), redis_client(settings), lease_seconds=settings.extraction_lease_seconds
     )
     action = args.dlq_command
     if action == "list":

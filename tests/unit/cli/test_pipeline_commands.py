@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from core.cli import main
+from cli import main
 
 
 @pytest.mark.parametrize(

@@ -1,13 +1,6 @@
-"""``ibex scan``, ``ibex extract`` and ``ibex scheduler`` (DESIGN sections 2 and 8).
-
-- ``scan`` runs one scan now and sends its ``extract_turn`` messages through the broker.
-- ``extract`` runs the same stage functions inline and sequentially, without the broker: for
-  debugging, and as the sequential baseline of the benchmarks. It refuses to run without a
-  database (fail closed).
-- ``scheduler`` (the Procfile line) sends ``scan_sessions`` every ``SCAN_INTERVAL_SECONDS``
-  until SIGTERM or SIGINT: a thin trigger, the scan itself runs on a worker.
-
-Registered with :func:`core.cli.register` when the CLI loads its extensions.
+"""``ibex extract``: run the stage functions inline and sequentially, without the broker: for
+debugging, and as the sequential baseline of the benchmarks. It refuses to run without a
+database (fail closed).
 """
 
 from __future__ import annotations
@@ -15,125 +8,29 @@ from __future__ import annotations
 import argparse
 import json
 import logging
-import signal
 import sys
-import threading
 import time
-import uuid
 from collections import deque
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from core.cli import EXIT_FAILURE, EXIT_OK, register
+from cli.common import EXIT_FAILURE, EXIT_OK, add_session_args, resolve_session
 from core.config import Settings
-from core.errors import NotFoundError, PermanentError, TransientError, TurnBusyError
+from core.errors import PermanentError, TransientError, TurnBusyError
 
 log = logging.getLogger(__name__)
 
-
-def add_session_args(p: Any) -> None:
-    """``--session ID`` (the session's external id or its UUID) and the ``--org`` and
-    ``--agent`` slugs that pick one when an external id is used in several places."""
-    p.add_argument(
-        "--session", metavar="ID", type=session_id_arg, help="only this session (id or UUID)"
-    )
-    p.add_argument("--org", metavar="SLUG", help="the session's org, when --session is ambiguous")
-    p.add_argument("--agent", metavar="SLUG", help="the session's agent, when ambiguous")
+DATABASE = True
 
 
-def _add_scan(sub: Any) -> None:
-    p = sub.add_parser("scan", help="run one extraction scan now and send what it finds")
-    add_session_args(p)
-    p.add_argument("--json", action="store_true", help="stable JSON output")
-    p.add_argument(
-        "--verbose", dest="list_messages", action="store_true", help="list every message sent"
-    )
-
-
-def _add_extract(sub: Any) -> None:
+def add_parser(sub: Any) -> None:
     p = sub.add_parser(
         "extract", help="run the extraction stages inline, without the broker (debugging)"
     )
     add_session_args(p)
     p.add_argument("--json", action="store_true", help="stable JSON output")
 
-
-def _add_scheduler(sub: Any) -> None:
-    sub.add_parser("scheduler", help="send scan_sessions every SCAN_INTERVAL_SECONDS")
-
-
-register("scan", _add_scan, "actors.commands:run_scan")
-register("extract", _add_extract, "actors.commands:run_extract")
-register("scheduler", _add_scheduler, "actors.commands:run_scheduler", database=False)
-
-
-def session_id_arg(value: str) -> str:
-    """argparse type of ``--session``: an empty or overlong id is a usage error (status 2)."""
-    value = value.strip()
-    if not value or len(value) > 512:
-        raise argparse.ArgumentTypeError(f"not a session id: {value!r}")
-    return value
-
-
-def resolve_session(store: Any, args: argparse.Namespace) -> uuid.UUID | None:
-    """The session ``--session`` names (with ``--org``/``--agent``), or None without it.
-    Raises :class:`~core.errors.NotFoundError` when it names none or several."""
-    if args.session is None:
-        if args.org or args.agent:
-            raise NotFoundError("--org and --agent narrow --session: give --session too")
-        return None
-    found = store.find_sessions(args.session, org=args.org, agent=args.agent)
-    narrowed = "".join(
-        f" {flag} {value}"
-        for flag, value in (("--org", args.org), ("--agent", args.agent))
-        if value
-    )
-    if not found:
-        raise NotFoundError(f"no session {args.session!r}{narrowed}")
-    if len(found) > 1:
-        raise NotFoundError(
-            f"session {args.session!r}{narrowed} is ambiguous: "
-            + ", ".join(str(name) for name in found)
-            + "; add --org and/or --agent"
-        )
-    return uuid.UUID(str(found[0].session_id))
-
-
-# -- ibex scan -------------------------------------------------------------------------------
-
-
-def run_scan(args: argparse.Namespace, settings: Settings) -> int:
-    from extraction.stages import StageDeps, scan
-    from models.store import SessionStore
-
-    store = SessionStore.from_url(settings.require_database_url())
-    session_id = resolve_session(store, args)
-    report = scan(StageDeps(store=store, settings=settings), session_id=session_id)
-
-    from actors.broker import send_all
-
-    send_all(report.sent)
-    if args.json:
-        print(
-            json.dumps(
-                {
-                    "sessions": report.sessions,
-                    "turns": report.turns,
-                    "sent": [{"actor": m.actor_name, **m.kwargs} for m in report.sent],
-                },
-                sort_keys=True,
-            )
-        )
-    else:
-        if args.list_messages:
-            for message in report.sent:
-                print(f"sent {message}")
-        print(f"{report.sessions} sessions scanned, {report.turns} turns sent")
-    return EXIT_OK
-
-
-# -- ibex extract ----------------------------------------------------------------------------
 
 #: How often ``ibex extract`` retries a transient failure of one message before reporting it.
 INLINE_RETRIES = 3
@@ -224,7 +121,7 @@ def _ref(kwargs: Mapping[str, Any]) -> Any:
     return TurnRef.of(kwargs["org_id"], kwargs["session_id"], kwargs["turn_index"])
 
 
-def run_extract(args: argparse.Namespace, settings: Settings) -> int:
+def run(args: argparse.Namespace, settings: Settings) -> int:
     from extraction.providers import make_provider
     from extraction.stages import StageDeps, scan
     from memory_service.client import MemoryClient
@@ -292,29 +189,4 @@ def run_extract(args: argparse.Namespace, settings: Settings) -> int:
     return EXIT_FAILURE if report.failures else EXIT_OK
 
 
-# -- ibex scheduler --------------------------------------------------------------------------
-
-
-def run_scheduler(args: argparse.Namespace, settings: Settings) -> int:
-    from actors import scan_sessions
-
-    stop = threading.Event()
-
-    def _stop(signum: int, frame: Any) -> None:
-        stop.set()
-
-    signal.signal(signal.SIGTERM, _stop)
-    signal.signal(signal.SIGINT, _stop)
-    interval = settings.scan_interval_seconds
-    print(f"ibex scheduler: sending scan_sessions every {interval}s", flush=True)
-    while not stop.is_set():
-        try:
-            scan_sessions.send()
-        except Exception as exc:  # a Redis blip must not end the schedule
-            print(f"ibex scheduler: could not send scan_sessions: {exc}", file=sys.stderr)
-        stop.wait(interval)
-    print("ibex scheduler: stopped", flush=True)
-    return EXIT_OK
-
-
-__all__ = ["drain_inline", "run_extract", "run_scan", "run_scheduler"]
+__all__ = ["InlineReport", "drain_inline", "run"]

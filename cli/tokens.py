@@ -1,8 +1,7 @@
-"""``ibex token create|list|revoke``: API tokens of the memory service (DESIGN section 8).
+"""``ibex token create|list|revoke``: API tokens of the memory service.
 
 ``create`` prints the token once, on standard output, and stores only its SHA-256 hash. An
 unknown org slug is an error (a typo must not create an org) unless ``--create-org`` is given.
-Registered with :func:`core.cli.register` when the CLI loads its extensions.
 """
 
 from __future__ import annotations
@@ -13,15 +12,14 @@ import sys
 import uuid
 from typing import Any
 
-from core.cli import EXIT_FAILURE, EXIT_OK, EXIT_USAGE, register
+from cli.common import EXIT_FAILURE, EXIT_OK, EXIT_USAGE
 from core.config import Settings
-from core.db import db_errors
-from models.store import select_org
-from schema.common import SLUG
 from schema.memory import SCOPES
 
+DATABASE = True
 
-def _add_token(sub: Any) -> None:
+
+def add_parser(sub: Any) -> None:
     token = sub.add_parser("token", help="create, list and revoke memory service API tokens")
     actions = token.add_subparsers(dest="action", metavar="ACTION")
     actions.required = True
@@ -53,10 +51,7 @@ def _add_token(sub: Any) -> None:
     revoke.add_argument("id", help="the token id shown by 'ibex token list'")
 
 
-register("token", _add_token, "memory_service.commands:run_token")
-
-
-def run_token(args: argparse.Namespace, settings: Settings) -> int:
+def run(args: argparse.Namespace, settings: Settings) -> int:
     from core.db import make_database
     from memory_service.store import TokenStore
 
@@ -72,6 +67,10 @@ def run_token(args: argparse.Namespace, settings: Settings) -> int:
 
 
 def _create(store: Any, args: argparse.Namespace) -> int:
+    from core.db import db_errors
+    from models.store import select_org
+    from schema.common import SLUG
+
     org_id: uuid.UUID | None = None
     if args.org is None and args.create_org:
         print("ibex token create: --create-org needs --org", file=sys.stderr)
