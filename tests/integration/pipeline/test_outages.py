@@ -11,6 +11,7 @@ waited for one would time the test out.
 
 from __future__ import annotations
 
+import threading
 import time
 import uuid
 from collections.abc import Iterator
@@ -240,3 +241,42 @@ def test_every_pooled_backend_terminated_between_stage_calls_is_replaced_without
         queue += run_message(deps, message.actor_name, message.kwargs)  # no failure at all
     assert len(killed) >= 1 + TURNS * (MEMORIES + 1)
     check_one_call_per_turn(db, ref, provider, memory)
+
+
+def test_a_stalled_attempt_redelivered_under_the_same_message_id_makes_no_second_call(
+    db: Any, deps: StageDeps, provider: FakeProvider, memory: FakeMemoryService
+) -> None:
+    # A worker stalls (SIGSTOP, a GC pause) while its LLM call is in flight, and the broker
+    # redelivers the message elsewhere: same message id, but without a claim carried (the
+    # stalled attempt has not failed). The redelivery must wait on the live claim; the stalled
+    # attempt, when it resumes, stores its answer, and nothing is written twice.
+    ref = make_session(deps.store, 1)
+    (message,) = scan(deps).sent
+    entered, resume = threading.Event(), threading.Event()
+    real_extract = provider.extract
+
+    def stalled_extract(turn: Any, context: Any) -> Any:
+        entered.set()
+        assert resume.wait(10)
+        return real_extract(turn, context)
+
+    provider.extract = stalled_extract  # type: ignore[method-assign]
+    stalled: list[list[Send]] = []
+    worker = threading.Thread(
+        target=lambda: stalled.append(
+            run_message(deps, EXTRACT, message.kwargs, delivery=Delivery(message_id="m-1"))
+        )
+    )
+    worker.start()
+    assert entered.wait(10)
+    with pytest.raises(TurnBusyError):
+        run_message(deps, EXTRACT, message.kwargs, delivery=Delivery(message_id="m-1"))
+    resume.set()
+    worker.join(10)
+    assert stalled and [s.actor_name for s in stalled[0]] == ["write_memory"] * MEMORIES
+    # The redelivery's retry now finds the stored result: it fans out again, harmlessly.
+    again = run_message(deps, EXTRACT, message.kwargs, delivery=Delivery(message_id="m-1"))
+    assert [s.actor_name for s in again] == ["write_memory"] * MEMORIES
+    Harness(deps).drain(stalled[0] + again, max_retries=0)
+    check_one_call_per_turn(db, ref, provider, memory)
+    assert memory.posts == MEMORIES  # the duplicate writes found their slots recorded
