@@ -135,6 +135,34 @@ def test_a_backend_terminated_before_the_persist_costs_no_llm_call(
     check_one_call_per_turn(db, ref, provider, memory)
 
 
+def test_a_backend_terminated_inside_the_persist_transaction_costs_no_llm_call(
+    db: Any, deps: StageDeps, provider: FakeProvider, memory: FakeMemoryService
+) -> None:
+    # Crash point: inside the persist transaction, after its BEGIN and before the UPDATE that
+    # stores the answer, the stage's backend is terminated. The transaction rolls back; the
+    # stage persists the answer again on a fresh connection in the same delivery.
+    ref = make_session(deps.store, TURNS)
+    real_sql = deps.state._sql
+    killed: list[int] = []
+
+    def sql(statement: str, params: Any = ()) -> Any:
+        if "SET result = " in statement and len(killed) < TURNS:
+            pid = deps.store.db.connection().get_backend_pid()
+            if pid not in killed:
+                killed.append(pid)
+                db.execute_sql("SELECT pg_terminate_backend(%s)", (pid,))
+                while db.execute_sql(
+                    "SELECT count(*) FROM pg_stat_activity WHERE pid = %s", (pid,)
+                ).fetchone()[0]:
+                    time.sleep(0.01)
+        return real_sql(statement, params)
+
+    deps.state._sql = sql  # type: ignore[method-assign]
+    Harness(deps).drain(scan(deps).sent, max_retries=0)
+    assert len(killed) == TURNS
+    check_one_call_per_turn(db, ref, provider, memory)
+
+
 def test_the_persist_retries_through_a_short_outage_in_the_same_delivery(
     db: Any, deps: StageDeps, provider: FakeProvider, memory: FakeMemoryService
 ) -> None:
