@@ -106,7 +106,8 @@ class Send:
 
 
 #: How long ``extract_turn`` keeps trying to persist an LLM answer it holds while the database
-#: is unavailable (a restart takes seconds), and its first and longest pause between tries.
+#: is unavailable (a restart takes seconds; never past the turn's claim), and its first and
+#: longest pause between tries.
 PERSIST_RETRY_SECONDS = 15.0
 PERSIST_BACKOFF_SECONDS = (0.1, 2.0)
 
@@ -261,6 +262,7 @@ def extract_turn(
     ref = TurnRef.of(org_id, session_id, turn_index)
     settings = deps.settings
     kept = deps.state.answers.get(ref)
+    claim_ends = time.monotonic() + settings.extraction_claim_seconds  # or later, never sooner
     begun = deps.state.begin_extract(
         ref,
         claim_seconds=settings.extraction_claim_seconds,
@@ -288,7 +290,7 @@ def extract_turn(
         delivery.abandoned_claim = None  # taken over, or a claim of our own from here on
     answer = kept if kept is not None else _call_llm(deps, ref, begun, delivery)
     deps.crash_point("after_llm_call")
-    stored = _persist(deps, ref, begun.token, answer, delivery)
+    stored = _persist(deps, ref, begun.token, answer, delivery, claim_ends)
     deps.crash_point("after_persist")
     return _fan_out(ref, stored)
 
@@ -334,11 +336,13 @@ def _persist(
     token: uuid.UUID,
     answer: Answer,
     delivery: Delivery | None,
+    claim_ends: float,
 ) -> Persisted:
     """Store ``answer`` (first wins), retrying while the database is unavailable for up to
-    ``deps.persist_retry_seconds``. If that is not enough, the answer stays in this process
+    ``deps.persist_retry_seconds``, and not past our claim (once it expires another delivery
+    may take it and call the LLM). If that is not enough, the answer stays in this process
     for the message's retry, which takes over the claim (``delivery.abandoned_claim``)."""
-    deadline = time.monotonic() + deps.persist_retry_seconds
+    deadline = min(time.monotonic() + deps.persist_retry_seconds, claim_ends)
     pause, longest = PERSIST_BACKOFF_SECONDS
     while True:
         try:

@@ -308,3 +308,28 @@ def test_a_stalled_attempt_redelivered_under_the_same_message_id_makes_no_second
     Harness(deps).drain(stalled[0] + again, max_retries=0)
     check_one_call_per_turn(db, ref, provider, memory)
     assert memory.posts == MEMORIES  # the duplicate writes found their slots recorded
+
+
+def test_the_persist_retries_stop_before_the_claim_could_expire(
+    db: Any,
+    pool: Any,
+    database_url: str,
+    redis_server_url: str,
+    provider: FakeProvider,
+    memory: FakeMemoryService,
+) -> None:
+    # Crash point after_llm_call with a 1 s claim and the database unavailable for good: the
+    # stage stops retrying within the claim (another delivery may take an expired claim and
+    # call the LLM), not after PERSIST_RETRY_SECONDS, and keeps the answer.
+    short = pipeline_settings(database_url, redis_server_url, EXTRACTION_CLAIM_SECONDS="1")
+    deps = StageDeps(store=SessionStore(pool), settings=short, provider=provider, memory=memory)
+    make_session(deps.store, 1)
+    (message,) = scan(deps).sent
+    failing = FailingPersist(deps, times=1000)
+    delivery = Delivery(message_id="message-1")
+    started = time.monotonic()
+    with pytest.raises(DatabaseUnavailableError):
+        run_message(deps, EXTRACT, message.kwargs, delivery=delivery)
+    assert time.monotonic() - started < 1.5
+    assert failing.calls >= 2 and len(deps.state.answers) == 1
+    assert delivery.abandoned_claim is not None
