@@ -31,7 +31,14 @@ import dramatiq
 from dramatiq.brokers.redis import RedisBroker
 from dramatiq.brokers.stub import StubBroker
 from dramatiq.common import current_millis
-from dramatiq.middleware import AgeLimit, Middleware, Retries, ShutdownNotifications, TimeLimit
+from dramatiq.middleware import (
+    AgeLimit,
+    CurrentMessage,
+    Middleware,
+    Retries,
+    ShutdownNotifications,
+    TimeLimit,
+)
 
 from core.config import Settings, export_environment
 from core.errors import ConfigError
@@ -77,6 +84,8 @@ def base_middleware(settings: Settings) -> list[Middleware]:
             max_backoff=settings.retry_max_backoff_ms,
             retry_when=retry_when(settings.max_retries),
         ),
+        # The running message, for the stage shell: what a retry carries (actors/shell.py).
+        CurrentMessage(),
     ]
 
 

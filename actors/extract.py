@@ -3,7 +3,9 @@
 Running it twice is safe: a stored result is reused without calling the LLM; only a delivery
 that takes the turn's claim in Postgres calls the LLM (a concurrent one waits with
 ``dramatiq.Retry``); the result is persisted first-wins before any side effect; and the
-``write_memory`` messages it sends name slots, so sending them again writes nothing new.
+``write_memory`` messages it sends name slots, so sending them again writes nothing new. An
+answer the database could not take is kept for this message's retry, which takes over the
+claim it left (see :mod:`actors.shell`).
 """
 
 from __future__ import annotations
@@ -11,7 +13,7 @@ from __future__ import annotations
 import dramatiq
 
 from actors.broker import Queue, broker
-from actors.shell import run_stage
+from actors.shell import current_delivery, run_stage
 from core.errors import PermanentError
 from extraction import stages
 from schema import load
@@ -29,6 +31,10 @@ def extract_turn(org_id: str, session_id: str, turn_index: int) -> None:
         {"org_id": org_id, "session_id": session_id, "turn_index": turn_index},
         what="extract_turn message",
     )
+    delivery = current_delivery()
     run_stage(
-        lambda deps: stages.extract_turn(deps, msg["org_id"], msg["session_id"], msg["turn_index"])
+        lambda deps: stages.extract_turn(
+            deps, msg["org_id"], msg["session_id"], msg["turn_index"], delivery=delivery
+        ),
+        delivery=delivery,
     )

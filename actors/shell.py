@@ -1,17 +1,26 @@
-"""What every actor does around its stage function: map waits onto ``dramatiq.Retry`` and send
-the follow-up messages once the stage has returned (its transactions committed)."""
+"""What every actor does around its stage function: map waits onto ``dramatiq.Retry``, send
+the follow-up messages once the stage has returned (its transactions committed), and carry an
+abandoned LLM claim into the message's retry.
+
+A stage that fails holding a claim it could not release (the database was unavailable) says so
+on its :class:`~extraction.stages.Delivery`; the token goes into the message's options, which
+the Retries middleware enqueues with the retry. Only that retry carries it, so only it may take
+the claim over at once: a redelivery of a stalled worker's message has the same message id but
+the options it was first sent with, and waits for the claim like any other delivery."""
 
 from __future__ import annotations
 
 import logging
+import uuid
 from collections.abc import Callable
 
 import dramatiq
+from dramatiq.middleware import CurrentMessage
 
 from actors.broker import TurnBusyRetry, send_all
 from actors.middleware import current_deps
 from core.errors import MemoryUnavailableError, TurnBusyError
-from extraction.stages import Send, StageDeps
+from extraction.stages import Delivery, Send, StageDeps
 
 log = logging.getLogger(__name__)
 
@@ -25,11 +34,46 @@ def retry_delay_ms(deps: StageDeps, seconds: float) -> int:
     return max(settings.retry_min_backoff_ms, min(wanted, settings.retry_max_backoff_ms))
 
 
-def run_stage(stage: Callable[[StageDeps], list[Send]]) -> int:
-    """Run ``stage`` with this process's dependencies, then send what it returned."""
+#: The message option that carries an abandoned claim's token into the message's retry.
+ABANDONED_CLAIM_OPTION = "ibex_abandoned_claim"
+
+
+def current_delivery() -> Delivery:
+    """The running message as a :class:`Delivery` (empty outside a worker)."""
+    message = CurrentMessage.get_current_message()
+    if message is None:
+        return Delivery()
+    claim: uuid.UUID | None = None
+    raw = message.options.get(ABANDONED_CLAIM_OPTION)
+    if raw:
+        try:
+            claim = uuid.UUID(str(raw))
+        except ValueError:
+            log.warning("ignoring a malformed %s option: %r", ABANDONED_CLAIM_OPTION, raw)
+    return Delivery(message_id=str(message.message_id), abandoned_claim=claim)
+
+
+def _carry_into_retry(delivery: Delivery) -> None:
+    message = CurrentMessage.get_current_message()
+    if message is None:
+        return
+    if delivery.abandoned_claim is None:
+        message.options.pop(ABANDONED_CLAIM_OPTION, None)
+    else:
+        message.options[ABANDONED_CLAIM_OPTION] = str(delivery.abandoned_claim)
+
+
+def run_stage(stage: Callable[[StageDeps], list[Send]], *, delivery: Delivery | None = None) -> int:
+    """Run ``stage`` with this process's dependencies, then send what it returned. When the
+    stage fails, what ``delivery`` says about its claim goes into the message's retry."""
     deps = current_deps()
     try:
-        follow_ups = stage(deps)
+        try:
+            follow_ups = stage(deps)
+        except Exception:
+            if delivery is not None:
+                _carry_into_retry(delivery)
+            raise
     except TurnBusyError as exc:
         # Another delivery is calling the LLM for this turn: an expected wait, not an error.
         settings = deps.settings
@@ -45,4 +89,4 @@ def run_stage(stage: Callable[[StageDeps], list[Send]]) -> int:
     return send_all(follow_ups)
 
 
-__all__ = ["retry_delay_ms", "run_stage"]
+__all__ = ["ABANDONED_CLAIM_OPTION", "current_delivery", "retry_delay_ms", "run_stage"]

@@ -74,14 +74,15 @@ class InlineReport:
 
 def drain_inline(deps: Any, first: Sequence[Any], report: InlineReport) -> None:
     """Run ``first`` and everything it leads to, one message at a time, in this thread."""
-    from extraction.stages import POINTER, run_message
+    from extraction.stages import POINTER, Delivery, run_message
 
-    queue = deque((m, 0) for m in first)
+    # Each message keeps its Delivery across its retries, as a worker's message keeps its id.
+    queue = deque((m, 0, Delivery()) for m in first)
     while queue:
-        message, tries = queue.popleft()
+        message, tries, delivery = queue.popleft()
         report.messages += 1
         try:
-            follow = run_message(deps, message.actor_name, message.kwargs)
+            follow = run_message(deps, message.actor_name, message.kwargs, delivery=delivery)
         except PermanentError as exc:
             report.failures.append(f"{message}: {type(exc).__name__}: {exc}")
             _release(deps, message, exc)
@@ -95,13 +96,13 @@ def drain_inline(deps: Any, first: Sequence[Any], report: InlineReport) -> None:
             if wait is None or not isinstance(exc, TurnBusyError):
                 wait = deps.settings.retry_min_backoff_ms / 1000 * 2**tries
             time.sleep(min(max(float(wait), 0.05), INLINE_MAX_WAIT_S))
-            queue.append((message, tries + 1))
+            queue.append((message, tries + 1, delivery))
             continue
         if message.actor_name == POINTER:
             status = deps.state.turn_status(_ref(message.kwargs))
             if status is not None and status.state == "done":
                 report.turns_done += 1
-        queue.extend((m, 0) for m in follow)
+        queue.extend((m, 0, Delivery()) for m in follow)
 
 
 def _release(deps: Any, message: Any, exc: BaseException) -> None:

@@ -10,6 +10,7 @@ columns of sessions and nothing more.
 from __future__ import annotations
 
 import contextlib
+import sys
 import uuid
 from collections.abc import Iterator
 from typing import Any
@@ -62,8 +63,9 @@ def make_database(url: str | None, **options: object) -> PostgresqlExtDatabase:
 class QuietPool(PooledPostgresqlExtDatabase):
     """A connection pool without peewee's ``SELECT 1`` probe at every checkout (a round trip
     made while holding the pool lock). Only a connection psycopg2 already knows to be broken is
-    discarded; one that died silently fails its next statement — a retryable error for the
-    caller — and is then closed."""
+    discarded at checkout; one that died silently (a server restart, a failover, a terminated
+    backend) fails the ``BEGIN`` of its next transaction, and :func:`transaction` then replaces
+    it and begins again on a fresh one, so the caller never sees it."""
 
     def _is_closed(self, conn: Any) -> bool:
         return bool(conn.closed) or (
@@ -101,10 +103,66 @@ def _as_uuid(value: uuid.UUID | str) -> str:
     return str(value if isinstance(value, uuid.UUID) else uuid.UUID(str(value)))
 
 
+#: How many times a transaction is begun on a fresh connection when the one it got is dead.
+#: A restart or failover ends every pooled backend at once; the first failure drops the idle
+#: ones too, so a second attempt normally suffices.
+BEGIN_ATTEMPTS = 3
+
+
+def connection_lost(db: peewee.Database) -> bool:
+    """Whether this thread's connection is one psycopg2 has found broken (its server is gone)."""
+    if db.is_closed():
+        return False
+    return bool(db.connection().closed)
+
+
+def replace_broken_connection(db: peewee.Database) -> None:
+    """Drop this thread's broken connection so the next statement opens a fresh one. In a pool,
+    the idle connections go too: whatever ended this one (a restart, a failover) ended them."""
+    with contextlib.suppress(peewee.PeeweeException, psycopg2.Error):
+        db.close()
+    close_idle = getattr(db, "close_idle", None)
+    if callable(close_idle):
+        with contextlib.suppress(peewee.PeeweeException, psycopg2.Error):
+            close_idle()
+
+
+@contextlib.contextmanager
+def transaction(db: peewee.Database) -> Iterator[None]:
+    """``db.atomic()`` that survives a dead connection: the ``BEGIN`` is the first round trip
+    of a transaction, so when it fails on a connection psycopg2 then marks broken nothing of
+    the transaction has run, and it is begun again on a fresh connection (at most
+    :data:`BEGIN_ATTEMPTS` times). A server that is still down, or a connection lost after the
+    ``BEGIN``, raises :class:`DatabaseUnavailableError` (the transaction rolled back)."""
+    with db_errors():
+        if db.in_transaction():
+            with db.atomic():  # a savepoint: the enclosing transaction owns the connection
+                yield
+            return
+        attempt = 0
+        while True:
+            attempt += 1
+            txn = db.atomic()
+            try:
+                txn.__enter__()
+            except (peewee.OperationalError, peewee.InterfaceError):
+                if attempt >= BEGIN_ATTEMPTS or not connection_lost(db):
+                    raise
+                replace_broken_connection(db)
+                continue
+            break
+        try:
+            yield
+        except BaseException:
+            txn.__exit__(*sys.exc_info())
+            raise
+        txn.__exit__(None, None, None)
+
+
 @contextlib.contextmanager
 def tenant(db: peewee.Database, org_id: uuid.UUID | str) -> Iterator[None]:
     """One transaction as the tenant role with ``org_id`` set: row-level security applies."""
-    with db_errors(), db.atomic():
+    with transaction(db):
         enter_tenant(db, org_id)
         yield
 
@@ -120,7 +178,7 @@ def enter_tenant(db: peewee.Database, org_id: uuid.UUID | str) -> None:
 @contextlib.contextmanager
 def scan_scope(db: peewee.Database) -> Iterator[None]:
     """One transaction as the scan role: session identities across orgs, nothing else."""
-    with db_errors(), db.atomic():
+    with transaction(db):
         db.execute_sql(f"SET LOCAL ROLE {SCAN_ROLE}")
         yield
 
@@ -151,6 +209,6 @@ OPS_ROLE = "ibex_ops"
 @contextlib.contextmanager
 def operator_scope(db: peewee.Database) -> Iterator[None]:
     """One read-only transaction across every org, for operator commands (status, dlq)."""
-    with db_errors(), db.atomic():
+    with transaction(db):
         db.execute_sql(f"SET LOCAL ROLE {OPS_ROLE}")
         yield

@@ -36,7 +36,7 @@ from typing import Any
 import peewee
 import redis
 
-from core.db import db_errors, enter_tenant, operator_scope
+from core.db import enter_tenant, operator_scope, transaction
 
 NAMESPACE = "dramatiq"
 
@@ -506,7 +506,7 @@ class DeadLetterStore:
 
     def _claim(self, letter: DeadLetter, new_id: str) -> bool:
         """Mark the mirror row replayed and un-fail its turn, in one transaction."""
-        with db_errors(), self.db.atomic():
+        with transaction(self.db):
             row = self.db.execute_sql(
                 "UPDATE ibex_core.dead_letters SET replayed_at = now(), replayed_as = %s"
                 " WHERE id = %s AND replayed_at IS NULL AND purged_at IS NULL RETURNING id",
@@ -541,7 +541,7 @@ class DeadLetterStore:
             pipe.hdel(self._xq(letter.queue) + ".msgs", letter.redis_message_id)
             pipe.execute()
             if letter.mirror_id is not None:
-                with db_errors(), self.db.atomic():
+                with transaction(self.db):
                     self.db.execute_sql(
                         "UPDATE ibex_core.dead_letters SET purged_at = now()"
                         " WHERE id = %s AND purged_at IS NULL",

@@ -8,6 +8,12 @@ shells around these functions, and ``ibex extract`` runs the same functions inli
 Every stage is safe to run any number of times, in any order, concurrently: what it does is
 decided by the per-turn state (:mod:`extraction.state`), never by the message or the broker.
 
+An LLM answer is never thrown away because the database is briefly unavailable: the stage
+persists it with bounded retries (each on a fresh connection), and when the outage outlasts
+them it keeps the answer in the process (:class:`~extraction.state.AnswerCache`) and records,
+on its :class:`Delivery`, the claim it could not release; the message's own retry then takes
+that claim over at once and persists the kept answer without calling the LLM.
+
 ``deps.fault`` is a test seam: it is called with the name of each crash point just after the
 step it names (``after_llm_call``, ``after_persist``, ``after_post``, ``after_record_slot``,
 ``after_mark_done``, ``after_advance``), so a test can kill a stage exactly there.
@@ -16,6 +22,7 @@ step it names (``after_llm_call``, ``after_persist``, ``after_post``, ``after_re
 from __future__ import annotations
 
 import logging
+import time
 import uuid
 from collections import defaultdict
 from collections.abc import Callable, Iterator, Mapping, Sequence
@@ -25,6 +32,7 @@ from typing import Any, Protocol
 from core.config import Settings
 from core.errors import (
     ConfigError,
+    DatabaseUnavailableError,
     InvalidMessageError,
     LLMUnavailableError,
     MemoryRejectedError,
@@ -38,6 +46,7 @@ from extraction.metrics import PipelineMetrics
 from extraction.result import ExtractionResult
 from extraction.state import (
     AlreadyDone,
+    Answer,
     Busy,
     Claimed,
     ExtractionState,
@@ -96,6 +105,24 @@ class Send:
         return f"{self.actor_name}({args})"
 
 
+#: How long ``extract_turn`` keeps trying to persist an LLM answer it holds while the database
+#: is unavailable (a restart takes seconds; never past the turn's claim), and its first and
+#: longest pause between tries.
+PERSIST_RETRY_SECONDS = 15.0
+PERSIST_BACKOFF_SECONDS = (0.1, 2.0)
+
+
+@dataclass
+class Delivery:
+    """One delivery of a message, as its runner knows it. ``abandoned_claim`` is the LLM claim
+    an attempt of this message left without releasing it (the database was unavailable): the
+    runner carries it into the message's retry, which may then take that claim over at once.
+    A redelivery of a stalled attempt does not carry it, so it waits for the claim."""
+
+    message_id: str | None = None
+    abandoned_claim: uuid.UUID | None = None
+
+
 @dataclass
 class StageDeps:
     """What the stages need; built once per process (worker middleware, CLI, tests)."""
@@ -106,6 +133,7 @@ class StageDeps:
     memory: MemoryWriter | None = None
     fault: Callable[[str], None] | None = None
     metrics: PipelineMetrics = field(default_factory=PipelineMetrics)
+    persist_retry_seconds: float = PERSIST_RETRY_SECONDS
     state: ExtractionState = field(init=False)
 
     def __post_init__(self) -> None:
@@ -221,23 +249,32 @@ def _describe(exc: BaseException) -> str:
 
 
 def extract_turn(
-    deps: StageDeps, org_id: uuid.UUID | str, session_id: uuid.UUID | str, turn_index: int
+    deps: StageDeps,
+    org_id: uuid.UUID | str,
+    session_id: uuid.UUID | str,
+    turn_index: int,
+    *,
+    delivery: Delivery | None = None,
 ) -> list[Send]:
     """Extract one turn: reuse the stored result if there is one, else call the LLM once under
-    a claim, persist the validated result (first wins), then fan out to the slots."""
+    a claim (or use the answer this process kept from an earlier attempt), persist the
+    validated result (first wins), then fan out to the slots."""
     ref = TurnRef.of(org_id, session_id, turn_index)
     settings = deps.settings
+    kept = deps.state.answers.get(ref)
+    claim_ends = time.monotonic() + settings.extraction_claim_seconds  # or later, never sooner
     begun = deps.state.begin_extract(
         ref,
         claim_seconds=settings.extraction_claim_seconds,
         lease_seconds=settings.extraction_lease_seconds,
         max_attempts=deps.max_attempts,
         context_turns=settings.extraction_context_turns,
+        takeover=delivery.abandoned_claim if delivery is not None else None,
+        call_llm=kept is None,
     )
-    if isinstance(begun, AlreadyDone):
-        return []
-    if isinstance(begun, Persisted):
-        return _fan_out(ref, begun)
+    if isinstance(begun, AlreadyDone | Persisted):
+        deps.state.answers.discard(ref)
+        return _fan_out(ref, begun) if isinstance(begun, Persisted) else []
     if isinstance(begun, Busy):
         raise TurnBusyError(
             f"turn {ref.turn_index} of {ref.session_id} is being extracted by another delivery",
@@ -249,6 +286,16 @@ def extract_turn(
             f" extraction attempts; last error: {begun.last_error or 'none recorded'}"
         )
     assert isinstance(begun, Claimed)
+    if delivery is not None:
+        delivery.abandoned_claim = None  # taken over, or a claim of our own from here on
+    answer = kept if kept is not None else _call_llm(deps, ref, begun, delivery)
+    deps.crash_point("after_llm_call")
+    stored = _persist(deps, ref, begun.token, answer, delivery, claim_ends)
+    deps.crash_point("after_persist")
+    return _fan_out(ref, stored)
+
+
+def _call_llm(deps: StageDeps, ref: TurnRef, begun: Claimed, delivery: Delivery | None) -> Answer:
     try:
         provider = deps.need_provider()
         turns = begun.turns  # read in the claim's transaction
@@ -265,27 +312,67 @@ def extract_turn(
             prompt_tokens=result.prompt_tokens,
             completion_tokens=result.completion_tokens,
         )
-        persisted = _validated(result)
+        return Answer(
+            _validated(result),
+            provider=result.provider or getattr(provider, "name", None),
+            model=result.model or getattr(provider, "model", None),
+            prompt_tokens=result.prompt_tokens,
+            completion_tokens=result.completion_tokens,
+        )
     except Exception as exc:
         # Best effort: a failed call releases its claim so the retry need not wait for it.
         try:
             deps.state.release_claim(ref, begun.token, _describe(exc))
         except Exception:
             log.warning("could not release the claim on %s", ref, exc_info=True)
+            if delivery is not None:
+                delivery.abandoned_claim = begun.token
         raise
-    deps.crash_point("after_llm_call")
-    stored = deps.state.persist_result(
-        ref,
-        begun.token,
-        persisted,
-        provider=result.provider or getattr(provider, "name", None),
-        model=result.model or getattr(provider, "model", None),
-        prompt_tokens=result.prompt_tokens,
-        completion_tokens=result.completion_tokens,
-        lease_seconds=settings.extraction_lease_seconds,
-    )
-    deps.crash_point("after_persist")
-    return _fan_out(ref, stored)
+
+
+def _persist(
+    deps: StageDeps,
+    ref: TurnRef,
+    token: uuid.UUID,
+    answer: Answer,
+    delivery: Delivery | None,
+    claim_ends: float,
+) -> Persisted:
+    """Store ``answer`` (first wins), retrying while the database is unavailable for up to
+    ``deps.persist_retry_seconds``, and not past our claim (once it expires another delivery
+    may take it and call the LLM). If that is not enough, the answer stays in this process
+    for the message's retry, which takes over the claim (``delivery.abandoned_claim``)."""
+    deadline = min(time.monotonic() + deps.persist_retry_seconds, claim_ends)
+    pause, longest = PERSIST_BACKOFF_SECONDS
+    while True:
+        try:
+            stored = deps.state.persist_result(
+                ref,
+                token,
+                answer.result,
+                provider=answer.provider,
+                model=answer.model,
+                prompt_tokens=answer.prompt_tokens,
+                completion_tokens=answer.completion_tokens,
+                lease_seconds=deps.settings.extraction_lease_seconds,
+            )
+        except DatabaseUnavailableError as exc:
+            if time.monotonic() + pause > deadline:
+                deps.state.answers.put(ref, answer)
+                if delivery is not None:
+                    delivery.abandoned_claim = token
+                log.warning(
+                    "turn %s: answer kept for the retry, the database is unavailable: %s",
+                    ref,
+                    exc,
+                )
+                raise
+            log.info("turn %s: persisting the answer again in %.1fs: %s", ref, pause, exc)
+            time.sleep(pause)
+            pause = min(pause * 2, longest)
+            continue
+        deps.state.answers.discard(ref)
+        return stored
 
 
 def _validated(result: ExtractionResult) -> dict[str, Any]:
@@ -409,8 +496,15 @@ def advance_pointer(
 # -- dispatch --------------------------------------------------------------------------------
 
 
-def run_message(deps: StageDeps, actor_name: str, kwargs: Mapping[str, Any]) -> list[Send]:
-    """Validate a message as its actor would and run its stage inline (``ibex extract``)."""
+def run_message(
+    deps: StageDeps,
+    actor_name: str,
+    kwargs: Mapping[str, Any],
+    *,
+    delivery: Delivery | None = None,
+) -> list[Send]:
+    """Validate a message as its actor would and run its stage inline (``ibex extract``).
+    Pass the same ``delivery`` to every attempt of one message."""
     schema = MESSAGE_SCHEMAS.get(actor_name)
     if schema is None:
         raise InvalidMessageError(f"unknown actor {actor_name!r}")
@@ -418,7 +512,9 @@ def run_message(deps: StageDeps, actor_name: str, kwargs: Mapping[str, Any]) -> 
     if actor_name == SCAN:
         return scan(deps, session_id=msg["session_id"]).sent
     if actor_name == EXTRACT:
-        return extract_turn(deps, msg["org_id"], msg["session_id"], msg["turn_index"])
+        return extract_turn(
+            deps, msg["org_id"], msg["session_id"], msg["turn_index"], delivery=delivery
+        )
     if actor_name == WRITE:
         return write_memory(
             deps, msg["org_id"], msg["session_id"], msg["turn_index"], msg["ordinal"]
@@ -431,6 +527,7 @@ __all__ = [
     "POINTER",
     "SCAN",
     "WRITE",
+    "Delivery",
     "ExtractionAbandonedError",
     "MemoryWriter",
     "ProviderLike",

@@ -28,7 +28,7 @@ from typing import Any
 
 from playhouse.postgres_ext import PostgresqlExtDatabase
 
-from core.db import APP_ROLE, db_errors, scan_scope, tenant
+from core.db import APP_ROLE, scan_scope, tenant, transaction
 from core.errors import NotFoundError
 from models.store import Candidate, SessionStore, Turn, select_turns
 
@@ -318,6 +318,48 @@ class SlotCache:
             return len(self._turns)
 
 
+@dataclass(frozen=True)
+class Answer:
+    """A validated LLM answer for a turn, in its persisted form, not yet stored."""
+
+    result: dict[str, Any]
+    provider: str | None
+    model: str | None
+    prompt_tokens: int
+    completion_tokens: int
+
+
+class AnswerCache:
+    """LLM answers this process holds but could not persist (the database was unavailable
+    through the stage's bounded retries). The retry of the message that paid for an answer
+    persists it from here instead of calling the LLM again. Bounded (oldest dropped first),
+    thread-safe; an entry goes once its turn has a stored result."""
+
+    def __init__(self, max_turns: int = 1024) -> None:
+        self.max_turns = max_turns
+        self._lock = threading.Lock()
+        self._answers: OrderedDict[TurnRef, Answer] = OrderedDict()
+
+    def put(self, ref: TurnRef, answer: Answer) -> None:
+        with self._lock:
+            self._answers[ref] = answer
+            self._answers.move_to_end(ref)
+            while len(self._answers) > self.max_turns:
+                self._answers.popitem(last=False)
+
+    def get(self, ref: TurnRef) -> Answer | None:
+        with self._lock:
+            return self._answers.get(ref)
+
+    def discard(self, ref: TurnRef) -> None:
+        with self._lock:
+            self._answers.pop(ref, None)
+
+    def __len__(self) -> int:
+        with self._lock:
+            return len(self._answers)
+
+
 class ExtractionState:
     """Per-turn extraction state. Shares the database (and its per-thread connections) of the
     :class:`~models.store.SessionStore` it is built on."""
@@ -326,6 +368,7 @@ class ExtractionState:
         self.store = store
         self.db: PostgresqlExtDatabase = store.db
         self.slot_cache = SlotCache()
+        self.answers = AnswerCache()
 
     def _sql(self, sql: str, params: Sequence[Any] | dict[str, Any] = ()) -> Any:
         return self.db.execute_sql(sql, params)
@@ -373,7 +416,7 @@ class ExtractionState:
             return []
         agent_of: dict[uuid.UUID, uuid.UUID] = {}
         refs: list[TurnRef] = []
-        with db_errors(), self.db.atomic():
+        with transaction(self.db):
             switch_role = f"SET LOCAL ROLE {APP_ROLE}; "
             for org, group in by_org.items():
                 agents = sorted({c.agent_id for c in group}, key=agent_order.__getitem__)
@@ -408,11 +451,19 @@ class ExtractionState:
         lease_seconds: int,
         max_attempts: int,
         context_turns: int = 0,
+        takeover: uuid.UUID | None = None,
+        call_llm: bool = True,
     ) -> BeginOutcome:
         """Transaction 1 of ``extract_turn``: lock the turn row (creating it when missing) and
         decide. Takes the LLM claim only when no result is stored and no live claim exists;
         with the claim, the same transaction reads the turn and ``context_turns`` turns before
-        it (:attr:`Claimed.turns`)."""
+        it (:attr:`Claimed.turns`).
+
+        ``takeover`` is the token of a claim that an earlier attempt of the same message gave
+        up without releasing (it failed while the database was unavailable): that live claim
+        is taken over at once, since its holder has ended. Any other live claim means wait.
+        ``call_llm`` is False when the caller holds an answer already: the claim then counts
+        no attempt and no LLM call."""
         with tenant(self.db, ref.org_id):
             # Usually the scan recorded the row: lock it and read its session in one statement.
             joined = self._sql(
@@ -450,8 +501,8 @@ class ExtractionState:
                 )
                 row = self._lock_turn(ref)
                 assert row is not None
-            (state, result, _count, attempts, _calls, provider, model, pt, ct, last_error, _tok,
-             claim_live, claim_left) = row  # fmt: skip
+            (state, result, _count, attempts, _calls, provider, model, pt, ct, last_error,
+             claim_token, claim_live, claim_left) = row  # fmt: skip
             if state == "done":
                 return AlreadyDone()
             if state == "failed":
@@ -471,23 +522,32 @@ class ExtractionState:
                     PersistedResult.from_row(result, provider, model, pt, ct),
                     self._written(ref),
                 )
-            if claim_live:
+            if claim_live and (takeover is None or str(claim_token) != str(takeover)):
                 return Busy(float(claim_left))
-            if attempts >= max_attempts:
+            if call_llm and attempts >= max_attempts:
                 return GaveUp(attempts, last_error)
             token = uuid.uuid4()
+            counted = 1 if call_llm else 0
             self._sql(
                 "UPDATE ibex_core.extraction_turns"
                 "   SET claim_token = %s,"
                 "       claim_expires_at = now() + make_interval(secs => %s),"
-                "       attempts = attempts + 1, llm_calls = llm_calls + 1,"
+                "       attempts = attempts + %s, llm_calls = llm_calls + %s,"
                 "       lease_expires_at = GREATEST(COALESCE(lease_expires_at, now()),"
                 "                                   now() + make_interval(secs => %s))"
                 " WHERE session_id = %s AND turn_index = %s",
-                (str(token), claim_seconds, lease_seconds, str(ref.session_id), ref.turn_index),
+                (
+                    str(token),
+                    claim_seconds,
+                    counted,
+                    counted,
+                    lease_seconds,
+                    str(ref.session_id),
+                    ref.turn_index,
+                ),
             )
             first = max(1, ref.turn_index - context_turns)
-            return Claimed(token, attempts + 1, self._read_turns(ref, first))
+            return Claimed(token, attempts + counted, self._read_turns(ref, first))
 
     def _read_turns(self, ref: TurnRef, first: int) -> tuple[Turn, ...]:
         """Turns ``first..ref.turn_index`` with their content, in the current transaction
@@ -780,7 +840,7 @@ class ExtractionState:
 
     def mirror_dead_letter(self, record: DeadLetterRecord) -> None:
         """Insert one dead letter into ``ibex_core.dead_letters`` (owner role: operator data)."""
-        with db_errors(), self.db.atomic():
+        with transaction(self.db):
             self._sql(
                 "INSERT INTO ibex_core.dead_letters"
                 " (redis_message_id, message_id, queue_name, actor_name, org_id, session_id,"
@@ -830,6 +890,8 @@ class ExtractionState:
 
 __all__ = [
     "AlreadyDone",
+    "Answer",
+    "AnswerCache",
     "BeginOutcome",
     "Busy",
     "Claimed",

@@ -27,7 +27,15 @@ import peewee
 import psycopg2
 from psycopg2.extras import Json
 
-from core.db import APP_ROLE, db_errors, is_unique_violation, tenant
+from core.db import (
+    APP_ROLE,
+    BEGIN_ATTEMPTS,
+    db_errors,
+    is_unique_violation,
+    replace_broken_connection,
+    tenant,
+    transaction,
+)
 from core.errors import DatabaseUnavailableError
 from models.store import upsert_org
 
@@ -171,16 +179,26 @@ class MemoryStore:
         self.db = db
 
     def create(self, org_id: uuid.UUID, new: NewMemory) -> CreateResult:
-        with db_errors():
-            connection = self.db.connection()
-        try:
-            with connection.cursor() as cursor:
-                cursor.execute(CREATE_SQL, create_params(org_id, new))
-                row = cursor.fetchone()
-        except (psycopg2.OperationalError, psycopg2.InterfaceError) as exc:
-            raise DatabaseUnavailableError(f"database unavailable: {exc}".strip()) from exc
-        except psycopg2.IntegrityError as exc:
-            return CreateResult(_foreign_key_outcome(exc))
+        attempt = 0
+        while True:
+            attempt += 1
+            with db_errors():
+                connection = self.db.connection()
+            try:
+                with connection.cursor() as cursor:
+                    cursor.execute(CREATE_SQL, create_params(org_id, new))
+                    row = cursor.fetchone()
+            except (psycopg2.OperationalError, psycopg2.InterfaceError) as exc:
+                # A pooled connection that died with its server (restart, failover) is
+                # replaced and the write sent again: it is idempotent (ON CONFLICT, then the
+                # row that won), so even a commit whose answer was lost is read back.
+                if connection.closed and attempt < BEGIN_ATTEMPTS and not self.db.in_transaction():
+                    replace_broken_connection(self.db)
+                    continue
+                raise DatabaseUnavailableError(f"database unavailable: {exc}".strip()) from exc
+            except psycopg2.IntegrityError as exc:
+                return CreateResult(_foreign_key_outcome(exc))
+            break
         if row is None:
             raise DatabaseUnavailableError("memory insert kept conflicting with vanishing rows")
         return CreateResult(OUTCOMES[row[0]], MemoryRow.from_db(row[1:]))
@@ -231,7 +249,7 @@ class MemoryStore:
             return bool(cursor.rowcount)
 
     def ping(self) -> None:
-        with db_errors():
+        with transaction(self.db):  # a dead pooled connection is replaced, not reported
             self.db.execute_sql("SELECT 1").fetchone()
 
 
@@ -331,7 +349,7 @@ class TokenStore:
 
         Runs as the tenant role, which cannot read the table: ``ibex_memory.authenticate_token``
         returns only the row of the hash given and does the stamping (migration 000005)."""
-        with db_errors(), self.db.atomic():
+        with transaction(self.db):
             self.db.execute_sql(f"SET LOCAL ROLE {APP_ROLE}")
             row = self.db.execute_sql(
                 f"SELECT {TOKEN_COLUMNS} FROM ibex_memory.authenticate_token(%s)",
@@ -348,7 +366,7 @@ class TokenStore:
         prefix: str,
         scopes: Sequence[str],
     ) -> TokenRow:
-        with db_errors(), self.db.atomic():
+        with transaction(self.db):
             row = self.db.execute_sql(
                 "INSERT INTO ibex_memory.api_tokens"
                 " (org_id, name, token_hash, prefix, scopes, is_service)"
@@ -373,7 +391,7 @@ class TokenStore:
 
     def revoke(self, token_id: uuid.UUID) -> TokenRow | None:
         """Mark the token revoked (idempotent); None if there is no such token."""
-        with db_errors(), self.db.atomic():
+        with transaction(self.db):
             row = self.db.execute_sql(
                 "UPDATE ibex_memory.api_tokens SET revoked_at = COALESCE(revoked_at, now())"
                 f" WHERE id = %s RETURNING {TOKEN_COLUMNS}",
@@ -383,7 +401,7 @@ class TokenStore:
 
     def ensure_org(self, slug: str) -> uuid.UUID:
         """The org with ``slug``, created when missing."""
-        with db_errors(), self.db.atomic():
+        with transaction(self.db):
             return upsert_org(self.db, slug)
 
     def issue(

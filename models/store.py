@@ -17,7 +17,7 @@ from typing import Any
 import peewee
 from playhouse.postgres_ext import PostgresqlExtDatabase
 
-from core.db import db_errors, make_database, operator_scope, scan_scope, tenant
+from core.db import db_errors, make_database, operator_scope, scan_scope, tenant, transaction
 from core.errors import ConfigError, ImmutableTurnError, NotFoundError
 from models.base import bind
 from models.sessions import Checkpoint, CheckpointPayload, Session
@@ -167,7 +167,7 @@ class SessionStore:
 
     def ensure_org(self, slug: str) -> uuid.UUID:
         """The org with ``slug``, created when missing (an operator action, outside RLS)."""
-        with db_errors(), self.db.atomic():
+        with transaction(self.db):
             return self._ensure_org(slug)
 
     def _ensure_org(self, slug: str) -> uuid.UUID:

@@ -117,7 +117,7 @@ def test_malformed_cursor_is_400(http: httpx.Client, acme: Tenant, cursor: str) 
 
 
 def test_a_repeated_cursor_is_400(http: httpx.Client, acme: Tenant) -> None:
-    (memory_id,) = seed(http, acme, 2, uuid.uuid4())[:1]
+    (memory_id,) = seed(http, acme, 2, acme.session_id)[:1]
     first = http.get("/v1/memories", params={"limit": "1"}, headers=acme.headers()).json()
     cursor = first["next_cursor"]
     assert cursor

@@ -436,6 +436,33 @@ def once_each(predicate: Callable[[Send], bool]) -> Callable[[Send], bool]:
     return check
 
 
+def terminate_backends(db: Any, application_name: str, timeout: float = 5.0) -> list[int]:
+    """``pg_terminate_backend`` every backend of this database with ``application_name`` (as a
+    server restart or failover ends them) and wait until they are gone. Returns their pids."""
+    pids = [
+        int(r[0])
+        for r in db.execute_sql(
+            "SELECT pid FROM pg_stat_activity"
+            " WHERE datname = current_database() AND application_name = %s"
+            "   AND pid <> pg_backend_pid()",
+            (application_name,),
+        ).fetchall()
+    ]
+    for pid in pids:
+        db.execute_sql("SELECT pg_terminate_backend(%s)", (pid,))
+    deadline = time.monotonic() + timeout
+    while pids and time.monotonic() < deadline:
+        alive = db.execute_sql(
+            "SELECT count(*) FROM pg_stat_activity WHERE pid = ANY(%s)", (pids,)
+        ).fetchone()[0]
+        if not alive:
+            break
+        time.sleep(0.02)
+    else:
+        assert not pids or time.monotonic() < deadline, f"backends {pids} did not end"
+    return pids
+
+
 def key_of(ref: SessionRef, turn_index: int, ordinal: int) -> str:
     return idempotency_key(ref.org_id, ref.session_id, turn_index, ordinal)
 
@@ -459,5 +486,6 @@ __all__ = [
     "pipeline_settings",
     "pointer_of",
     "pointers",
+    "terminate_backends",
     "turn_rows",
 ]

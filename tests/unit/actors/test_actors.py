@@ -17,6 +17,7 @@ import pytest
 
 from core.config import Settings
 from core.errors import (
+    DatabaseUnavailableError,
     InvalidMessageError,
     MemoryRejectedError,
     MemoryUnavailableError,
@@ -199,7 +200,9 @@ def test_a_transient_error_then_success_sends_the_follow_ups(
 ) -> None:
     calls = Calls()
 
-    def flaky_extract(d: Any, org_id: Any, session_id: Any, turn_index: int) -> list[Send]:
+    def flaky_extract(
+        d: Any, org_id: Any, session_id: Any, turn_index: int, **_: Any
+    ) -> list[Send]:
         if calls.hit("extract") == 1:
             raise MemoryUnavailableError("blip", retry_after=0.01)
         base = {"org_id": str(org_id), "session_id": str(session_id), "turn_index": turn_index}
@@ -221,6 +224,35 @@ def test_a_transient_error_then_success_sends_the_follow_ups(
     assert deps.state.mirrored == []
     # One connection per message, always given back.
     assert deps.store.db.connects == 6 and deps.store.db.closes == 6
+
+
+def test_a_claim_left_by_a_failed_attempt_is_carried_into_that_messages_retry_only(
+    settings: Settings, deps: FakeDeps, monkeypatch: Any
+) -> None:
+    # Crash point: the database became unavailable after the LLM answered, so the attempt could
+    # neither persist the answer nor release its claim, and says so on its Delivery.
+    abandoned = uuid.uuid4()
+    seen: list[tuple[str | None, uuid.UUID | None]] = []
+
+    def extract(*args: Any, delivery: stages.Delivery, **kwargs: Any) -> list[Send]:
+        seen.append((delivery.message_id, delivery.abandoned_claim))
+        if len(seen) == 1:
+            delivery.abandoned_claim = abandoned
+            raise DatabaseUnavailableError("server closed the connection")
+        return []
+
+    monkeypatch.setattr(stages, "extract_turn", extract)
+    with stub_worker(settings, deps) as stub:
+        first = stub.get_actor("extract_turn").send(ORG, SESSION, 1)
+        other = stub.get_actor("extract_turn").send(ORG, SESSION, 1)
+        drain(stub)
+        assert stub.dead_letters == []
+    by_message: dict[str | None, list[uuid.UUID | None]] = {}
+    for message_id, claim in seen:
+        by_message.setdefault(message_id, []).append(claim)
+    # The failed message's retry (same id) carries the claim; the other message never does.
+    assert by_message[first.message_id] == [None, abandoned]
+    assert by_message[other.message_id] == [None]
 
 
 def test_a_busy_turn_waits_without_using_up_its_retries(
