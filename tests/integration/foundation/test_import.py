@@ -283,14 +283,14 @@ def test_json_output_of_an_import_stopped_by_the_database(
 ) -> None:
     """The database goes away after the start-up check passed: the import command itself,
     run without that check, stops at the first line that needs the database."""
-    from core.cli import build_parser, run_import
+    from cli import build_parser, imports
     from core.config import Settings
 
     monkeypatch.setenv("DATABASE_URL", f"postgresql://postgres@127.0.0.1:{_closed_port()}/ibex")
     path = tmp_path / "sessions.jsonl"
     path.write_text("{bad\n" + "".join(_line(f"conv-{i}") + "\n" for i in range(3)))
     args = build_parser().parse_args(["import", "--json", str(path)])
-    assert run_import(args, Settings.from_env()) == 1
+    assert imports.run(args, Settings.from_env()) == 1
     out, err = capsys.readouterr()
     document = json.loads(out)
     assert document["lines"] == 2 and document["imported"] == []
