@@ -263,7 +263,7 @@ def mirror_malformed(queue: str, redis_message_id: str, raw: bytes, reason: str)
     """Record a message the consumer could not deliver (see :mod:`actors.guard`) in
     ``ibex_core.dead_letters``, marked malformed with the reason. Its raw payload is kept as
     it is when it is a JSON object, else as text under ``raw``."""
-    from extraction.deadletters import MALFORMED, raw_text
+    from actors.deadletters import MALFORMED, raw_text
 
     try:
         decoded = json.loads(raw)

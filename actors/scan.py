@@ -10,11 +10,13 @@ which is the backstop for messages the broker lost.
 from __future__ import annotations
 
 import logging
+from functools import partial
 
 import dramatiq
 
 from actors.broker import Queue, broker, current_broker
 from actors.middleware import current_deps
+from actors.queue_stats import queue_counts
 from actors.shell import run_stage
 from core.errors import PermanentError
 from extraction import stages
@@ -44,9 +46,10 @@ def observe_backlog() -> None:
     if metrics is None or type(metrics) is PipelineMetrics:
         return
     try:
+        client = getattr(current_broker(), "client", None)
         status = collect(
             deps.store.db,
-            getattr(current_broker(), "client", None),
+            partial(queue_counts, client) if client is not None else None,
             queues=[queue.value for queue in Queue],
         )
         metrics.backlog(status)

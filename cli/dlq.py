@@ -37,7 +37,7 @@ def add_parser(sub: Any) -> None:
 
 
 def run(args: argparse.Namespace, settings: Settings) -> int:
-    from extraction.deadletters import DeadLetterStore
+    from actors.deadletters import DeadLetterStore
 
     store = DeadLetterStore(
         database(settings), redis_client(settings), lease_seconds=settings.extraction_lease_seconds
@@ -135,7 +135,7 @@ def _dlq_replay(store: Any, args: argparse.Namespace) -> int:
 
 
 def _dlq_purge(store: Any, args: argparse.Namespace) -> int:
-    from extraction.deadletters import parse_age
+    from actors.deadletters import parse_age
 
     older = None
     if args.older_than:

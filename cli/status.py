@@ -32,15 +32,18 @@ def database(settings: Settings) -> Any:
 
 
 def run(args: argparse.Namespace, settings: Settings) -> int:
+    from functools import partial
+
     import redis
 
+    from actors.queue_stats import queue_counts
     from extraction.status import collect, render
     from schema.messages import Queue
 
     db = database(settings)
     client = redis_client(settings)
     try:
-        status = collect(db, client, queues=[queue.value for queue in Queue])
+        status = collect(db, partial(queue_counts, client), queues=[q.value for q in Queue])
     except redis.RedisError as exc:
         print(f"ibex status: Redis unavailable ({exc}); showing Postgres only", file=sys.stderr)
         status = collect(db, None, queues=[queue.value for queue in Queue])

@@ -10,16 +10,19 @@ of completed sessions (everything above each session's pointer):
 
 ``done`` counts every turn the pipeline has finished; ``pointer_lag`` is the number of turns
 above the pointers, i.e. the sum of the four above.
+
+The queues' own counts come from the broker's side (``actors.queue_stats``), passed in as a
+function: this module reads Postgres only.
 """
 
 from __future__ import annotations
 
 import datetime as dt
+from collections.abc import Callable, Iterable
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
 import peewee
-import redis
 
 from core.db import operator_scope
 
@@ -110,13 +113,19 @@ class Status:
         }
 
 
+#: Reads the broker's counts of the named queues: ``{queue: {"ready": n, ...}}``.
+QueueCounts = Callable[[Iterable[str]], dict[str, dict[str, int]]]
+
+
 def collect(
     db: peewee.Database,
-    client: redis.Redis | None,
+    queue_counts: QueueCounts | None,
     *,
     queues: list[str],
-    namespace: str = "dramatiq",
 ) -> Status:
+    """The backlog per org and in total, and per queue (``queues`` and every queue with an open
+    dead letter in the mirror) the mirror's open dead letters, with ``queue_counts``' figures
+    when it is given (None: Postgres only)."""
     now = dt.datetime.now(dt.UTC)
     with operator_scope(db):
         rows = db.execute_sql(BACKLOG_SQL).fetchall()
@@ -166,21 +175,15 @@ def collect(
     total: dict[str, Any] = {name: sum(getattr(o, name) for o in orgs) for name in _SUMMED}
     ages = [o.oldest_pending_age_seconds for o in orgs if o.oldest_pending_age_seconds is not None]
     total["oldest_pending_age_seconds"] = max(ages) if ages else None
-    queue_stats: dict[str, dict[str, int]] = {}
-    names = set(queues) | set(mirror)
-    if client is not None:
-        for name in sorted(names):
-            key = f"{namespace}:{name}"
-            queue_stats[name] = {
-                "ready": int(client.llen(key)),
-                "delayed": int(client.llen(f"{key}.DQ")),
-                "dead_redis": int(client.zcard(f"{key}.XQ")),
-                "dead_mirror": int(mirror.get(name, 0)),
-            }
-    else:
-        for name in sorted(names):
-            queue_stats[name] = {"dead_mirror": int(mirror.get(name, 0))}
+    names = sorted(set(queues) | set(mirror))
+    counts = queue_counts(names) if queue_counts is not None else {}
+    queue_stats: dict[str, dict[str, int]] = {
+        name: {**counts.get(name, {}), "dead_mirror": int(mirror.get(name, 0))} for name in names
+    }
     return Status(orgs, total, queue_stats, now.isoformat())
+
+
+__all__ = ["BACKLOG_SQL", "OrgBacklog", "QueueCounts", "Status", "collect", "render"]
 
 
 def render(status: Status) -> str:

@@ -36,16 +36,18 @@ from typing import Any
 import httpx
 import psycopg2
 
+from actors.queue_stats import dead_key, delayed_key, queue_key
 from bench.common import database_name
 from core.db import connect_params
 from core.embedded import free_port
+from schema.messages import Queue
 from tests.chaos.proxy import FaultProxy
 from tests.integration.pipeline.test_e2e_workers import BIN, ROOT, _procfile, _spawn, _stop
 from tests.servers import PrivateRedis
 
 WORKER_APP = "ibex-worker"
 MEMORY_APP = "ibex-memory"
-QUEUES = ("scan", "extract", "write", "pointer")
+QUEUES = tuple(queue.value for queue in Queue)
 TurnId = tuple[str, int]  # (session id, turn index)
 
 
@@ -325,8 +327,8 @@ class ChaosStack:
         try:
             out = {}
             for q in queues:
-                out[q] = int(client.hlen(f"dramatiq:{q}.msgs")) + int(
-                    client.hlen(f"dramatiq:{q}.DQ.msgs")
+                out[q] = int(client.hlen(queue_key(q) + ".msgs")) + int(
+                    client.hlen(delayed_key(q) + ".msgs")
                 )
             return out
         except Exception:
@@ -337,7 +339,7 @@ class ChaosStack:
     def dead_letters_in_redis(self) -> int:
         client = self.redis.client()
         try:
-            return sum(int(client.zcard(f"dramatiq:{q}.XQ")) for q in QUEUES)
+            return sum(int(client.zcard(dead_key(q))) for q in QUEUES)
         finally:
             client.close()
 

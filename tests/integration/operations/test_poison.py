@@ -18,7 +18,7 @@ import dramatiq
 import pytest
 import redis
 
-from extraction.deadletters import MALFORMED, DeadLetterStore
+from actors.deadletters import MALFORMED, DeadLetterStore
 from extraction.stages import StageDeps, scan
 from tests.integration.operations.test_dlq import _cli, redis_worker, wait_for
 from tests.integration.pipeline.helpers import (

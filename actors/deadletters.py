@@ -1,4 +1,6 @@
 """Dead letters: Dramatiq's Redis dead-letter sets and their Postgres mirror, for ``ibex dlq``.
+The mirror's rows are read and changed through :mod:`extraction.deadletter_rows`; this module
+knows what a dead message looks like in Redis and how to enqueue it again.
 
 Dramatiq keeps a dead message in ``<ns>:<queue>.XQ`` (sorted set of ``redis_message_id`` by
 failure time) and ``<ns>:<queue>.XQ.msgs`` (payloads) for 7 days; the worker's after_nack
@@ -36,9 +38,8 @@ from typing import Any
 import peewee
 import redis
 
-from core.db import enter_tenant, operator_scope, transaction
-
-NAMESPACE = "dramatiq"
+from actors.queue_stats import NAMESPACE, dead_key, queue_key
+from extraction import deadletter_rows
 
 # KEYS: xq, xq.msgs, queue, queue.msgs  ARGV: old id, new id, payload, only-if-present flag
 _MOVE = """
@@ -287,7 +288,7 @@ class DeadLetterStore:
     # -- keys ------------------------------------------------------------------------------
 
     def _xq(self, queue: str) -> str:
-        return f"{self.namespace}:{queue}.XQ"
+        return dead_key(queue, self.namespace)
 
     def redis_queues(self) -> list[str]:
         """Queues that have a dead-letter set in Redis."""
@@ -302,19 +303,6 @@ class DeadLetterStore:
         return {q: int(self.redis.zcard(self._xq(q))) for q in self.redis_queues()}
 
     # -- reading ---------------------------------------------------------------------------
-
-    def _mirror_rows(self, where: str = "", params: tuple[Any, ...] = ()) -> list[tuple]:
-        with operator_scope(self.db):
-            return list(
-                self.db.execute_sql(
-                    "SELECT id, redis_message_id, message_id, queue_name, actor_name, payload,"
-                    " failed_at, attempts, exception_type, exception_message, traceback,"
-                    " org_id, session_id, turn_index, ordinal"
-                    " FROM ibex_core.dead_letters"
-                    " WHERE replayed_at IS NULL AND purged_at IS NULL" + where + " ORDER BY id",
-                    params,
-                ).fetchall()
-            )
 
     def _from_mirror(self, row: tuple, in_redis: bool) -> DeadLetter:
         (
@@ -418,7 +406,7 @@ class DeadLetterStore:
         for q in self.redis_queues():
             for key, score, raw in self._redis_entries(q):
                 redis_ids[key] = (q, score, raw)
-        for row in self._mirror_rows():
+        for row in deadletter_rows.open_rows(self.db):
             letter = self._from_mirror(row, in_redis=row[1] in redis_ids)
             letters[letter.redis_message_id] = letter
         for key, (q, score, raw) in redis_ids.items():
@@ -469,13 +457,7 @@ class DeadLetterStore:
         return report
 
     def _was_replayed(self, ref: str) -> bool:
-        with operator_scope(self.db):
-            row = self.db.execute_sql(
-                "SELECT 1 FROM ibex_core.dead_letters WHERE replayed_at IS NOT NULL AND"
-                " (id::text = %s OR redis_message_id = %s OR message_id = %s)",
-                (ref, ref, ref),
-            ).fetchone()
-        return row is not None
+        return deadletter_rows.was_replayed(self.db, ref)
 
     def _replay_one(self, letter: DeadLetter) -> bool:
         new_id = str(uuid.uuid4())
@@ -492,8 +474,8 @@ class DeadLetterStore:
             keys=[
                 self._xq(letter.queue),
                 self._xq(letter.queue) + ".msgs",
-                f"{self.namespace}:{queue}",
-                f"{self.namespace}:{queue}.msgs",
+                queue_key(queue, self.namespace),
+                queue_key(queue, self.namespace) + ".msgs",
             ],
             args=[
                 letter.redis_message_id,
@@ -506,26 +488,16 @@ class DeadLetterStore:
 
     def _claim(self, letter: DeadLetter, new_id: str) -> bool:
         """Mark the mirror row replayed and un-fail its turn, in one transaction."""
-        with transaction(self.db):
-            row = self.db.execute_sql(
-                "UPDATE ibex_core.dead_letters SET replayed_at = now(), replayed_as = %s"
-                " WHERE id = %s AND replayed_at IS NULL AND purged_at IS NULL RETURNING id",
-                (new_id, letter.mirror_id),
-            ).fetchone()
-            if row is None:
-                return False
-            if letter.org_id and letter.session_id and letter.turn_index is not None:
-                enter_tenant(self.db, letter.org_id)
-                self.db.execute_sql(
-                    "UPDATE ibex_core.extraction_turns"
-                    " SET state = CASE WHEN result IS NULL THEN 'pending'::ibex_core.turn_state"
-                    "                  ELSE 'extracted'::ibex_core.turn_state END,"
-                    "     last_error = NULL, attempts = 0,"
-                    "     lease_expires_at = now() + make_interval(secs => %s)"
-                    " WHERE session_id = %s AND turn_index = %s AND state = 'failed'",
-                    (self.lease_seconds, letter.session_id, letter.turn_index),
-                )
-            return True
+        assert letter.mirror_id is not None
+        return deadletter_rows.claim_replay(
+            self.db,
+            letter.mirror_id,
+            new_id,
+            org_id=letter.org_id,
+            session_id=letter.session_id,
+            turn_index=letter.turn_index,
+            lease_seconds=self.lease_seconds,
+        )
 
     # -- purge -----------------------------------------------------------------------------
 
@@ -541,12 +513,7 @@ class DeadLetterStore:
             pipe.hdel(self._xq(letter.queue) + ".msgs", letter.redis_message_id)
             pipe.execute()
             if letter.mirror_id is not None:
-                with transaction(self.db):
-                    self.db.execute_sql(
-                        "UPDATE ibex_core.dead_letters SET purged_at = now()"
-                        " WHERE id = %s AND purged_at IS NULL",
-                        (letter.mirror_id,),
-                    )
+                deadletter_rows.mark_purged(self.db, letter.mirror_id)
             purged += 1
         return purged
 
