@@ -10,7 +10,8 @@ Settings chosen on purpose (see NOTES-dramatiq):
 - ``heartbeat_timeout`` 30 s and ``maintenance_chance`` 2 %: a killed worker's unacked messages
   come back within about a minute instead of Dramatiq's default of tens of minutes. The scan's
   leases remain the real backstop (maintenance is probabilistic, and some retries are dropped).
-- Retries from ``MAX_RETRIES``, ``RETRY_MIN_BACKOFF_MS``, ``RETRY_MAX_BACKOFF_MS``; permanent
+- Retries from the one :class:`~extraction.retry.RetryPolicy` (``MAX_RETRIES``,
+  ``RETRY_MIN_BACKOFF_MS``, ``RETRY_MAX_BACKOFF_MS``); permanent
   errors are in every actor's ``throws`` and never retried.
 - The time limit sits above the LLM and HTTP timeouts, so a slow call fails as a timeout (a
   clean retry) before Dramatiq's asynchronous interrupt would hit the thread.
@@ -42,6 +43,7 @@ from dramatiq.middleware import (
 
 from core.config import Settings, export_environment
 from core.errors import ConfigError
+from extraction.retry import RetryPolicy
 from extraction.stages import Send
 from schema.messages import Queue
 
@@ -74,15 +76,16 @@ def retry_when(max_retries: int) -> Callable[[int, BaseException], bool]:
 
 
 def base_middleware(settings: Settings) -> list[Middleware]:
+    policy = RetryPolicy.from_settings(settings)
     return [
         AgeLimit(),
         TimeLimit(time_limit=time_limit_ms(settings)),
         ShutdownNotifications(),
         Retries(
-            max_retries=settings.max_retries,
-            min_backoff=settings.retry_min_backoff_ms,
-            max_backoff=settings.retry_max_backoff_ms,
-            retry_when=retry_when(settings.max_retries),
+            max_retries=policy.max_retries,
+            min_backoff=policy.min_backoff_ms,
+            max_backoff=policy.max_backoff_ms,
+            retry_when=retry_when(policy.max_retries),
         ),
         # The running message, for the stage shell: what a retry carries (actors/shell.py).
         CurrentMessage(),

@@ -12,29 +12,20 @@ from __future__ import annotations
 
 import dramatiq
 
-from actors.broker import Queue, broker
-from actors.shell import current_delivery, run_stage
+from actors.broker import broker
+from actors.shell import run_route
 from core.errors import PermanentError
-from extraction import stages
-from schema import load
-from schema.messages import TurnMessageSchema
+from extraction.dispatch import ROUTES
+from schema.messages import ActorName
 
-_SCHEMA = TurnMessageSchema()
+ROUTE = ROUTES[ActorName.EXTRACT]
 
 
 @dramatiq.actor(
-    actor_name="extract_turn", queue_name=Queue.EXTRACT, throws=(PermanentError,), broker=broker
+    actor_name=ROUTE.actor.value,
+    queue_name=ROUTE.queue.value,
+    throws=(PermanentError,),
+    broker=broker,
 )
 def extract_turn(org_id: str, session_id: str, turn_index: int) -> None:
-    msg = load(
-        _SCHEMA,
-        {"org_id": org_id, "session_id": session_id, "turn_index": turn_index},
-        what="extract_turn message",
-    )
-    delivery = current_delivery()
-    run_stage(
-        lambda deps: stages.extract_turn(
-            deps, msg["org_id"], msg["session_id"], msg["turn_index"], delivery=delivery
-        ),
-        delivery=delivery,
-    )
+    run_route(ROUTE, {"org_id": org_id, "session_id": session_id, "turn_index": turn_index})

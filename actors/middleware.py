@@ -7,8 +7,10 @@
   the session store is refused.
 - :class:`DatabaseConnection` checks a connection out of the pool for each message and gives it
   back when the message is acked or nacked.
-- :class:`MessageShape` rejects a message whose arguments do not even bind to its actor's
-  signature (a hand-made or corrupted payload): it is failed at once instead of retried.
+- :class:`MessageShape` validates a message against its actor's route (the one dispatch table,
+  :mod:`extraction.dispatch`): one whose arguments do not bind to the actor's signature or do
+  not pass its schema (a hand-made or corrupted payload) is failed at once instead of retried;
+  a valid one is handed to the actor (:func:`take_validated`), which does not check it again.
 - :class:`DeadLetterMirror` (``after_nack``) writes every failed message into
   ``ibex_core.dead_letters`` (payload, actor, queue, exception type and message, traceback,
   attempts, slot identity) and marks its turn ``failed`` with the reason, so the pointer of
@@ -36,17 +38,23 @@ from playhouse.postgres_ext import PooledPostgresqlExtDatabase
 
 from core.config import Settings
 from core.db import make_pool
-from core.errors import ConfigError, PermanentError
+from core.errors import ConfigError, InvalidMessageError, PermanentError
+from extraction.dispatch import ROUTES
 from extraction.stages import StageDeps
 from extraction.state import DeadLetterRecord, ExtractionState, TurnRef
 from models.store import SessionStore
+from schema.messages import ActorName
 
 log = logging.getLogger(__name__)
 
 _deps: StageDeps | None = None
 _deps_lock = threading.Lock()
 
-TURN_ACTORS = frozenset({"extract_turn", "write_memory", "advance_pointer"})
+#: The actors whose messages name one turn: a dead letter of theirs fails that turn.
+TURN_ACTORS = frozenset({ActorName.EXTRACT, ActorName.WRITE, ActorName.POINTER})
+
+#: The message the shape check validated, for the actor running next in this worker thread.
+_validated = threading.local()
 
 
 def install_deps(deps: StageDeps | None) -> None:
@@ -153,20 +161,57 @@ class DatabaseConnection(Middleware):
         self._release()
 
 
+def take_validated() -> dict[str, Any] | None:
+    """The running message as :class:`MessageShape` validated it, once; None when no shape
+    check ran for it in this thread (an actor called outside a worker)."""
+    found: tuple[str, dict[str, Any]] | None = getattr(_validated, "message", None)
+    _validated.message = None
+    if found is None:
+        return None
+    from dramatiq.middleware import CurrentMessage
+
+    current = CurrentMessage.get_current_message()
+    if current is None or current.message_id != found[0]:
+        return None
+    return found[1]
+
+
 class MessageShape(Middleware):
-    """Fail (without retrying) a message whose arguments cannot bind to its actor."""
+    """Validate a message once, by its route; fail (without retrying) one that is invalid."""
 
     def before_process_message(self, broker: dramatiq.Broker, message: Any) -> None:
+        _validated.message = None
+        route = ROUTES.get(message.actor_name)
         try:
             actor = broker.get_actor(message.actor_name)
         except ActorNotFound:
             return  # the worker dead-letters unknown actors itself
         try:
-            inspect.signature(actor.fn).bind(*message.args, **message.kwargs)
+            bound = inspect.signature(actor.fn).bind(*message.args, **message.kwargs)
+            if route is None:
+                return
+            loaded = route.load(bound.arguments)
         except TypeError as exc:
-            message.options["ibex_invalid"] = f"invalid {message.actor_name} message: {exc}"
-            message.fail()
-            raise SkipMessage(message.options["ibex_invalid"]) from None
+            self._reject(message, f"invalid {message.actor_name} message: {exc}")
+        except InvalidMessageError as exc:
+            self._reject(message, str(exc))
+        _validated.message = (message.message_id, loaded)
+
+    def after_process_message(
+        self,
+        broker: dramatiq.Broker,
+        message: Any,
+        *,
+        result: Any = None,
+        exception: BaseException | None = None,
+    ) -> None:
+        _validated.message = None
+
+    @staticmethod
+    def _reject(message: Any, reason: str) -> None:
+        message.options["ibex_invalid"] = reason
+        message.fail()
+        raise SkipMessage(reason) from None
 
 
 def _identity(message: Any, actor_fn: Any | None) -> dict[str, Any]:
@@ -315,4 +360,5 @@ __all__ = [
     "mirror_malformed",
     "pipeline_middleware",
     "pooled_database",
+    "take_validated",
 ]

@@ -14,28 +14,29 @@ from functools import partial
 
 import dramatiq
 
-from actors.broker import Queue, broker, current_broker
+from actors.broker import broker, current_broker
 from actors.middleware import current_deps
 from actors.queue_stats import queue_counts
-from actors.shell import run_stage
+from actors.shell import run_route
 from core.errors import PermanentError
-from extraction import stages
+from extraction.dispatch import ROUTES
 from extraction.metrics import PipelineMetrics
 from extraction.status import collect
-from schema import load
-from schema.messages import ScanMessageSchema
+from schema.messages import ActorName, Queue
 
 log = logging.getLogger(__name__)
 
-_SCHEMA = ScanMessageSchema()
+ROUTE = ROUTES[ActorName.SCAN]
 
 
 @dramatiq.actor(
-    actor_name="scan_sessions", queue_name=Queue.SCAN, throws=(PermanentError,), broker=broker
+    actor_name=ROUTE.actor.value,
+    queue_name=ROUTE.queue.value,
+    throws=(PermanentError,),
+    broker=broker,
 )
 def scan_sessions(session_id: str | None = None) -> None:
-    msg = load(_SCHEMA, {"session_id": session_id}, what="scan_sessions message")
-    run_stage(lambda deps: stages.scan(deps, session_id=msg["session_id"]).sent)
+    run_route(ROUTE, {"session_id": session_id})
     observe_backlog()
 
 

@@ -1,6 +1,8 @@
-"""What every actor does around its stage function: map waits onto ``dramatiq.Retry``, send
-the follow-up messages once the stage has returned (its transactions committed), and carry an
-abandoned LLM claim into the message's retry.
+"""What every actor does around its stage function: take the message the shape check
+validated (:mod:`actors.middleware`), map waits onto ``dramatiq.Retry`` with the delays of the
+one :class:`~extraction.retry.RetryPolicy`, send the follow-up messages once the stage has
+returned (its transactions committed), and carry an abandoned LLM claim into the message's
+retry.
 
 A stage that fails holding a claim it could not release (the database was unavailable) says so
 on its :class:`~extraction.stages.Delivery`; the token goes into the message's options, which
@@ -12,26 +14,20 @@ from __future__ import annotations
 
 import logging
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
+from typing import Any
 
 import dramatiq
 from dramatiq.middleware import CurrentMessage
 
 from actors.broker import TurnBusyRetry, send_all
-from actors.middleware import current_deps
+from actors.middleware import current_deps, take_validated
 from core.errors import MemoryUnavailableError, TurnBusyError
+from extraction.dispatch import Route
+from extraction.retry import RetryPolicy
 from extraction.stages import Delivery, Send, StageDeps
 
 log = logging.getLogger(__name__)
-
-#: Added to a server-announced wait so the retry lands after the other side is ready.
-RETRY_MARGIN_MS = 250
-
-
-def retry_delay_ms(deps: StageDeps, seconds: float) -> int:
-    settings = deps.settings
-    wanted = int(seconds * 1000) + RETRY_MARGIN_MS
-    return max(settings.retry_min_backoff_ms, min(wanted, settings.retry_max_backoff_ms))
 
 
 #: The message option that carries an abandoned claim's token into the message's retry.
@@ -76,17 +72,30 @@ def run_stage(stage: Callable[[StageDeps], list[Send]], *, delivery: Delivery | 
             raise
     except TurnBusyError as exc:
         # Another delivery is calling the LLM for this turn: an expected wait, not an error.
-        settings = deps.settings
-        wanted = int((exc.retry_after or 0) * 1000) + RETRY_MARGIN_MS
-        ceiling = max(settings.retry_max_backoff_ms, settings.extraction_claim_seconds * 1000)
-        delay = max(settings.retry_min_backoff_ms, min(wanted, ceiling))
+        delay = RetryPolicy.from_settings(deps.settings).delay_for(exc, _attempt())
         raise TurnBusyRetry(str(exc), delay=delay) from exc
     except MemoryUnavailableError as exc:
         if exc.retry_after is None:
-            raise
+            raise  # the Retries middleware backs off, within the same policy's bounds
         log.warning("memory service asked to wait %.1fs: %s", exc.retry_after, exc)
-        raise dramatiq.Retry(str(exc), delay=retry_delay_ms(deps, exc.retry_after)) from exc
+        delay = RetryPolicy.from_settings(deps.settings).delay_for(exc, _attempt())
+        raise dramatiq.Retry(str(exc), delay=delay) from exc
     return send_all(follow_ups)
 
 
-__all__ = ["ABANDONED_CLAIM_OPTION", "current_delivery", "retry_delay_ms", "run_stage"]
+def _attempt() -> int:
+    message = CurrentMessage.get_current_message()
+    return int(message.options.get("retries", 0) or 0) if message is not None else 0
+
+
+def run_route(route: Route, kwargs: Mapping[str, Any]) -> int:
+    """An actor's body: run ``route``'s stage on the message, validated once (by the shape
+    check before the actor ran, or here when no shape check ran), then send the follow-ups."""
+    message = take_validated()
+    if message is None:
+        message = route.load(kwargs)
+    delivery = current_delivery()
+    return run_stage(lambda deps: route.run(deps, message, delivery), delivery=delivery)
+
+
+__all__ = ["ABANDONED_CLAIM_OPTION", "current_delivery", "run_route", "run_stage"]

@@ -10,27 +10,23 @@ from __future__ import annotations
 
 import dramatiq
 
-from actors.broker import Queue, broker
-from actors.shell import run_stage
+from actors.broker import broker
+from actors.shell import run_route
 from core.errors import PermanentError
-from extraction import stages
-from schema import load
-from schema.messages import SlotMessageSchema
+from extraction.dispatch import ROUTES
+from schema.messages import ActorName
 
-_SCHEMA = SlotMessageSchema()
+ROUTE = ROUTES[ActorName.WRITE]
 
 
 @dramatiq.actor(
-    actor_name="write_memory", queue_name=Queue.WRITE, throws=(PermanentError,), broker=broker
+    actor_name=ROUTE.actor.value,
+    queue_name=ROUTE.queue.value,
+    throws=(PermanentError,),
+    broker=broker,
 )
 def write_memory(org_id: str, session_id: str, turn_index: int, ordinal: int) -> None:
-    msg = load(
-        _SCHEMA,
+    run_route(
+        ROUTE,
         {"org_id": org_id, "session_id": session_id, "turn_index": turn_index, "ordinal": ordinal},
-        what="write_memory message",
-    )
-    run_stage(
-        lambda deps: stages.write_memory(
-            deps, msg["org_id"], msg["session_id"], msg["turn_index"], msg["ordinal"]
-        )
     )

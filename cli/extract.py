@@ -17,7 +17,7 @@ from typing import Any
 
 from cli.common import EXIT_FAILURE, EXIT_OK, add_session_args, resolve_session
 from core.config import Settings
-from core.errors import PermanentError, TransientError, TurnBusyError
+from core.errors import PermanentError, TransientError
 
 log = logging.getLogger(__name__)
 
@@ -74,8 +74,12 @@ class InlineReport:
 
 def drain_inline(deps: Any, first: Sequence[Any], report: InlineReport) -> None:
     """Run ``first`` and everything it leads to, one message at a time, in this thread."""
-    from extraction.stages import POINTER, Delivery, run_message
+    from extraction.dispatch import run_message
+    from extraction.retry import RetryPolicy
+    from extraction.stages import Delivery
+    from schema.messages import ActorName
 
+    policy = RetryPolicy.from_settings(deps.settings)
     # Each message keeps its Delivery across its retries, as a worker's message keeps its id.
     queue = deque((m, 0, Delivery()) for m in first)
     while queue:
@@ -92,13 +96,10 @@ def drain_inline(deps: Any, first: Sequence[Any], report: InlineReport) -> None:
                 report.failures.append(f"{message}: gave up: {type(exc).__name__}: {exc}")
                 _release(deps, message, exc)
                 continue
-            wait = getattr(exc, "retry_after", None)
-            if wait is None or not isinstance(exc, TurnBusyError):
-                wait = deps.settings.retry_min_backoff_ms / 1000 * 2**tries
-            time.sleep(min(max(float(wait), 0.05), INLINE_MAX_WAIT_S))
+            time.sleep(min(policy.delay_for(exc, tries) / 1000, INLINE_MAX_WAIT_S))
             queue.append((message, tries + 1, delivery))
             continue
-        if message.actor_name == POINTER:
+        if message.actor_name == ActorName.POINTER:
             status = deps.state.turn_status(_ref(message.kwargs))
             if status is not None and status.state == "done":
                 report.turns_done += 1

@@ -56,12 +56,9 @@ from extraction.state import (
     TurnRef,
 )
 from models.store import Candidate, SessionStore, Turn
-from schema import load
-from schema.messages import MESSAGE_SCHEMAS
+from schema.messages import ActorName
 
 log = logging.getLogger(__name__)
-
-SCAN, EXTRACT, WRITE, POINTER = "scan_sessions", "extract_turn", "write_memory", "advance_pointer"
 
 
 class ExtractionAbandonedError(PermanentError):
@@ -192,7 +189,7 @@ def scan(deps: StageDeps, *, session_id: uuid.UUID | str | None = None) -> ScanR
         leased = deps.state.lease_turns(chunk, live, settings.extraction_lease_seconds)
         for ref in leased:
             budget[agent_of[ref.session_id]] -= 1
-        report.sent.extend(Send(EXTRACT, ref.as_message()) for ref in leased)
+        report.sent.extend(Send(ActorName.EXTRACT, ref.as_message()) for ref in leased)
     log.info("scan: %d sessions, %d turns sent", report.sessions, report.turns)
     return report
 
@@ -240,8 +237,8 @@ def _fan_out(ref: TurnRef, persisted: Persisted) -> list[Send]:
     count = len(persisted.result.memories)
     missing = [o for o in range(count) if o not in persisted.written]
     if not missing:
-        return [Send(POINTER, ref.as_message())]
-    return [Send(WRITE, {**ref.as_message(), "ordinal": o}) for o in missing]
+        return [Send(ActorName.POINTER, ref.as_message())]
+    return [Send(ActorName.WRITE, {**ref.as_message(), "ordinal": o}) for o in missing]
 
 
 def _describe(exc: BaseException) -> str:
@@ -470,7 +467,7 @@ def write_memory(
         ref, ordinal, idempotency_key=key, memory_id=memory_id, outcome=label
     )
     deps.crash_point("after_record_slot")
-    return [Send(POINTER, ref.as_message())] if complete else []
+    return [Send(ActorName.POINTER, ref.as_message())] if complete else []
 
 
 # -- advance_pointer -------------------------------------------------------------------------
@@ -493,40 +490,7 @@ def advance_pointer(
     return []
 
 
-# -- dispatch --------------------------------------------------------------------------------
-
-
-def run_message(
-    deps: StageDeps,
-    actor_name: str,
-    kwargs: Mapping[str, Any],
-    *,
-    delivery: Delivery | None = None,
-) -> list[Send]:
-    """Validate a message as its actor would and run its stage inline (``ibex extract``).
-    Pass the same ``delivery`` to every attempt of one message."""
-    schema = MESSAGE_SCHEMAS.get(actor_name)
-    if schema is None:
-        raise InvalidMessageError(f"unknown actor {actor_name!r}")
-    msg = load(schema(), dict(kwargs), what=f"{actor_name} message")
-    if actor_name == SCAN:
-        return scan(deps, session_id=msg["session_id"]).sent
-    if actor_name == EXTRACT:
-        return extract_turn(
-            deps, msg["org_id"], msg["session_id"], msg["turn_index"], delivery=delivery
-        )
-    if actor_name == WRITE:
-        return write_memory(
-            deps, msg["org_id"], msg["session_id"], msg["turn_index"], msg["ordinal"]
-        )
-    return advance_pointer(deps, msg["org_id"], msg["session_id"], msg["turn_index"])
-
-
 __all__ = [
-    "EXTRACT",
-    "POINTER",
-    "SCAN",
-    "WRITE",
     "Delivery",
     "ExtractionAbandonedError",
     "MemoryWriter",
@@ -537,7 +501,6 @@ __all__ = [
     "advance_pointer",
     "extract_turn",
     "memory_body",
-    "run_message",
     "scan",
     "write_memory",
 ]

@@ -34,9 +34,11 @@ from core.errors import (
     TransientError,
     TurnBusyError,
 )
+from extraction.dispatch import run_message
 from extraction.keys import idempotency_key
 from extraction.result import ExtractedMemory, ExtractionResult
-from extraction.stages import Send, StageDeps, run_message
+from extraction.retry import RetryPolicy
+from extraction.stages import Send, StageDeps
 from memory_service.client import WriteOutcome
 from models.store import SessionStore, Turn, TurnInput
 
@@ -272,6 +274,8 @@ class Harness:
         ``dead_letter`` accepts it."""
         queue: deque[Send] = deque(first)
         retries: Counter[str] = Counter()
+        policy = RetryPolicy.from_settings(self.deps.settings)
+        waits: Counter[str] = Counter()
         steps = 0
         while queue:
             if limit is not None and steps >= limit:
@@ -287,12 +291,15 @@ class Harness:
                 queue.append(message)  # the broker redelivers an unacked message
                 continue
             except TurnBusyError as exc:
-                time.sleep(min(exc.retry_after or 0.05, 2.0) + 0.05)
+                # A wait on another delivery's claim, not counted against max_retries.
+                time.sleep(policy.delay_for(exc, waits[str(message)]) / 1000)
+                waits[str(message)] += 1
                 queue.append(message)
                 continue
             except Exception as exc:
                 transient = isinstance(exc, TransientError)
                 if transient and retries[str(message)] < max_retries:
+                    time.sleep(policy.delay_for(exc, retries[str(message)]) / 1000)
                     retries[str(message)] += 1
                     queue.append(message)
                     continue

@@ -11,7 +11,9 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from core.errors import TurnBusyError
-from extraction.stages import Send, StageDeps, advance_pointer, run_message, scan, write_memory
+from extraction.dispatch import run_message
+from extraction.stages import Send, StageDeps, advance_pointer, scan, write_memory
+from schema.messages import ActorName
 from tests.conftest import truncate_all
 from tests.integration.pipeline.helpers import (
     FakeMemoryService,
@@ -91,7 +93,7 @@ def test_the_last_two_writes_of_a_turn_finishing_at_once_send_the_pointer_step_o
 ) -> None:
     ref = make_session(store, 1)
     extracted = scan(deps).sent
-    writes = run_message(deps, "extract_turn", extracted[0].kwargs)
+    writes = run_message(deps, ActorName.EXTRACT, extracted[0].kwargs)
     assert [m.kwargs["ordinal"] for m in writes] == [0, 1]
     barrier = threading.Barrier(2)
     sent: list[list[Send]] = []

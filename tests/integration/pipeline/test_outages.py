@@ -22,9 +22,11 @@ import pytest
 from core.config import Settings
 from core.db import make_pool
 from core.errors import DatabaseUnavailableError, TurnBusyError
-from extraction.stages import EXTRACT, Delivery, Send, StageDeps, run_message, scan
+from extraction.dispatch import run_message
+from extraction.stages import Delivery, Send, StageDeps, scan
 from extraction.state import TurnRef
 from models.store import SessionStore
+from schema.messages import ActorName
 from tests.integration.pipeline.helpers import (
     FakeMemoryService,
     FakeProvider,
@@ -189,7 +191,7 @@ def test_an_outage_longer_than_the_retries_keeps_the_answer_for_the_same_message
     failing = FailingPersist(deps, times=1000)
     first = Delivery(message_id="message-1")
     with pytest.raises(DatabaseUnavailableError):
-        run_message(deps, EXTRACT, message.kwargs, delivery=first)
+        run_message(deps, ActorName.EXTRACT, message.kwargs, delivery=first)
     assert failing.calls >= 2  # it did retry before giving up
     assert first.abandoned_claim is not None
     turn = TurnRef(ref.org_id, ref.session_id, 1)
@@ -201,14 +203,16 @@ def test_an_outage_longer_than_the_retries_keeps_the_answer_for_the_same_message
     # carried) must still wait for the live claim: the lock is not weakened.
     failing.times = 0
     with pytest.raises(TurnBusyError) as busy:
-        run_message(deps, EXTRACT, message.kwargs, delivery=Delivery(message_id="message-2"))
+        run_message(
+            deps, ActorName.EXTRACT, message.kwargs, delivery=Delivery(message_id="message-2")
+        )
     assert busy.value.retry_after is not None and busy.value.retry_after > CLAIM_SECONDS - 30
 
     # The retry of the same message carries the claim it left: taken over at once, and the
     # kept answer is stored without calling the LLM again.
     retry = Delivery(message_id="message-1", abandoned_claim=first.abandoned_claim)
     started = time.monotonic()
-    follow = run_message(deps, EXTRACT, message.kwargs, delivery=retry)
+    follow = run_message(deps, ActorName.EXTRACT, message.kwargs, delivery=retry)
     assert time.monotonic() - started < 5
     assert [s.actor_name for s in follow] == ["write_memory"] * MEMORIES
     assert len(deps.state.answers) == 0
@@ -234,12 +238,12 @@ def test_a_retry_in_another_process_takes_its_claim_over_at_once_and_asks_again(
     FailingPersist(deps, times=1000)
     first = Delivery(message_id="message-1")
     with pytest.raises(DatabaseUnavailableError):
-        run_message(deps, EXTRACT, message.kwargs, delivery=first)
+        run_message(deps, ActorName.EXTRACT, message.kwargs, delivery=first)
 
     other = StageDeps(store=deps.store, settings=settings, provider=provider, memory=memory)
     retry = Delivery(message_id="message-1", abandoned_claim=first.abandoned_claim)
     started = time.monotonic()
-    follow = run_message(other, EXTRACT, message.kwargs, delivery=retry)
+    follow = run_message(other, ActorName.EXTRACT, message.kwargs, delivery=retry)
     assert time.monotonic() - started < 5
     Harness(other).drain(follow, max_retries=0)
     assert provider.calls[(ref.session_id, 1)] == 2
@@ -292,18 +296,22 @@ def test_a_stalled_attempt_redelivered_under_the_same_message_id_makes_no_second
     stalled: list[list[Send]] = []
     worker = threading.Thread(
         target=lambda: stalled.append(
-            run_message(deps, EXTRACT, message.kwargs, delivery=Delivery(message_id="m-1"))
+            run_message(
+                deps, ActorName.EXTRACT, message.kwargs, delivery=Delivery(message_id="m-1")
+            )
         )
     )
     worker.start()
     assert entered.wait(10)
     with pytest.raises(TurnBusyError):
-        run_message(deps, EXTRACT, message.kwargs, delivery=Delivery(message_id="m-1"))
+        run_message(deps, ActorName.EXTRACT, message.kwargs, delivery=Delivery(message_id="m-1"))
     resume.set()
     worker.join(10)
     assert stalled and [s.actor_name for s in stalled[0]] == ["write_memory"] * MEMORIES
     # The redelivery's retry now finds the stored result: it fans out again, harmlessly.
-    again = run_message(deps, EXTRACT, message.kwargs, delivery=Delivery(message_id="m-1"))
+    again = run_message(
+        deps, ActorName.EXTRACT, message.kwargs, delivery=Delivery(message_id="m-1")
+    )
     assert [s.actor_name for s in again] == ["write_memory"] * MEMORIES
     Harness(deps).drain(stalled[0] + again, max_retries=0)
     check_one_call_per_turn(db, ref, provider, memory)
@@ -329,7 +337,7 @@ def test_the_persist_retries_stop_before_the_claim_could_expire(
     delivery = Delivery(message_id="message-1")
     started = time.monotonic()
     with pytest.raises(DatabaseUnavailableError):
-        run_message(deps, EXTRACT, message.kwargs, delivery=delivery)
+        run_message(deps, ActorName.EXTRACT, message.kwargs, delivery=delivery)
     assert time.monotonic() - started < 1.5
     assert failing.calls >= 2 and len(deps.state.answers) == 1
     assert delivery.abandoned_claim is not None

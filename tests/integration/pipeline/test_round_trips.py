@@ -9,8 +9,9 @@ from typing import Any
 import pytest
 
 from core.errors import NotFoundError
-from extraction.stages import POINTER, WRITE, extract_turn, scan, write_memory
+from extraction.stages import extract_turn, scan, write_memory
 from extraction.state import PersistedResult, SlotCache, StoredMemory, TurnRef
+from schema.messages import ActorName
 from tests.integration.pipeline.helpers import (
     FakeMemoryService,
     FakeProvider,
@@ -62,7 +63,7 @@ def test_the_first_write_of_each_slot_needs_no_read_and_later_deliveries_read_as
     ref = make_session(store, 1)
     scan(deps)
     writes = extract_turn(deps, ref.org_id, ref.session_id, 1)
-    assert [w.actor_name for w in writes] == [WRITE, WRITE]
+    assert [w.actor_name for w in writes] == [ActorName.WRITE, ActorName.WRITE]
     load_slot = Spy(monkeypatch, deps.state, "load_slot")
     first = write_memory(deps, ref.org_id, ref.session_id, 1, 0)
     assert first == [] and load_slot.calls == 0
@@ -70,7 +71,7 @@ def test_the_first_write_of_each_slot_needs_no_read_and_later_deliveries_read_as
     assert write_memory(deps, ref.org_id, ref.session_id, 1, 0) == []
     assert load_slot.calls == 1 and memory.posts == 1
     last = write_memory(deps, ref.org_id, ref.session_id, 1, 1)
-    assert [m.actor_name for m in last] == [POINTER] and load_slot.calls == 1
+    assert [m.actor_name for m in last] == [ActorName.POINTER] and load_slot.calls == 1
     Harness(deps).drain(last)
     assert_complete(db, memory, [ref])
     # A replay after the turn is done: the done short-cut, no POST, no pointer step.

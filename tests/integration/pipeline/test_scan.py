@@ -4,7 +4,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from extraction.stages import EXTRACT, StageDeps, scan
+from extraction.stages import StageDeps, scan
+from schema.messages import ActorName
 from tests.integration.pipeline.helpers import (
     FakeMemoryService,
     FakeProvider,
@@ -22,7 +23,7 @@ def _deps(store: Any, database_url: str, provider: Any, memory: Any, **env: str)
 
 
 def _sent(report: Any) -> list[tuple[str, int]]:
-    assert all(m.actor_name == EXTRACT for m in report.sent)
+    assert all(m.actor_name == ActorName.EXTRACT for m in report.sent)
     return [(m.kwargs["session_id"], m.kwargs["turn_index"]) for m in report.sent]
 
 

@@ -105,7 +105,8 @@ def test_send_all_pipelines_redis_enqueues_exactly_as_the_broker_enqueues_them(
     redis_message_id each, the order kept, every batch (including a partial last one) sent."""
     import actors  # noqa: F401
     from actors.broker import send_all
-    from extraction.stages import EXTRACT, Send
+    from extraction.stages import Send
+    from schema.messages import ActorName
 
     client = fakeredis.FakeRedis()
     broker = make_broker(settings(), client=client, extra_middleware=[])
@@ -123,7 +124,7 @@ def test_send_all_pipelines_redis_enqueues_exactly_as_the_broker_enqueues_them(
     try:
         org, session = str(uuid.uuid4()), str(uuid.uuid4())
         sends = [
-            Send(EXTRACT, {"org_id": org, "session_id": session, "turn_index": t})
+            Send(ActorName.EXTRACT, {"org_id": org, "session_id": session, "turn_index": t})
             for t in range(1, 8)
         ]
         assert send_all(sends) == 7
@@ -149,7 +150,8 @@ def test_send_all_pipelines_redis_enqueues_exactly_as_the_broker_enqueues_them(
 def test_send_all_on_a_stub_broker_sends_one_at_a_time() -> None:
     import actors  # noqa: F401
     from actors.broker import send_all
-    from extraction.stages import EXTRACT, Send
+    from extraction.stages import Send
+    from schema.messages import ActorName
 
     stub = make_broker(settings(), stub=True, extra_middleware=[])
     previous = current_broker()
@@ -157,7 +159,8 @@ def test_send_all_on_a_stub_broker_sends_one_at_a_time() -> None:
     try:
         org, session = str(uuid.uuid4()), str(uuid.uuid4())
         sent = send_all(
-            Send(EXTRACT, {"org_id": org, "session_id": session, "turn_index": t}) for t in (1, 2)
+            Send(ActorName.EXTRACT, {"org_id": org, "session_id": session, "turn_index": t})
+            for t in (1, 2)
         )
         assert sent == 2
         assert stub.queues[Queue.EXTRACT.value].qsize() == 2
