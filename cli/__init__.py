@@ -4,8 +4,9 @@
 Exit status 0 on success, 1 on failure, 2 on usage errors. Every command is a module of this
 package, listed in :data:`COMMANDS`: ``add_parser(subparsers)``, ``run(args, settings) -> int``
 and ``DATABASE`` (whether the migrated database is checked before it runs). A command module
-imports only the standard library and :mod:`core` at import time and what it operates inside
-``run``, so ``ibex migrate`` and ``ibex import`` never load Dramatiq or build a broker.
+imports only the standard library, :mod:`core` and :mod:`schema` at import time, and what it
+operates inside ``run``, so ``ibex migrate`` and ``ibex import`` never load Dramatiq or build
+a broker.
 """
 
 from __future__ import annotations
@@ -14,10 +15,9 @@ import argparse
 import logging
 import sys
 from collections.abc import Sequence
-from types import ModuleType
 
 from cli import demo, dlq, extract, imports, migrate, scan, scheduler, status, tokens
-from cli.common import EXIT_FAILURE, EXIT_OK, EXIT_USAGE
+from cli.common import EXIT_FAILURE, EXIT_OK, EXIT_USAGE, Command
 from core.config import Settings
 from core.errors import ConfigError, DatabaseUnavailableError, IbexError
 
@@ -29,7 +29,7 @@ class _Parser(argparse.ArgumentParser):
 
 
 #: The commands, in the order ``ibex --help`` lists them.
-COMMANDS: dict[str, ModuleType] = {
+COMMANDS: dict[str, Command] = {
     "migrate": migrate,
     "import": imports,
     "token": tokens,
@@ -116,4 +116,12 @@ def database_error_line(exc: BaseException) -> str | None:
     return f"database error: {detail}"
 
 
-__all__ = ["COMMANDS", "EXIT_FAILURE", "EXIT_OK", "EXIT_USAGE", "build_parser", "main"]
+__all__ = [
+    "COMMANDS",
+    "EXIT_FAILURE",
+    "EXIT_OK",
+    "EXIT_USAGE",
+    "build_parser",
+    "database_error_line",
+    "main",
+]

@@ -8,11 +8,25 @@ from __future__ import annotations
 
 import argparse
 import uuid
-from typing import Any
+from typing import Any, Protocol
 
+from core.config import Settings
 from core.errors import NotFoundError
 
 EXIT_OK, EXIT_FAILURE, EXIT_USAGE = 0, 1, 2
+
+
+class Command(Protocol):
+    """What a command module of this package provides."""
+
+    #: Whether the migrated database is checked before ``run``.
+    DATABASE: bool
+
+    def add_parser(self, sub: Any) -> None:
+        """Add the command's parser to the ``ibex`` subparsers ``sub``."""
+
+    def run(self, args: argparse.Namespace, settings: Settings) -> int:
+        """Run the command; return its exit status."""
 
 
 def positive_int(value: str) -> int:
@@ -72,6 +86,7 @@ __all__ = [
     "EXIT_FAILURE",
     "EXIT_OK",
     "EXIT_USAGE",
+    "Command",
     "add_session_args",
     "positive_int",
     "resolve_session",

@@ -191,4 +191,4 @@ def run(args: argparse.Namespace, settings: Settings) -> int:
     return EXIT_FAILURE if report.failures else EXIT_OK
 
 
-__all__ = ["InlineReport", "drain_inline", "run"]
+__all__ = ["DATABASE", "InlineReport", "add_parser", "drain_inline", "run"]
