@@ -194,7 +194,7 @@ class MessageShape(Middleware):
         except TypeError as exc:
             self._reject(message, f"invalid {message.actor_name} message: {exc}")
         except InvalidMessageError as exc:
-            self._reject(message, str(exc))
+            self._reject(message, str(exc), cause=exc)
         _validated.message = (message.message_id, loaded)
 
     def after_process_message(
@@ -208,10 +208,11 @@ class MessageShape(Middleware):
         _validated.message = None
 
     @staticmethod
-    def _reject(message: Any, reason: str) -> None:
+    def _reject(message: Any, reason: str, *, cause: BaseException | None = None) -> None:
+        # The dead letter's traceback shows the schema's complaint (the cause), if any.
         message.options["ibex_invalid"] = reason
         message.fail()
-        raise SkipMessage(reason) from None
+        raise SkipMessage(reason) from cause
 
 
 def _identity(message: Any, actor_fn: Any | None) -> dict[str, Any]:

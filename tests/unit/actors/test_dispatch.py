@@ -76,3 +76,21 @@ def test_a_worker_validates_a_message_once(
     assert loads == Counter({ActorName.EXTRACT: 1})
     # The stage gets the validated values: UUIDs parsed once, by the shape check.
     assert seen == [(uuid.UUID(ORG), uuid.UUID(SESSION), 4)]
+
+
+def test_an_invalid_message_is_rejected_by_the_shape_check_before_the_actor_runs(
+    deps: FakeDeps, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    ran: list[Any] = []
+    monkeypatch.setattr(stages, "write_memory", lambda *a, **k: ran.append(a) or [])
+    with stub_worker(deps.settings, deps) as stub:
+        stub.get_actor(ActorName.WRITE).send(ORG, SESSION, 1, -1)  # ordinal below 0
+        drain(stub)
+        [dead] = stub.dead_letters
+    assert ran == [] and dead.options.get("retries", 0) == 0
+    [record] = deps.state.mirrored
+    assert record.exception_type == "InvalidMessageError"
+    assert record.exception_message is not None
+    assert record.exception_message.startswith("invalid write_memory message: ordinal")
+    # The dead letter's traceback names the schema's complaint, as when the actor raised it.
+    assert record.traceback is not None and "InvalidMessageError" in record.traceback
