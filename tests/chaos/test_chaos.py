@@ -19,6 +19,7 @@ import pytest
 
 from models.importer import import_lines
 from models.store import SessionStore
+from schema.messages import Queue
 from tests.chaos.checks import PointerSampler, end_state, wait_until
 from tests.chaos.stack import ChaosConfig, ChaosStack
 from tests.integration.pipeline.test_e2e_workers import BIN, ROOT
@@ -265,7 +266,7 @@ def test_a_redis_crash_with_appendonly_keeps_every_queued_message(
             message=lambda: f"seed {chaos_seed}: no progress\n{stack.diagnostics()}",
         )
         stack.kill_workers(restart=False)
-        work = ("extract", "write", "pointer")
+        work = (Queue.EXTRACT.value, Queue.WRITE.value, Queue.POINTER.value)
         before = stack.queue_sizes(work)
         stack.restart_redis(kill=True, pause=rng.uniform(0.3, 1.0))
         after = stack.queue_sizes(work)
