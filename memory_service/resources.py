@@ -15,6 +15,7 @@ import json
 import logging
 import math
 import uuid
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -389,9 +390,15 @@ class HealthResource:
 
 
 class ReadyResource:
-    def __init__(self, store: MemoryStore, redis_client: redis.Redis) -> None:
+    def __init__(
+        self,
+        store: MemoryStore,
+        redis_client: redis.Redis,
+        search_mode: Callable[[], str] | None = None,
+    ) -> None:
         self.store = store
         self.redis = redis_client
+        self.search_mode = search_mode
 
     def on_get(self, req: falcon.Request, resp: falcon.Response) -> None:
         checks: dict[str, str] = {}
@@ -406,9 +413,15 @@ class ReadyResource:
         except Exception as exc:
             checks["redis"] = f"error: {type(exc).__name__}"
         ready = all(v == "ok" for v in checks.values())
+        body: dict[str, Any] = {"status": "ok" if ready else "unavailable", "checks": checks}
+        if self.search_mode is not None and checks["postgres"] == "ok":
+            try:
+                body["details"] = {"search": self.search_mode()}
+            except Exception as exc:
+                body["details"] = {"search": f"error: {type(exc).__name__}"}
         resp.status = 200 if ready else 503
         resp.content_type = falcon.MEDIA_JSON
-        resp.data = dumps({"status": "ok" if ready else "unavailable", "checks": checks})
+        resp.data = dumps(body)
 
 
 class OpenApiResource:

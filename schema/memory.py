@@ -222,3 +222,11 @@ class HealthSchema(Schema):
 
     status = fields.String(required=True, validate=validate.OneOf(("ok", "unavailable")))
     checks = fields.Dict(keys=fields.String(), values=fields.String())
+    details = fields.Dict(
+        keys=fields.String(),
+        values=fields.String(),
+        metadata={
+            "description": "readyz: `search` is `full-text+trigram`, or `full-text` where "
+            "Postgres lacks the pg_trgm extension."
+        },
+    )

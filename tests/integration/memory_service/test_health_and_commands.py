@@ -17,7 +17,10 @@ def test_healthz_and_readyz(http: httpx.Client) -> None:
     assert http.get("/healthz").json() == {"status": "ok"}
     ready = http.get("/readyz")
     assert ready.status_code == 200
-    assert ready.json() == {"status": "ok", "checks": {"postgres": "ok", "redis": "ok"}}
+    body = ready.json()
+    assert body["status"] == "ok"
+    assert body["checks"] == {"postgres": "ok", "redis": "ok"}
+    assert body["details"]["search"] in ("full-text+trigram", "full-text")
 
 
 def test_readyz_is_503_when_postgres_does_not_answer(settings, redis_client) -> None:
