@@ -321,3 +321,12 @@ class SearchStore:
                 (str(org_id), slug),
             ).fetchone()
         return uuid.UUID(str(row[0])) if row else None
+
+    def agent_exists(self, org_id: uuid.UUID, agent_id: uuid.UUID) -> uuid.UUID | None:
+        """``agent_id`` if it is an agent of the org, else None."""
+        with tenant(self.db, org_id):
+            row = self.db.execute_sql(
+                "SELECT id FROM ibex_core.agents WHERE org_id = %s AND id = %s",
+                (str(org_id), str(agent_id)),
+            ).fetchone()
+        return agent_id if row else None
