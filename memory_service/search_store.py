@@ -6,16 +6,18 @@ A query runs in one tenant transaction (:func:`core.db.tenant`) and one statemen
    says why it is a function): one capped branch per significant word of the query, the
    newest :data:`WORD_CANDIDATES` memories whose ``content_tsv`` matches the word (GIN on the
    generated tsvector, or the agent index in recency order for a word most memories contain),
-   and, where ``pg_trgm`` is installed, for a word no memory contains as such, the newest
-   :data:`TRIGRAM_CANDIDATES` that contain a word similar to it (``content %> word``, GIN
+   and, where ``pg_trgm`` is installed, for a word no memory contains as such, the
+   :data:`TRIGRAM_CANDIDATES` most similar to it (``content %> word``, GIN
    trigram index). So the work is bounded however common a word is, and a rare word is never
    crowded out by a common one. The rows themselves are then read under row-level security.
 2. **Signals**, all in ``[0, 1]`` and higher-is-better:
 
-   - ``text``: full-text rank. ``0.8 * coverage + 0.2 * ts_rank_cd/(ts_rank_cd + 1)``, where
-     coverage is the share of the query's distinct stemmed words that the memory contains, each
-     weighted by its inverse document frequency among the candidates (a word every candidate
-     has says little; a name only two memories mention says a lot).
+   - ``text``: full-text rank. ``0.8 * coverage + 0.2 * r / (r + 1)``, where ``r`` is
+     ``ts_rank_cd`` divided by the memory's length in words (a short memory that matches is
+     more about the query than a long one), and coverage is the share of the query's distinct
+     stemmed words that the memory contains, each weighted by its inverse document frequency
+     among the candidates (a word every candidate has says little; a name only two memories
+     mention says a lot).
    - ``trigram``: the mean, over the query's significant words, of ``word_similarity(word,
      content)``: how well each word is matched by some part of the memory, so ``Dhana`` still
      finds ``Dana``. 0 when ``pg_trgm`` is not installed.
@@ -50,7 +52,7 @@ MAX_QUERY_WORDS = 32
 MAX_BRANCH_WORDS = 10
 MAX_TRIGRAM_WORDS = 6
 #: ``content %> word`` holds when word_similarity(word, content) >= this.
-TRIGRAM_THRESHOLD = 0.5
+TRIGRAM_THRESHOLD = 0.6
 RECHECK_SECONDS = 60.0
 TEXT_WEIGHT = 0.75
 TRIGRAM_WEIGHT = 0.25
@@ -120,9 +122,9 @@ WITH q AS (
 ids AS MATERIALIZED ({candidates}),
 cand AS (
     SELECT m.*, ({trigram_signal}) AS trigram,
-           ts_rank_cd(m.content_tsv, q.tsq) AS rank_cd,
-           ARRAY(SELECT unnest(tsvector_to_array(m.content_tsv))
-                 INTERSECT SELECT unnest(q.lexemes)) AS hits
+           ts_rank_cd(m.content_tsv, q.tsq, 2) AS rank_cd,
+           ARRAY(SELECT l FROM unnest(tsvector_to_array(m.content_tsv)) l
+                  WHERE l = ANY(q.lexemes)) AS hits
       FROM ids JOIN ibex_memory.memories m ON m.id = ids.id, q
 ),
 df AS (

@@ -49,7 +49,9 @@ $$;
 -- branch per word, each planned with its word as a constant (EXECUTE), so the
 -- planner picks per word: the GIN index for a rare word, the agent index in recency order
 -- (stopping at the cap) for a word most memories contain. A trigram branch runs only for a word
--- no memory of the agent contains as such (a typo, a variant of a name).
+-- no memory of the agent contains as such (a typo, a variant of a name), and takes the most
+-- similar memories: an order no index gives, so the planner reads the trigram index rather
+-- than walk the agent's memories in recency order checking each.
 CREATE FUNCTION ibex_memory.search_branches(
     p_agent_id uuid, p_words text[], p_trigram_words text[], p_session_id uuid,
     p_kinds text[], p_per_word integer, p_per_trigram_word integer)
@@ -81,7 +83,8 @@ BEGIN
     RETURN QUERY
     SELECT w, 'trigram', format(
                'SELECT m.id FROM ibex_memory.memories m WHERE %s AND m.content %%> %L'
-               ' ORDER BY m.created_at DESC LIMIT %s', v_scope, w, p_per_trigram_word)
+               ' ORDER BY word_similarity(%L, m.content) DESC, m.id LIMIT %s',
+               v_scope, w, w, p_per_trigram_word)
       FROM unnest(coalesce(p_trigram_words, '{}')) WITH ORDINALITY AS t (w, n) ORDER BY n;
 END
 $$;

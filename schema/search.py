@@ -69,7 +69,8 @@ class SignalsSchema(Schema):
         required=True,
         metadata={
             "description": "Full-text rank: 0.8 x the IDF-weighted share of the query's "
-            "stemmed words the memory contains + 0.2 x ts_rank_cd/(ts_rank_cd+1)."
+            "stemmed words the memory contains + 0.2 x r/(r+1), r = ts_rank_cd divided by "
+            "the memory's length in words."
         },
     )
     trigram = fields.Float(
