@@ -95,7 +95,12 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 #: Modules that register further commands when present (each calls :func:`register`).
-EXTENSIONS = ("memory_service.commands", "actors.commands", "extraction.commands")
+EXTENSIONS = (
+    "memory_service.commands",
+    "memory_service.search_commands",
+    "actors.commands",
+    "extraction.commands",
+)
 
 
 def _load_extensions() -> None:
