@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import os
 import signal
+import socket
 import sys
 from pathlib import Path
 
@@ -89,3 +90,11 @@ def test_a_service_that_exits_ends_the_wait_at_once_and_is_named(tmp_path: Path)
             launcher.wait_until(lambda: False, "not ready", timeout=0)
         assert launcher.stop_one(stubborn, grace=0.5) == -signal.SIGKILL
     assert not stubborn.group_alive()
+
+
+def test_free_port_is_a_loopback_port_nothing_listens_on() -> None:
+    port = free_port()
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", port))  # free: binding it succeeds
+        sock.listen()
+        assert free_port() != port  # taken now: never handed out

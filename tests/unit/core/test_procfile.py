@@ -9,7 +9,7 @@ import pytest
 
 from core.canonical import canonical_json
 from core.errors import ConfigError
-from core.processes import PROCFILE, Procfile, expand, free_port, rebind, resolve
+from core.processes import PROCFILE, Procfile, expand, rebind, resolve
 
 TEXT = """\
 # comment
@@ -94,15 +94,6 @@ def test_programs_resolve_beside_the_interpreter_first(tmp_path: Path) -> None:
     with pytest.raises(ConfigError, match="not installed"):
         resolve("no-such-program-ibex", {"PATH": str(tmp_path)})
     assert resolve("/bin/sh", {}) == "/bin/sh"
-
-
-def test_free_port_is_a_usable_loopback_port() -> None:
-    import socket
-
-    port = free_port()
-    assert 0 < port < 65536
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", port))
 
 
 def test_canonical_json_sorts_compacts_and_keeps_utf8() -> None:
