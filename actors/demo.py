@@ -1,11 +1,11 @@
 """``ibex demo``: the whole system on one machine, with the sample conversations.
 
 Embedded Postgres and Redis when ``DATABASE_URL`` / ``REDIS_URL`` are unset (the ``embedded``
-extra), migrations, a service token, the sample sessions of ``examples/``, the memory service
-under gunicorn, real ``dramatiq`` worker processes, one scan, a progress bar until the backlog
-drains, then a summary and a few memories. Everything it started is stopped on the way out,
-Ctrl-C included. Data stays under ``~/.ibex/demo`` (``--data-dir``), so a second run is fast;
-``--fresh`` starts over.
+extra), migrations, a service token, the sample sessions of ``examples/``, the Procfile's
+``web`` (the memory service under gunicorn) and ``worker`` (``dramatiq``) processes, one
+scan, a progress bar until the backlog drains, then a summary and a few memories. Everything
+it started is stopped on the way out, Ctrl-C included. Data stays under ``~/.ibex/demo``
+(``--data-dir``), so a second run is fast; ``--fresh`` starts over.
 """
 
 from __future__ import annotations
@@ -13,7 +13,6 @@ from __future__ import annotations
 import argparse
 import contextlib
 import importlib.resources
-import os
 import shutil
 import signal
 import subprocess
@@ -24,11 +23,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import httpx
-
 from core.config import Settings, child_environment
-from core.embedded import EmbeddedPostgres, EmbeddedRedis, default_demo_folder, free_port
+from core.embedded import EmbeddedPostgres, EmbeddedRedis, default_demo_folder
 from core.errors import ConfigError
+from core.processes import ROOT, Launcher, ProcessError, free_port
 from core.progress import Progress
 
 #: Exit statuses of ``ibex demo``, as the command line defines them.
@@ -62,57 +60,12 @@ class Summary:
         ]
 
 
-class Processes:
-    """Child process groups, all stopped on exit (SIGTERM, then SIGKILL)."""
-
-    def __init__(self) -> None:
-        self.children: list[tuple[str, subprocess.Popen[bytes]]] = []
-
-    def start(self, name: str, argv: list[str], env: dict[str, str], log: Path) -> None:
-        handle = log.open("ab")
-        process = subprocess.Popen(
-            argv, env=env, stdout=handle, stderr=subprocess.STDOUT, start_new_session=True
-        )
-        handle.close()
-        self.children.append((name, process))
-
-    def check(self) -> None:
-        for name, process in self.children:
-            if process.poll() is not None:
-                raise ConfigError(f"the {name} process exited with status {process.returncode}")
-
-    def stop(self) -> None:
-        for _, process in self.children:
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(process.pid, signal.SIGTERM)
-        deadline = time.monotonic() + 15
-        for _, process in self.children:
-            try:
-                process.wait(timeout=max(0.1, deadline - time.monotonic()))
-            except subprocess.TimeoutExpired:
-                with contextlib.suppress(ProcessLookupError):
-                    os.killpg(process.pid, signal.SIGKILL)
-                process.wait(timeout=5)
-        self.children.clear()
-
-
 def _examples_text() -> str:
     return (
         importlib.resources.files("examples")
         .joinpath("conversations.jsonl")
         .read_text(encoding="utf-8")
     )
-
-
-def _wait_http(url: str, processes: Processes, timeout: float = 30.0) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        processes.check()
-        with contextlib.suppress(httpx.HTTPError):
-            if httpx.get(url, timeout=1.0).status_code == 200:
-                return
-        time.sleep(0.2)
-    raise ConfigError(f"{url} did not answer within {timeout:.0f}s")
 
 
 @contextlib.contextmanager
@@ -123,7 +76,7 @@ def _stack(args: argparse.Namespace, settings: Settings) -> Iterator[dict[str, A
     folder.mkdir(parents=True, exist_ok=True)
     postgres = EmbeddedPostgres(folder / "postgres")
     redis_server = EmbeddedRedis(folder / "redis")
-    processes = Processes()
+    processes = Launcher(folder / "logs", cwd=ROOT)
     try:
         database_url = settings.database_url or postgres.start()
         redis_url = settings.redis_url if "REDIS_URL" in settings.explicit else redis_server.start()
@@ -135,7 +88,7 @@ def _stack(args: argparse.Namespace, settings: Settings) -> Iterator[dict[str, A
             "embedded": (settings.database_url is None, "REDIS_URL" not in settings.explicit),
         }
     finally:
-        processes.stop()
+        processes.stop(grace=15)
         redis_server.stop()
         postgres.stop()
 
@@ -149,6 +102,8 @@ def run_demo(args: argparse.Namespace, settings: Settings) -> int:
     previous = signal.signal(signal.SIGTERM, _interrupt)
     try:
         return _run_demo(args, settings)
+    except ProcessError as exc:  # a process died or never answered: reported as before
+        raise ConfigError(str(exc)) from exc
     finally:
         signal.signal(signal.SIGTERM, previous)
 
@@ -186,45 +141,23 @@ def _run_demo(args: argparse.Namespace, settings: Settings) -> int:
                 "MEMORY_SERVICE_URL": f"http://127.0.0.1:{port}",
                 "MEMORY_SERVICE_TOKEN": token,
                 "PORT": str(port),
+                "WEB_CONCURRENCY": "2",
+                "WORKER_PROCESSES": str(args.workers),
+                "WORKER_THREADS": str(args.threads),
                 "RETRY_MIN_BACKOFF_MS": "200",
                 "RETRY_MAX_BACKOFF_MS": "5000",
                 "PYTHONUNBUFFERED": "1",
             }
         )
-        processes: Processes = stack["processes"]
-        logs = folder / "logs"
+        processes: Launcher = stack["processes"]
+        logs = processes.folder
         logs.mkdir(exist_ok=True)
-        processes.start(
-            "memory service",
-            [
-                sys.executable,
-                "-m",
-                "gunicorn",
-                "--bind",
-                f"127.0.0.1:{port}",
-                "--workers",
-                "2",
-                "memory_service.wsgi:application",
-            ],
-            env,
-            logs / "web.log",
+        # The Procfile's own web and worker lines, the web bound to loopback only.
+        processes.start_procfile(
+            "web", env, name="memory service", bind_host="127.0.0.1", log=logs / "web.log"
         )
-        _wait_http(f"http://127.0.0.1:{port}/healthz", processes)
-        processes.start(
-            "worker",
-            [
-                sys.executable,
-                "-m",
-                "dramatiq",
-                "actors",
-                "--processes",
-                str(args.workers),
-                "--threads",
-                str(args.threads),
-            ],
-            env,
-            logs / "worker.log",
-        )
+        processes.wait_http(f"http://127.0.0.1:{port}/healthz")
+        processes.start_procfile("worker", env, log=logs / "worker.log")
         scan = subprocess.run(
             [sys.executable, "-m", "cli", "scan"],
             env=env,
@@ -269,7 +202,7 @@ def _backlog(db: Any) -> tuple[int, int, int]:
     return int(done), int(lag), int(failed)
 
 
-def _wait_for_drain(db: Any, processes: Processes, timeout: float) -> bool:
+def _wait_for_drain(db: Any, processes: Launcher, timeout: float) -> bool:
     done, lag, failed = _backlog(db)
     progress = Progress("extracting", total=done + lag)
     deadline = time.monotonic() + timeout

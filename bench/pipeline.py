@@ -54,45 +54,44 @@ from typing import Any
 import psycopg2.extensions
 import redis
 
-from bench.common import (
+from bench import BenchError
+from bench.dbadmin import (
     DEFAULT_DATABASE_URL,
-    DEFAULT_REDIS_URL,
     PIPELINE_TABLES,
     SESSION_TABLES,
-    BenchError,
-    Child,
-    Children,
-    CpuSampler,
     StatementLog,
     admin_connection,
     backend_applications,
-    child_env,
-    count_access_log,
     create_service_token,
     database_name,
-    dumps,
-    file_size,
-    finish_py_spy,
-    ibex,
-    llm_control,
-    load_average,
-    machine,
-    markdown_table,
-    percentile,
-    python,
     recreate_database,
-    redis_counters,
     rows,
     scalar,
+    truncate,
+)
+from bench.report import dumps, load_average, machine, markdown_table, percentile, table
+from bench.sampling import (
+    CpuSampler,
+    count_access_log,
+    file_size,
+    finish_py_spy,
+    redis_counters,
+    start_py_spy,
+)
+from bench.stack import (
+    DEFAULT_REDIS_URL,
+    check,
+    child_env,
+    ibex,
+    llm_control,
     start_fake_llm,
     start_memory_service,
     start_private_redis,
-    start_py_spy,
-    table,
+    start_workers,
     terminate_on_sigterm,
-    truncate,
     wait_log,
 )
+from core.processes import ROOT, Launcher, Process
 
 READY = "Worker process is ready for action."
 
@@ -215,12 +214,12 @@ class Stack:
     redis_url: str
     redis: redis.Redis
     admin: psycopg2.extensions.connection
-    children: Children
+    children: Launcher
     memory_url: str
-    memory_child: Child
+    memory_child: Process
     access_log: Path
     llm_url: str
-    llm_child: Child
+    llm_child: Process
     token: str
     statements: StatementLog
     profile_seconds: float = 0.0
@@ -419,19 +418,12 @@ def _r(value: float | None, digits: int = 2) -> float | None:
 def run_pipeline(stack: Stack, scenario: Scenario) -> dict[str, Any]:
     env = stack.worker_env(scenario)
     llm_control(stack.llm_url, "/reset")
-    workers = stack.children.start(
+    workers = start_workers(
+        stack.children,
         f"workers-{scenario.name}",
-        [
-            python(),
-            "-m",
-            "dramatiq",
-            "actors",
-            "--processes",
-            str(scenario.processes),
-            "--threads",
-            str(scenario.threads),
-        ],
         env,
+        processes=scenario.processes,
+        threads=scenario.threads,
     )
     try:
         wait_log(workers, stack.children, READY, scenario.processes, timeout=60)
@@ -467,7 +459,7 @@ def run_pipeline(stack: Stack, scenario: Scenario) -> dict[str, Any]:
         deadline = time.monotonic() + scenario.timeout_s
         complete = False
         while time.monotonic() < deadline:
-            stack.children.check()
+            check(stack.children)
             done, total, failed = _progress(stack.admin)
             if done == total:
                 complete = True
@@ -626,7 +618,7 @@ def stack_up(args: argparse.Namespace, folder: Path) -> Iterator[Stack]:
     recreate_database(url)
     token = create_service_token(url)
     admin = admin_connection(url)
-    children = Children(folder)
+    children = Launcher(folder, cwd=ROOT)
     statements = StatementLog(admin, database)
     client: redis.Redis | None = None
     try:

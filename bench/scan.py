@@ -31,21 +31,17 @@ from typing import Any
 import psycopg2.extensions
 import redis
 
-from bench.common import (
-    DEFAULT_REDIS_URL,
-    BenchError,
+from bench import BenchError
+from bench.dbadmin import (
     StatementLog,
     admin_connection,
     database_name,
-    dumps,
-    load_average,
-    machine,
     recreate_database,
     rows,
     scalar,
-    table,
-    terminate_on_sigterm,
 )
+from bench.report import dumps, load_average, machine, table
+from bench.stack import DEFAULT_REDIS_URL, terminate_on_sigterm
 
 DEFAULT_SCAN_DATABASE_URL = "postgresql://postgres@127.0.0.1:5432/ibex_bench_scan"
 

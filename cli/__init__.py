@@ -16,7 +16,7 @@ import logging
 import sys
 from collections.abc import Sequence
 
-from cli import demo, dlq, extract, imports, migrate, scan, scheduler, status, tokens
+from cli import demo, dlq, extract, imports, migrate, scan, scheduler, search, status, tokens
 from cli.common import EXIT_FAILURE, EXIT_OK, EXIT_USAGE, Command
 from core.config import Settings
 from core.errors import ConfigError, DatabaseUnavailableError, IbexError
@@ -33,6 +33,7 @@ COMMANDS: dict[str, Command] = {
     "migrate": migrate,
     "import": imports,
     "token": tokens,
+    "search": search,
     "scan": scan,
     "extract": extract,
     "scheduler": scheduler,

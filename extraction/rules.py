@@ -36,6 +36,7 @@ from typing import Any
 
 from extraction.result import ExtractedMemory, dedupe
 from models.store import Turn
+from schema.recall import strip_recalled
 
 #: Recorded as the "model" of a rules result; bump when the wording of memories changes.
 RULES_MODEL = "rules-v1"
@@ -228,14 +229,16 @@ def message_text(message: Any) -> str:
 
 
 def new_user_texts(turn: Turn) -> list[str]:
-    """The text of the user messages after the last assistant message of the turn."""
+    """The text of the user messages after the last assistant message of the turn, without
+    recalled-memories blocks."""
     messages = turn.messages if isinstance(turn.messages, list) else []
     last_assistant = -1
     for i, message in enumerate(messages):
         if isinstance(message, dict) and message.get("role") == "assistant":
             last_assistant = i
+    # Recalled <memories> blocks (our own context fed back) are never extracted again.
     return [
-        message_text(m)
+        strip_recalled(message_text(m))
         for m in messages[last_assistant + 1 :]
         if isinstance(m, dict) and m.get("role") == "user"
     ]

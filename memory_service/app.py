@@ -35,6 +35,8 @@ from memory_service.resources import (
     ReadyResource,
     Service,
 )
+from memory_service.search import ContextResource, SearchResource
+from memory_service.search_store import SearchStore
 from memory_service.store import MemoryStore, TokenStore
 
 log = logging.getLogger(__name__)
@@ -119,7 +121,10 @@ def create_app(
     app.add_route("/v1/memories", MemoriesResource(service))
     app.add_route("/v1/memories/{memory_id:uuid}", MemoryResource(service))
     app.add_route("/healthz", HealthResource())
-    app.add_route("/readyz", ReadyResource(store, redis_client))
+    searches = SearchStore(db)
+    app.add_route("/v1/memories/search", SearchResource(service, searches))
+    app.add_route("/v1/context", ContextResource(service, searches))
+    app.add_route("/readyz", ReadyResource(store, redis_client, searches.search_mode))
     app.add_route("/openapi.json", OpenApiResource(build_spec(settings.memory_max_body_bytes)))
     app.add_route("/metrics", MetricsResource(metrics))
     return app

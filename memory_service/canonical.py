@@ -7,10 +7,11 @@ row), so changing either changes which requests count as "the same": treat them 
 from __future__ import annotations
 
 import hashlib
-import json
 import unicodedata
 from collections.abc import Mapping
 from typing import Any
+
+from core.canonical import canonical_json
 
 #: The request a fingerprint describes; only one route takes an idempotency key today.
 CREATE_ROUTE = "POST|/v1/memories|"
@@ -30,11 +31,6 @@ def normalize_content(text: str) -> str:
 def content_hash(text: str) -> str:
     """SHA-256 (hex) of the normalised content: equal for texts that differ only in form."""
     return hashlib.sha256(normalize_content(text).encode("utf-8")).hexdigest()
-
-
-def canonical_json(value: Any) -> str:
-    """Sorted keys, compact separators, non-ASCII kept: one text per JSON value."""
-    return json.dumps(value, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
 
 
 def fingerprint(validated_body: Mapping[str, Any]) -> str:

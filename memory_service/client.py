@@ -17,7 +17,6 @@ here and nowhere else. The token is sent in a header and never appears in a mess
 from __future__ import annotations
 
 import email.utils
-import json
 import time
 import uuid
 from collections.abc import Iterator, Mapping
@@ -27,6 +26,7 @@ from typing import Any, NoReturn
 
 import httpx
 
+from core.canonical import canonical_json
 from core.errors import MemoryRejectedError, MemoryUnavailableError
 
 #: 409 codes that mean "the memory is stored": the pipeline treats them as success.
@@ -60,9 +60,7 @@ class ServerError:
 
 def canonical_body(body: Mapping[str, Any]) -> bytes:
     """The request body as sorted-key compact UTF-8 JSON: the same bytes on every attempt."""
-    return json.dumps(
-        body, sort_keys=True, separators=(",", ":"), ensure_ascii=False, default=str
-    ).encode("utf-8")
+    return canonical_json(body, default=str).encode("utf-8")
 
 
 def parse_retry_after(value: str | None) -> float | None:

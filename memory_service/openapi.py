@@ -21,6 +21,12 @@ from schema.memory import (
     MemoryPageSchema,
     MemorySchema,
 )
+from schema.search import (
+    ContextRequestSchema,
+    ContextResultSchema,
+    SearchRequestSchema,
+    SearchResultSchema,
+)
 
 TITLE = "IBEX memory service"
 VERSION = "1.0.0"
@@ -100,6 +106,10 @@ def build_spec(max_body_bytes: int) -> dict[str, Any]:
         ("MemoryPage", MemoryPageSchema),
         ("Error", ErrorSchema),
         ("Health", HealthSchema),
+        ("SearchRequest", SearchRequestSchema),
+        ("SearchResult", SearchResultSchema),
+        ("ContextRequest", ContextRequestSchema),
+        ("ContextResult", ContextResultSchema),
     ):
         spec.components.schema(name, schema=schema)
 
@@ -219,6 +229,7 @@ def build_spec(max_body_bytes: int) -> dict[str, Any]:
             },
         },
     )
+    _read_path(spec, secured, max_body_bytes)
     health = {"application/json": {"schema": "Health"}}
     spec.path(
         path="/healthz",
@@ -235,7 +246,8 @@ def build_spec(max_body_bytes: int) -> dict[str, Any]:
         operations={
             "get": {
                 "operationId": "readyz",
-                "summary": "Postgres and Redis answer and the schema is current.",
+                "summary": "Postgres and Redis answer and the schema is current; details say"
+                " why not, and the search mode.",
                 "responses": {
                     "200": {"description": "Ready.", "content": health},
                     "503": {
@@ -282,3 +294,58 @@ def build_spec(max_body_bytes: int) -> dict[str, Any]:
         },
     )
     return spec.to_dict()
+
+
+def _read_path(spec: APISpec, secured: list[dict[str, list[str]]], max_body_bytes: int) -> None:
+    """``POST /v1/memories/search`` and ``POST /v1/context``."""
+    for path, operation_id, summary, request, result, ok in (
+        (
+            "/v1/memories/search",
+            "searchMemories",
+            "Rank an agent's memories for a query (full-text fused with trigram similarity "
+            "where pg_trgm is installed; recency breaks ties). Each hit has its score, the "
+            "signals behind it and a highlighted snippet.",
+            "SearchRequest",
+            "SearchResult",
+            "The hits, best first (at most limit).",
+        ),
+        (
+            "/v1/context",
+            "assembleContext",
+            "The best memories for a query, or for the last messages, packed into a token "
+            "budget as a <memories> block for a system prompt.",
+            "ContextRequest",
+            "ContextResult",
+            "The block, the memories in it, its estimated tokens and how many were left out.",
+        ),
+    ):
+        spec.path(
+            path=path,
+            operations={
+                "post": {
+                    "operationId": operation_id,
+                    "summary": summary,
+                    "security": secured,
+                    "parameters": [ORG_HEADER],
+                    "requestBody": {
+                        "required": True,
+                        "description": f"At most {max_body_bytes} bytes.",
+                        "content": {"application/json": {"schema": request}},
+                    },
+                    "responses": _with_org_errors(
+                        {
+                            "200": {
+                                "description": ok,
+                                "content": {"application/json": {"schema": result}},
+                            },
+                            "400": _error(
+                                "Malformed JSON (MALFORMED_JSON) or header (INVALID_HEADER, "
+                                "ORG_REQUIRED)."
+                            ),
+                            "413": _error(f"Body over {max_body_bytes} bytes (BODY_TOO_LARGE)."),
+                            "422": _error("Validation failed, field by field (VALIDATION_FAILED)."),
+                        }
+                    ),
+                }
+            },
+        )

@@ -15,6 +15,7 @@ import json
 import logging
 import math
 import uuid
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -417,9 +418,15 @@ class HealthResource:
 
 
 class ReadyResource:
-    def __init__(self, store: MemoryStore, redis_client: redis.Redis) -> None:
+    def __init__(
+        self,
+        store: MemoryStore,
+        redis_client: redis.Redis,
+        search_mode: Callable[[], str] | None = None,
+    ) -> None:
         self.store = store
         self.redis = redis_client
+        self.search_mode = search_mode
 
     def on_get(self, req: falcon.Request, resp: falcon.Response) -> None:
         checks: dict[str, str] = {}
@@ -446,11 +453,16 @@ class ReadyResource:
         except Exception as exc:
             checks["redis"] = f"error: {type(exc).__name__}"
         ready = all(v == "ok" for v in checks.values())
-        resp.status = 200 if ready else 503
-        resp.content_type = falcon.MEDIA_JSON
+        if self.search_mode is not None and checks.get("schema") == "ok":
+            try:
+                details["search"] = self.search_mode()
+            except Exception as exc:
+                details["search"] = f"error: {type(exc).__name__}"
         body: dict[str, Any] = {"status": "ok" if ready else "unavailable", "checks": checks}
         if details:
             body["details"] = details
+        resp.status = 200 if ready else 503
+        resp.content_type = falcon.MEDIA_JSON
         resp.data = dumps(body)
 
 

@@ -8,7 +8,6 @@ identities only.
 from __future__ import annotations
 
 import hashlib
-import json
 import uuid
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -17,15 +16,11 @@ from typing import Any
 import peewee
 from playhouse.postgres_ext import PostgresqlExtDatabase
 
+from core.canonical import canonical_json
 from core.db import db_errors, make_database, operator_scope, scan_scope, tenant, transaction
 from core.errors import ConfigError, ImmutableTurnError, NotFoundError
 from models.base import bind
 from models.sessions import Checkpoint, CheckpointPayload, Session
-
-
-def canonical_json(value: Any) -> str:
-    """Sorted keys, compact separators, UTF-8 kept: one text per JSON value."""
-    return json.dumps(value, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
 
 
 def content_digest(value: Any) -> str:

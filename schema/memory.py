@@ -229,5 +229,12 @@ class HealthSchema(Schema):
 
     status = fields.String(required=True, validate=validate.OneOf(("ok", "unavailable")))
     checks = fields.Dict(keys=fields.String(), values=fields.String())
-    #: Why a check failed, when it says more than the error's name (e.g. what to run).
-    details = fields.Dict(keys=fields.String(), values=fields.String())
+    details = fields.Dict(
+        keys=fields.String(),
+        values=fields.String(),
+        metadata={
+            "description": "Why a check failed when it says more than the error's name (`schema`:"
+            " what to run), and `search`: `full-text+trigram`, or `full-text` where Postgres"
+            " lacks the pg_trgm extension."
+        },
+    )

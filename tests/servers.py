@@ -36,7 +36,7 @@ from urllib.parse import urlparse, urlunparse
 import psycopg2
 import redis
 
-from core.embedded import free_port
+from core.processes import free_port
 
 START_TIMEOUT_S = 15.0
 

@@ -4,12 +4,14 @@
 
 - a private ``redis-server`` (:class:`~tests.servers.PrivateRedis`);
 - the memory service under gunicorn (the Procfile ``web`` line, bound to loopback);
-- the fake OpenAI-compatible LLM (``python -m bench.common fake-llm``: rewording, seeded
+- the fake OpenAI-compatible LLM (``python -m bench.stack fake-llm``: rewording, seeded
   429/500 failures and garbage, runtime knobs at ``POST /control``, counters at ``GET /stats``);
 - the ``ibex scheduler`` (the Procfile ``scheduler`` line): a ``scan_sessions`` every second,
   the loop that re-sends work whose lease expired;
 - ``dramatiq actors`` workers (the Procfile ``worker`` line), which reach the memory service
   through a :class:`~tests.chaos.proxy.FaultProxy` in this process.
+
+Every process is started and stopped by a :class:`core.processes.Launcher`.
 
 Faults: :meth:`kill_workers` (SIGKILL of the whole worker process group, then a restart),
 :meth:`terminate_backends` (``pg_terminate_backend`` of the workers' — and optionally the
@@ -23,8 +25,6 @@ from __future__ import annotations
 import contextlib
 import json
 import os
-import signal
-import subprocess
 import sys
 import time
 from collections import Counter
@@ -37,12 +37,12 @@ import httpx
 import psycopg2
 
 from actors.queue_stats import dead_key, delayed_key, queue_key
-from bench.common import database_name
+from bench.dbadmin import database_name
 from core.db import connect_params
-from core.embedded import free_port
+from core.processes import ROOT, Launcher, Process, ProcessError, free_port
 from schema.messages import Queue
 from tests.chaos.proxy import FaultProxy
-from tests.integration.pipeline.test_e2e_workers import BIN, ROOT, _procfile, _spawn, _stop
+from tests.integration.pipeline.test_e2e_workers import BIN
 from tests.servers import PrivateRedis
 
 WORKER_APP = "ibex-worker"
@@ -97,10 +97,11 @@ class ChaosStack:
         self.folder.mkdir(parents=True, exist_ok=True)
         self.redis = PrivateRedis(self.folder / "redis", appendonly=self.config.appendonly)
         self.proxy: FaultProxy | None = None
-        self.web: subprocess.Popen[bytes] | None = None
-        self.llm: subprocess.Popen[bytes] | None = None
-        self.scheduler: subprocess.Popen[bytes] | None = None
-        self.worker: subprocess.Popen[bytes] | None = None
+        self.launcher = Launcher(self.folder, cwd=ROOT)
+        self.web: Process | None = None
+        self.llm: Process | None = None
+        self.scheduler: Process | None = None
+        self.worker: Process | None = None
         self.env: dict[str, str] = {}
         self.llm_url = ""
         self._admin: Any = None
@@ -141,35 +142,32 @@ class ChaosStack:
             **connect_params(self.database_url), application_name="ibex-chaos"
         )
         self._admin.autocommit = True
-        web_line = _procfile("web").replace("--bind 0.0.0.0:", "--bind 127.0.0.1:")
-        self.web = _spawn(web_line, self.env, self.folder / "web.log")
+        self.web = self.launcher.start_procfile("web", self.env, bind_host="127.0.0.1")
         self.llm_url = f"http://127.0.0.1:{llm_port}"
-        self.llm = _spawn(
-            f"{sys.executable} -m bench.common fake-llm --port {llm_port}"
-            f" --latency-ms {cfg.llm_latency_ms} --jitter-ms {cfg.llm_jitter_ms}"
-            f" --memories {cfg.memories} --reword --fail-rate {cfg.llm_fail_rate}"
-            f" --fail-status {cfg.llm_fail_status} --garbage-rate {cfg.llm_garbage_rate}"
-            f" --seed {cfg.seed}",
+        self.llm = self.launcher.start(
+            "llm",
+            [sys.executable, "-m", "bench.stack", "fake-llm", "--port", str(llm_port),
+             "--latency-ms", str(cfg.llm_latency_ms), "--jitter-ms", str(cfg.llm_jitter_ms),
+             "--memories", str(cfg.memories), "--reword", "--fail-rate", str(cfg.llm_fail_rate),
+             "--fail-status", str(cfg.llm_fail_status),
+             "--garbage-rate", str(cfg.llm_garbage_rate), "--seed", str(cfg.seed)],
             self.env,
-            self.folder / "llm.log",
-        )
-        self._wait_http(f"http://127.0.0.1:{web_port}/healthz", self.web, "memory service")
-        self._wait_http(f"{self.llm_url}/healthz", self.llm, "fake LLM")
+        )  # fmt: skip
+        self._wait_http(f"http://127.0.0.1:{web_port}/healthz", "memory service")
+        self._wait_http(f"{self.llm_url}/healthz", "fake LLM")
         self.proxy = FaultProxy(
             web_port, seed=cfg.seed, reject_rate=cfg.reject_rate, drop_rate=cfg.drop_rate
         ).start()
         self.env["MEMORY_SERVICE_URL"] = self.proxy.url
         self.started_at = time.monotonic()
-        self.scheduler = _spawn(_procfile("scheduler"), self.env, self.folder / "scheduler.log")
+        self.scheduler = self.launcher.start_procfile("scheduler", self.env)
         self.start_workers()
         return self
 
     def stop(self) -> None:
         """Stop everything this stack started; safe to call twice and after a failure."""
-        for process in (self.worker, self.scheduler, self.web, self.llm):
-            if process is not None:
-                with contextlib.suppress(Exception):
-                    _stop(process)
+        with contextlib.suppress(Exception):
+            self.launcher.stop()
         if self.proxy is not None:
             self.proxy.stop()
         self.redis.stop()
@@ -178,39 +176,37 @@ class ChaosStack:
                 self._admin.close()
             self._admin = None
 
-    def _wait_http(self, url: str, process: subprocess.Popen[bytes], what: str) -> None:
-        deadline = time.monotonic() + 30
-        while True:
-            with contextlib.suppress(httpx.HTTPError):
-                if httpx.get(url, timeout=1).status_code == 200:
-                    return
-            assert process.poll() is None, f"the {what} exited:\n{self.diagnostics()}"
-            assert time.monotonic() < deadline, f"the {what} did not start:\n{self.diagnostics()}"
-            time.sleep(0.1)
+    def _wait_http(self, url: str, what: str) -> None:
+        try:
+            self.launcher.wait_http(url, timeout=30)
+        except ProcessError as exc:
+            raise AssertionError(f"the {what}: {exc}\n{self.diagnostics()}") from exc
 
     def elapsed(self) -> float:
         return time.monotonic() - self.started_at
 
     def start_workers(self) -> None:
-        self.worker = _spawn(_procfile("worker"), self.env, self.folder / "worker.log")
+        self.worker = self.launcher.start_procfile("worker", self.env)
 
     def check_alive(self) -> None:
         """Every long-running process is up. A worker group that exited on its own is recorded
         and restarted, as a process supervisor would (Dramatiq exits when a child dies)."""
         for name, process in (("memory service", self.web), ("fake LLM", self.llm)):
-            assert process is not None and process.poll() is None, (
+            assert process is not None and process.alive(), (
                 f"the {name} exited:\n{self.diagnostics()}"
             )
-        if self.worker is not None and self.worker.poll() is not None:
+        if self.worker is not None and not self.worker.alive():
+            self.launcher.forget(self.worker)
             self.unexpected_exits.append(
                 f"{self.elapsed():.1f}s: worker group exited with {self.worker.returncode}"
             )
             self.start_workers()
-        if self.scheduler is not None and self.scheduler.poll() is not None:
+        if self.scheduler is not None and not self.scheduler.alive():
+            self.launcher.forget(self.scheduler)
             self.unexpected_exits.append(
                 f"{self.elapsed():.1f}s: scheduler exited with {self.scheduler.returncode}"
             )
-            self.scheduler = _spawn(_procfile("scheduler"), self.env, self.folder / "scheduler.log")
+            self.scheduler = self.launcher.start_procfile("scheduler", self.env)
 
     # -- database probes ---------------------------------------------------------------------
 
@@ -247,14 +243,9 @@ class ChaosStack:
         unacked."""
         worker = self.worker
         assert worker is not None
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(worker.pid, signal.SIGKILL)
-        worker.wait(timeout=10)
-        # The group leader is reaped; its forked children die with the same signal.
-        deadline = time.monotonic() + 10
-        while self._group_alive(worker.pid):
-            assert time.monotonic() < deadline, "worker processes survived SIGKILL"
-            time.sleep(0.02)
+        # The group leader is reaped and its forked children die with the same signal.
+        worker.kill()
+        self.launcher.forget(worker)
         risk = self.at_risk()
         self._record(
             "SIGKILL worker group", f"{len(risk)} turns held an LLM claim, no result yet", risk
@@ -264,16 +255,6 @@ class ChaosStack:
             self.start_workers()
         else:
             self.worker = None
-
-    @staticmethod
-    def _group_alive(pgid: int) -> bool:
-        try:
-            os.killpg(pgid, 0)
-        except ProcessLookupError:
-            return False
-        except PermissionError:
-            return True
-        return True
 
     def terminate_backends(self, *, memory_service: bool = False, rounds: int = 3) -> None:
         """``pg_terminate_backend`` of the workers' backends (and the memory service's), in a

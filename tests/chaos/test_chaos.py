@@ -17,12 +17,13 @@ from typing import Any
 
 import pytest
 
+from core.processes import ROOT
 from models.importer import import_lines
 from models.store import SessionStore
 from schema.messages import Queue
 from tests.chaos.checks import PointerSampler, end_state, wait_until
 from tests.chaos.stack import ChaosConfig, ChaosStack
-from tests.integration.pipeline.test_e2e_workers import BIN, ROOT
+from tests.integration.pipeline.test_e2e_workers import BIN
 
 #: The faults of the main run, each fired once when the run's progress passes a seeded point.
 MAIN_FAULTS = (

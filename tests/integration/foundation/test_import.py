@@ -5,7 +5,6 @@ from __future__ import annotations
 import io
 import json
 import os
-import socket
 import subprocess
 import sys
 import time
@@ -16,6 +15,7 @@ import psycopg2
 import pytest
 
 from cli import main
+from core.processes import free_port
 from models import Checkpoint, CheckpointPayload, Session
 from models.store import content_digest
 
@@ -260,14 +260,8 @@ def test_json_output_lists_each_line_and_its_session(db, run_import) -> None:
     assert document["rejected"][0]["error"].startswith("malformed JSON")
 
 
-def _closed_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
-
-
 def test_an_unreachable_database_is_reported_once(monkeypatch, tmp_path: Path, capsys) -> None:
-    monkeypatch.setenv("DATABASE_URL", f"postgresql://postgres@127.0.0.1:{_closed_port()}/ibex")
+    monkeypatch.setenv("DATABASE_URL", f"postgresql://postgres@127.0.0.1:{free_port()}/ibex")
     path = tmp_path / "sessions.jsonl"
     path.write_text("".join(_line(f"conv-{i}") + "\n" for i in range(5)))
     assert main(["import", str(path)]) == 1
@@ -286,7 +280,7 @@ def test_json_output_of_an_import_stopped_by_the_database(
     from cli import build_parser, imports
     from core.config import Settings
 
-    monkeypatch.setenv("DATABASE_URL", f"postgresql://postgres@127.0.0.1:{_closed_port()}/ibex")
+    monkeypatch.setenv("DATABASE_URL", f"postgresql://postgres@127.0.0.1:{free_port()}/ibex")
     path = tmp_path / "sessions.jsonl"
     path.write_text("{bad\n" + "".join(_line(f"conv-{i}") + "\n" for i in range(3)))
     args = build_parser().parse_args(["import", "--json", str(path)])

@@ -14,6 +14,7 @@ TYPE_MAP = {
     "BOOL": "boolean",
     "TIMESTAMPTZ": "timestamp with time zone",
     "JSONB": "jsonb",
+    "TSVECTOR": "tsvector",
 }
 
 

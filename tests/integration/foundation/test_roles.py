@@ -17,6 +17,9 @@ What counts as "allowed" is what the role can actually achieve, not what is gran
 - EXECUTE: the call runs, or fails on something other than a privilege (a trigger function
   called directly, a NULL argument).
 
+Generated columns (the search vector) are left out: the database computes them and nobody may
+write them.
+
 Refused is SQLSTATE 42501 (permission denied, a row-level security policy, an append-only
 trigger) or nothing reached (row-level security hid every row). Each probe runs in a savepoint
 of one transaction per role and is rolled back.
@@ -90,16 +93,22 @@ SCAN_COLUMNS = {
 
 POLICY_PREDICATE = "ibex_core.rls_org_visible(uuid)"
 TOKEN_LOOKUP = "ibex_memory.authenticate_token(text)"
+#: Memory search: index lookups scoped to the transaction's org (ids only; rows are then read
+#: under RLS).
+SEARCH = {
+    "ibex_memory.search_branches(uuid,text[],text[],uuid,text[],integer,integer)",
+    "ibex_memory.search_candidates(uuid,text[],text[],uuid,text[],integer,integer)",
+}
 
 #: case -> table -> privilege -> ALL or the columns; plus the functions it may execute.
 EXPECTED: dict[str, dict[str, Any]] = {
     "tenant": {
         "tables": TENANT_TABLES,
-        "functions": {POLICY_PREDICATE, TOKEN_LOOKUP},
+        "functions": {POLICY_PREDICATE, TOKEN_LOOKUP, *SEARCH},
     },
     "tenant without org": {
         "tables": {},
-        "functions": {POLICY_PREDICATE, TOKEN_LOOKUP},
+        "functions": {POLICY_PREDICATE, TOKEN_LOOKUP, *SEARCH},
     },
     "scan": {
         "tables": {"ibex_core.sessions": {"SELECT": SCAN_COLUMNS}},
@@ -125,6 +134,7 @@ KNOWN_FUNCTIONS = {
     "ibex_core.directive_version_detach()",
     "ibex_core.extraction_result_first_wins()",
     "ibex_memory.create_memory(uuid,uuid,uuid,integer,integer,text,text,text,jsonb,text,text)",
+    *SEARCH,
 }
 
 
@@ -143,6 +153,7 @@ def tables(cur: Any) -> dict[str, list[str]]:
           FROM pg_class c
           JOIN pg_namespace n ON n.oid = c.relnamespace
           JOIN pg_attribute a ON a.attrelid = c.oid AND a.attnum > 0 AND NOT a.attisdropped
+                                AND a.attgenerated = ''
          WHERE n.nspname = ANY(%s) AND c.relkind IN ('r', 'p', 'v', 'm', 'f')
          GROUP BY 1 ORDER BY 1
         """,
@@ -289,7 +300,10 @@ def observe(conn: Any, role: str, org: uuid.UUID | None, org_in_hand: uuid.UUID)
             for privilege, granted in (("SELECT", selectable), ("UPDATE", updatable)):
                 if granted:
                     done[privilege] = ALL if granted == set(columns) else granted
-            insert = sql.SQL("INSERT INTO {} SELECT * FROM {}").format(name, record)
+            listed = sql.SQL(", ").join(sql.Identifier(c) for c in columns)
+            insert = sql.SQL("INSERT INTO {} ({}) SELECT {} FROM {}").format(
+                name, listed, listed, record
+            )
             if probe.attempt(insert, (samples[table],), reach=True):
                 done["INSERT"] = ALL
             if probe.attempt(sql.SQL("DELETE FROM {}").format(name), reach=True):

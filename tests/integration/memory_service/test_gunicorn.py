@@ -7,9 +7,7 @@ from __future__ import annotations
 
 import json
 import os
-import signal
 import socket
-import subprocess
 import sys
 import time
 import uuid
@@ -21,9 +19,9 @@ from typing import Any
 import httpx
 import pytest
 
+from core.processes import ROOT, Launcher, free_port
 from tests.integration.memory_service.helpers import Tenant, make_tenant, memory_body
 
-ROOT = Path(__file__).resolve().parents[3]
 BIN = Path(sys.executable).parent
 #: A short request deadline, so the test of it is quick; the default is 10 s.
 REQUEST_TIMEOUT_SECONDS = 3
@@ -36,23 +34,10 @@ class Web:
     log: Path
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-def _web_line() -> str:
-    for line in (ROOT / "Procfile").read_text().splitlines():
-        if line.startswith("web:"):
-            return line.split(":", 1)[1].strip().replace("--bind 0.0.0.0:", "--bind 127.0.0.1:")
-    raise AssertionError("no web line in the Procfile")
-
-
 @pytest.fixture
 def web(database_url: str, redis_url: str, tmp_path: Path) -> Iterator[Web]:
     """The Procfile web line with 2 workers x 2 threads: 4 threads in all."""
-    port = _free_port()
+    port = free_port()
     env = {
         **os.environ,
         "PATH": f"{BIN}{os.pathsep}{os.environ.get('PATH', '')}",
@@ -66,36 +51,11 @@ def web(database_url: str, redis_url: str, tmp_path: Path) -> Iterator[Web]:
         "WEB_REQUEST_TIMEOUT_SECONDS": str(REQUEST_TIMEOUT_SECONDS),
     }
     env.pop("PROMETHEUS_MULTIPROC_DIR", None)
-    log = tmp_path / "web.log"
-    with log.open("ab") as err:
-        proc = subprocess.Popen(
-            ["sh", "-c", f"exec {_web_line()}"],
-            cwd=ROOT,
-            env=env,
-            stdout=subprocess.DEVNULL,
-            stderr=err,
-            start_new_session=True,
-        )
     url = f"http://127.0.0.1:{port}"
-    try:
-        deadline = time.monotonic() + 30
-        while True:
-            try:
-                if httpx.get(f"{url}/healthz", timeout=1).status_code == 200:
-                    break
-            except httpx.HTTPError:
-                pass
-            assert proc.poll() is None, log.read_text()
-            assert time.monotonic() < deadline, "the memory service did not start"
-            time.sleep(0.1)
-        yield Web(port, url, log)
-    finally:
-        os.killpg(proc.pid, signal.SIGTERM)
-        try:
-            proc.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait(timeout=5)
+    with Launcher(tmp_path, cwd=ROOT) as launcher:
+        web = launcher.start_procfile("web", env, bind_host="127.0.0.1")
+        launcher.wait_http(f"{url}/healthz", timeout=30)
+        yield Web(port, url, web.log)
 
 
 @pytest.fixture

@@ -13,12 +13,10 @@ import httpx
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
+from core.processes import ROOT, free_port
 from tests.integration.pipeline.test_e2e_workers import (  # noqa: F401 - the fixture
-    ROOT,
-    _free_port,
     _ibex,
     _start_worker,
-    _stop,
     _write_sessions,
     stack,
 )
@@ -48,20 +46,21 @@ def test_the_worker_exposes_dramatiq_and_pipeline_series(
     tmp_path: Path,
 ) -> None:
     env = dict(stack["env"])
-    port = _free_port()
+    port = free_port()
     env["METRICS_PORT"] = str(port)
     data = tmp_path / "sessions.jsonl"
     _write_sessions(data)
     assert _ibex(env, "import", str(data)).returncode == 0
     total = int(db.execute_sql("SELECT sum(turn_count) FROM ibex_core.sessions").fetchone()[0])
-    worker = _start_worker(env, tmp_path / "worker.log")
+    launcher = stack["launcher"]
+    worker = _start_worker(launcher, env)
     try:
         assert _ibex(env, "scan").returncode == 0
         deadline = time.monotonic() + 60
         while db.execute_sql(
             "SELECT count(*) FROM ibex_core.sessions WHERE last_extracted_turn < turn_count"
         ).fetchone()[0]:
-            assert worker.poll() is None, (tmp_path / "worker.log").read_text()[-3000:]
+            assert worker.alive(), worker.log_tail(3000)
             assert time.monotonic() < deadline, "the backlog did not drain"
             time.sleep(0.3)
         # The scan actor (not the inline `ibex scan`) refreshes the backlog gauges.
@@ -86,7 +85,7 @@ def test_the_worker_exposes_dramatiq_and_pipeline_series(
             assert time.monotonic() < deadline, text[-3000:]
             time.sleep(0.3)
     finally:
-        _stop(worker)
+        launcher.stop_one(worker)
     memories = int(db.execute_sql("SELECT count(*) FROM ibex_memory.memories").fetchone()[0])
     assert _total(samples, "ibex_llm_calls_total", result="ok") == total
     assert _total(samples, "ibex_llm_tokens_total") > 0

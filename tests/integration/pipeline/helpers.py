@@ -16,7 +16,6 @@ message is delivered again, a lost ack redelivers a message whose follow-ups wer
 from __future__ import annotations
 
 import hashlib
-import json
 import threading
 import time
 import uuid
@@ -25,6 +24,7 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from core.canonical import canonical_json
 from core.config import Settings
 from core.errors import (
     LLMRejectedError,
@@ -193,7 +193,7 @@ class FakeMemoryService:
     def create_memory(
         self, org_id: uuid.UUID | str, body: Mapping[str, Any], idempotency_key: str
     ) -> WriteOutcome:
-        raw = json.dumps(body, sort_keys=True, separators=(",", ":")).encode()
+        raw = canonical_json(body).encode()
         fingerprint = hashlib.sha256(raw).hexdigest()
         org = str(org_id)
         with self._lock:

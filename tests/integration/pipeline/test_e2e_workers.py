@@ -1,15 +1,14 @@
-"""End to end with real processes: ``ibex import`` of a generated file, the memory service under
-gunicorn, a fake OpenAI-compatible LLM, ``dramatiq actors`` workers started from the Procfile
-line, ``ibex scan``; the workers are killed with SIGKILL mid-run and restarted, scans recover
-the lost work, and every invariant of DESIGN section 5 is checked from the database.
+"""End to end with real processes: ``ibex import`` of a generated file, the memory service (the
+Procfile's ``web`` line), a fake OpenAI-compatible LLM, ``dramatiq actors`` workers (the
+``worker`` line), both started by :mod:`core.processes`, ``ibex scan``; the workers are killed
+with SIGKILL mid-run and restarted, scans recover the lost work, and every invariant of the
+pipeline is checked from the database.
 """
 
 from __future__ import annotations
 
 import json
 import os
-import signal
-import socket
 import subprocess
 import sys
 import time
@@ -17,51 +16,24 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-import httpx
 import pytest
 
 from bench.fake_llm import FakeLLM
+from core.processes import ROOT, Launcher, Process, free_port
 from memory_service.store import TokenStore
 
 pytestmark = [pytest.mark.chaos, pytest.mark.slow]
 
-ROOT = Path(__file__).resolve().parents[3]
 BIN = Path(sys.executable).parent
 SESSIONS, TURNS, MEMORIES = 8, 5, 2
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-def _procfile(name: str) -> str:
-    for line in (ROOT / "Procfile").read_text().splitlines():
-        if line.startswith(f"{name}:"):
-            return line.split(":", 1)[1].strip()
-    raise AssertionError(f"no {name} line in the Procfile")
-
-
-def _stop(proc: subprocess.Popen[bytes], sig: int = signal.SIGTERM, wait: float = 10) -> None:
-    if proc.poll() is not None:
-        return
-    try:
-        os.killpg(proc.pid, sig)
-    except ProcessLookupError:
-        return
-    try:
-        proc.wait(timeout=wait)
-    except subprocess.TimeoutExpired:
-        os.killpg(proc.pid, signal.SIGKILL)
-        proc.wait(timeout=5)
-
-
 @pytest.fixture
 def stack(db: Any, database_url: str, redis_url: str, tmp_path: Path) -> Iterator[dict[str, Any]]:
-    """Memory service (gunicorn), fake LLM, and the environment of every process."""
+    """Memory service (the Procfile's web line), fake LLM, the environment of every process,
+    and the launcher that stops every process a test starts."""
     _, token = TokenStore(db).issue(org_id=None, name="pipeline", scopes=["memory:write"])
-    port = _free_port()
+    port = free_port()
     env = {
         **{k: v for k, v in os.environ.items() if not k.startswith(("LLM_", "IBEX_"))},
         "PATH": f"{BIN}{os.pathsep}{os.environ.get('PATH', '')}",
@@ -83,25 +55,15 @@ def stack(db: Any, database_url: str, redis_url: str, tmp_path: Path) -> Iterato
         "LLM_TIMEOUT_SECONDS": "5",
         "HTTP_TIMEOUT_SECONDS": "5",
     }
-    web_line = _procfile("web").replace("--bind 0.0.0.0:", "--bind 127.0.0.1:")
-    web = _spawn(web_line, env, tmp_path / "web.log")
-    llm = FakeLLM(latency_ms=250, memories=MEMORIES).start()
-    env.update({"LLM_PROVIDER": "openai", "LLM_BASE_URL": llm.base_url, "LLM_MODEL": "fake"})
-    try:
-        deadline = time.monotonic() + 20
-        while True:
-            try:
-                if httpx.get(f"http://127.0.0.1:{port}/healthz", timeout=1).status_code == 200:
-                    break
-            except httpx.HTTPError:
-                pass
-            assert web.poll() is None, (tmp_path / "web.log").read_text()
-            assert time.monotonic() < deadline, "the memory service did not start"
-            time.sleep(0.2)
-        yield {"env": env, "llm": llm, "tmp": tmp_path}
-    finally:
-        llm.stop()
-        _stop(web)
+    with Launcher(tmp_path, cwd=ROOT) as launcher:
+        launcher.start_procfile("web", env, bind_host="127.0.0.1")
+        llm = FakeLLM(latency_ms=250, memories=MEMORIES).start()
+        env.update({"LLM_PROVIDER": "openai", "LLM_BASE_URL": llm.base_url, "LLM_MODEL": "fake"})
+        try:
+            launcher.wait_http(f"http://127.0.0.1:{port}/healthz", timeout=20)
+            yield {"env": env, "llm": llm, "tmp": tmp_path, "launcher": launcher}
+        finally:
+            llm.stop()
 
 
 def _ibex(env: dict[str, str], *args: str) -> subprocess.CompletedProcess[str]:
@@ -110,21 +72,9 @@ def _ibex(env: dict[str, str], *args: str) -> subprocess.CompletedProcess[str]:
     )
 
 
-def _spawn(command: str, env: dict[str, str], log: Path) -> subprocess.Popen[bytes]:
-    """``command`` (a Procfile line) in its own process group, stderr appended to ``log``."""
-    with log.open("ab") as err:
-        return subprocess.Popen(
-            ["sh", "-c", f"exec {command}"],
-            cwd=ROOT,
-            env=env,
-            stdout=subprocess.DEVNULL,
-            stderr=err,
-            start_new_session=True,
-        )
-
-
-def _start_worker(env: dict[str, str], log: Path) -> subprocess.Popen[bytes]:
-    return _spawn(_procfile("worker"), env, log)
+def _start_worker(launcher: Launcher, env: dict[str, str]) -> Process:
+    """The Procfile's worker line; its log is ``worker.log`` in the launcher's folder."""
+    return launcher.start_procfile("worker", env)
 
 
 def _write_sessions(path: Path) -> None:
@@ -170,7 +120,7 @@ def _extracted(db: Any) -> int:
 def test_workers_killed_mid_run_recover_and_end_with_every_invariant(
     stack: dict[str, Any], db: Any
 ) -> None:
-    env, llm, tmp = stack["env"], stack["llm"], stack["tmp"]
+    env, llm, tmp, launcher = stack["env"], stack["llm"], stack["tmp"], stack["launcher"]
     total = SESSIONS * TURNS
     data = tmp / "sessions.jsonl"
     _write_sessions(data)
@@ -178,7 +128,7 @@ def test_workers_killed_mid_run_recover_and_end_with_every_invariant(
     assert imported.returncode == 0, imported.stderr
 
     started = time.monotonic()
-    worker = _start_worker(env, tmp / "worker.log")
+    worker = _start_worker(launcher, env)
     try:
         scan = _ibex(env, "scan", "--json")
         assert scan.returncode == 0, scan.stderr
@@ -188,10 +138,10 @@ def test_workers_killed_mid_run_recover_and_end_with_every_invariant(
         # calls are in flight, after some turns were extracted.
         deadline = time.monotonic() + 20
         while _extracted(db) < total // 4:
-            assert time.monotonic() < deadline, (tmp / "worker.log").read_text()[-3000:]
+            assert time.monotonic() < deadline, worker.log_tail(3000)
             time.sleep(0.05)
-        os.killpg(worker.pid, signal.SIGKILL)
-        worker.wait(timeout=10)
+        worker.kill()
+        launcher.forget(worker)
         done_at_kill, extracted_at_kill = _progress(db)[0], _extracted(db)
         assert extracted_at_kill < total, "every turn was extracted before the kill"
         # Turns whose LLM answer died with the killed threads: claimed, nothing persisted.
@@ -203,10 +153,10 @@ def test_workers_killed_mid_run_recover_and_end_with_every_invariant(
         )
 
         # Restart; scans re-send whatever the kill lost once its lease has expired.
-        worker = _start_worker(env, tmp / "worker.log")
+        worker = _start_worker(launcher, env)
         deadline = time.monotonic() + 35
         while _progress(db)[1] < total:
-            assert worker.poll() is None, (tmp / "worker.log").read_text()[-3000:]
+            assert worker.alive(), worker.log_tail(3000)
             assert time.monotonic() < deadline, f"stuck at {_progress(db)}"
             time.sleep(1.0)
             _ibex(env, "scan")
@@ -217,7 +167,7 @@ def test_workers_killed_mid_run_recover_and_end_with_every_invariant(
         again = _ibex(env, "scan", "--json")
         assert again.returncode == 0 and json.loads(again.stdout)["turns"] == 0
     finally:
-        _stop(worker)
+        launcher.stop_one(worker)
     assert sum(llm.calls.values()) == calls_before
 
     turns = db.execute_sql(
@@ -264,17 +214,13 @@ def test_a_worker_without_database_url_exits_non_zero_naming_it(tmp_path: Path) 
     env.update(
         {"WORKER_PROCESSES": "1", "WORKER_THREADS": "1", "REDIS_URL": "redis://127.0.0.1:1/0"}
     )
-    proc = subprocess.run(
-        ["sh", "-c", f"exec {_procfile('worker')}"],
-        cwd=ROOT,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=60,
-    )
-    assert proc.returncode != 0
-    ours = [line for line in proc.stderr.splitlines() if line.startswith("ibex worker:")]
-    assert len(ours) == 1 and "DATABASE_URL" in ours[0], proc.stderr
+    with Launcher(tmp_path, cwd=ROOT) as launcher:
+        worker = _start_worker(launcher, env)
+        worker.popen.wait(timeout=60)
+    stderr = worker.log_tail(100_000)
+    assert worker.returncode not in (0, None)
+    ours = [line for line in stderr.splitlines() if line.startswith("ibex worker:")]
+    assert len(ours) == 1 and "DATABASE_URL" in ours[0], stderr
 
 
 def test_ibex_extract_runs_the_stages_inline_and_a_second_run_does_nothing(
@@ -322,16 +268,15 @@ def test_the_scheduler_sends_scans_and_stops_cleanly_on_sigterm(
             "SCAN_INTERVAL_SECONDS": "1",
         }
     )
-    proc = _spawn(_procfile("scheduler"), env, tmp_path / "scheduler.log")
     client = redis.Redis.from_url(redis_url)
-    try:
-        deadline = time.monotonic() + 15
-        while client.llen("dramatiq:scan") < 2:
-            assert proc.poll() is None, (tmp_path / "scheduler.log").read_text()
-            assert time.monotonic() < deadline, "the scheduler sent nothing"
-            time.sleep(0.1)
-        os.killpg(proc.pid, signal.SIGTERM)
-        assert proc.wait(timeout=10) == 0
-    finally:
-        _stop(proc)
-        client.close()
+    with Launcher(tmp_path, cwd=ROOT) as launcher:
+        scheduler = launcher.start_procfile("scheduler", env)
+        try:
+            launcher.wait_until(
+                lambda: client.llen("dramatiq:scan") >= 2, "the scheduler sent nothing", 15
+            )
+        finally:
+            client.close()
+        # SIGTERM, and the scheduler exits 0 well before the SIGKILL that would follow.
+        assert launcher.stop_one(scheduler, grace=10) == 0
+    assert not scheduler.group_alive()

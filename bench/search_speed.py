@@ -1,0 +1,297 @@
+"""Search speed: ``POST /v1/memories/search``'s SQL over 1,000,000 memories of one org.
+
+``python -m bench.search_speed [--memories N] [--agents N] [--queries N] [--json]``
+
+1. Generates, in one ``INSERT ... SELECT generate_series``, ``--memories`` memories for one org
+   spread round-robin over ``--agents`` agents (one session each), with text built from word
+   lists: about 2,000 distinct names, verbs and objects, so some words are in a tenth of an
+   agent's memories and some in a handful; then ``VACUUM ANALYZE`` (what autovacuum does
+   after a bulk load: statistics, and the GIN pending lists merged). ``--reuse`` keeps a data
+   set of the same shape.
+2. Times ``--queries`` searches (after a warm-up), each through the search store as the
+   service runs it (the tenant transaction, the candidates function, the ranking), for a mix
+   of questions: a name and a common word, a common word alone, a misspelt name, an object.
+3. Prints p50 / p95 / p99 / max in milliseconds and the ``EXPLAIN (ANALYZE, BUFFERS)`` plans
+   of one question: the ranking statement as the tenant runs it, then each candidate branch,
+   with which indexes they use.
+"""
+
+from __future__ import annotations
+
+import argparse
+import random
+import statistics
+import sys
+import time
+from collections.abc import Sequence
+from typing import Any
+
+import psycopg2
+
+from bench.common import (
+    BenchError,
+    admin_connection,
+    dumps,
+    load_average,
+    percentile,
+    recreate_database,
+    scalar,
+    terminate_on_sigterm,
+)
+
+DEFAULT_SPEED_DATABASE_URL = "postgresql://postgres@127.0.0.1:5432/ibex_bench_search_speed"
+
+_FIRST = "Ka Lo Mi Ta Re Zu No Fe Da Si Vo Pe Ha Ju Ri Be Xo Ga Wi Ne"
+_SECOND = "ran lia dor mek sia vel tor bin zar quo nes pha lum dri kos gan wen tai rup sol"
+_OBJECTS = """
+peanuts shellfish pollen cats Lisbon Toronto Osaka Nairobi cello pottery chess climbing ramen
+risotto soup tacos Rome Hanoi Cusco violin tennis sailing gardening poetry stamps vinyl coffee
+tea sushi curry museums opera jazz hiking kayaks lanterns origami bonsai marathons quilting
+falconry
+"""
+FIRST = tuple(_FIRST.split())
+SECOND = tuple(_SECOND.split())
+THIRD = ("a", "o", "i", "e", "u")
+VERBS = (
+    "is allergic to",
+    "lives near",
+    "works with",
+    "loves",
+    "has a dog named",
+    "is planning a trip to",
+    "enjoys",
+    "moved to",
+    "is learning",
+    "collects",
+    "hates",
+    "visits",
+)
+OBJECTS = tuple(_OBJECTS.split())
+
+GENERATE_SQL = """
+SET synchronous_commit = off;
+CREATE TEMP TABLE bench_agents AS
+SELECT (row_number() OVER (ORDER BY a.id) - 1)::int AS n, a.id, s.id AS session_id
+  FROM ibex_core.agents a JOIN ibex_core.sessions s ON s.agent_id = a.id
+ WHERE a.org_id = %(org_id)s;
+CREATE UNIQUE INDEX ON bench_agents (n);
+INSERT INTO ibex_memory.memories
+    (org_id, agent_id, session_id, turn_index, ordinal, content, content_hash, kind, created_at)
+SELECT %(org_id)s, a.id, a.session_id, 1 + g / %(agents)s / 3, (g / %(agents)s) %% 3,
+       -- A name from three syllable lists (2,000 names), a verb, one or two objects.
+       (%(first)s::text[])[1 + g %% 20] || (%(second)s::text[])[1 + (g / 20) %% 20]
+           || (%(third)s::text[])[1 + (g / 400) %% 5]
+           || ' ' || (%(verbs)s::text[])[1 + (g / 7) %% %(verb_count)s]
+           || ' ' || (%(objects)s::text[])[1 + (g / 3) %% %(object_count)s]
+           || CASE WHEN g %% 3 = 0
+                   THEN ' and ' || (%(objects)s::text[])[1 + (g / 11) %% %(object_count)s]
+                   ELSE '' END || '.',
+       md5(g::text), (ARRAY['fact','preference','event','other'])[1 + g %% 4],
+       now() - make_interval(secs => %(memories)s - g)
+  FROM generate_series(1, %(memories)s) g
+  JOIN bench_agents a ON a.n = g %% %(agents)s;
+"""
+
+
+def _name(rng: random.Random) -> str:
+    return rng.choice(FIRST) + rng.choice(SECOND) + rng.choice(THIRD)
+
+
+def _typo(word: str, rng: random.Random) -> str:
+    i = rng.randrange(1, len(word) - 1)
+    return word[:i] + word[i + 1] + word[i] + word[i + 2 :]
+
+
+def questions(count: int, seed: int) -> list[str]:
+    """A deterministic mix of the questions an assistant asks."""
+    rng = random.Random(seed)
+    out = []
+    for i in range(count):
+        kind = i % 4
+        if kind == 0:
+            out.append(f"What is {_name(rng)} allergic to?")
+        elif kind == 1:
+            out.append(f"who {rng.choice(VERBS).split()[0]} {rng.choice(OBJECTS)}")
+        elif kind == 2:
+            out.append(f"Where does {_typo(_name(rng), rng)} live?")
+        else:
+            out.append(f"{rng.choice(OBJECTS)} and {rng.choice(OBJECTS)}")
+    return out
+
+
+def generate(url: str, args: argparse.Namespace) -> dict[str, Any]:
+    from core.db import make_database
+    from models.store import SessionStore
+
+    if args.reuse:
+        try:
+            conn = admin_connection(url)
+            try:
+                count = scalar(conn, "SELECT count(*) FROM ibex_memory.memories")
+                agents = scalar(conn, "SELECT count(*) FROM ibex_core.agents")
+            finally:
+                conn.close()
+            if (count, agents) == (args.memories, args.agents):
+                return {"generated": False, "seconds": 0.0}
+        except psycopg2.Error:
+            pass  # no usable data set: generate one
+    started = time.monotonic()
+    recreate_database(url)
+    db = make_database(url)
+    try:
+        store = SessionStore(db)
+        org_id = store.ensure_org("speed")
+        for n in range(args.agents):
+            agent_id = store.ensure_agent(org_id, f"agent-{n + 1}")
+            store.create_session(org_id, agent_id, f"agent-{n + 1}-conversation")
+    finally:
+        db.close()
+    conn = admin_connection(url)
+    try:
+        with conn.cursor() as cur:
+            cur.execute(
+                GENERATE_SQL,
+                {
+                    "org_id": str(org_id),
+                    "agents": args.agents,
+                    "memories": args.memories,
+                    "first": list(FIRST),
+                    "second": list(SECOND),
+                    "third": list(THIRD),
+                    "verbs": list(VERBS),
+                    "objects": list(OBJECTS),
+                    "verb_count": len(VERBS),
+                    "object_count": len(OBJECTS),
+                },
+            )
+            cur.execute("VACUUM ANALYZE ibex_memory.memories")
+        if scalar(conn, "SELECT count(*) FROM ibex_memory.memories") != args.memories:
+            raise BenchError("the generated data set does not have the expected size")
+    finally:
+        conn.close()
+    return {"generated": True, "seconds": round(time.monotonic() - started, 1)}
+
+
+def run(args: argparse.Namespace) -> dict[str, Any]:
+    from core.db import make_database
+    from memory_service.search_store import SearchStore
+
+    if args.memories < args.agents or args.agents < 1:
+        raise BenchError("need at least one agent and one memory per agent")
+    generation = generate(args.database_url, args)
+    db = make_database(args.database_url)
+    try:
+        org_id, agent_ids = _tenant(db)
+        searches = SearchStore(db)
+        asked = questions(args.queries, args.seed)
+        rng = random.Random(args.seed)
+        for question in asked[: max(5, args.queries // 10)]:  # warm-up: caches, connection
+            searches.search(org_id, rng.choice(agent_ids), question, limit=10)
+        timings: list[float] = []
+        hits: list[int] = []
+        for question in asked:
+            agent_id = rng.choice(agent_ids)
+            started = time.perf_counter()
+            found = searches.search(org_id, agent_id, question, limit=10)
+            timings.append((time.perf_counter() - started) * 1000)
+            hits.append(len(found))
+        plan = searches.explain(org_id, agent_ids[0], asked[0], limit=10)
+        mode = searches.search_mode()
+    finally:
+        db.close()
+    indexes = ["idx_memories_fts", "idx_memories_agent", "idx_memories_trgm", "memories_pkey"]
+    p99 = percentile(timings, 99)
+    return {
+        "benchmark": "search_speed",
+        "settings": {
+            "memories": args.memories,
+            "agents": args.agents,
+            "queries": args.queries,
+            "seed": args.seed,
+        },
+        "search_mode": mode,
+        "generation": generation,
+        "latency_ms": {
+            "p50": round(statistics.median(timings), 2),
+            "p95": round(percentile(timings, 95) or 0, 2),
+            "p99": round(p99 or 0, 2),
+            "max": round(max(timings), 2),
+        },
+        "target_p99_ms": 50,
+        "meets_target": p99 is not None and p99 < 50,
+        "mean_hits": round(sum(hits) / len(hits), 2),
+        "question_explained": asked[0],
+        "indexes_used": {name: name in plan for name in indexes},
+        "sequential_scans": [
+            line.strip() for line in plan.splitlines() if "Seq Scan on memories" in line
+        ],
+        "plan": plan,
+        "load_average": load_average(),
+    }
+
+
+def _tenant(db: Any) -> tuple[Any, list[Any]]:
+    import uuid
+
+    rows = db.execute_sql(
+        "SELECT a.org_id, a.id FROM ibex_core.agents a JOIN ibex_core.orgs o ON o.id = a.org_id"
+        " WHERE o.slug = 'speed' ORDER BY a.slug"
+    ).fetchall()
+    if not rows:
+        raise BenchError("no data set")
+    return uuid.UUID(str(rows[0][0])), [uuid.UUID(str(r[1])) for r in rows]
+
+
+def render(doc: dict[str, Any]) -> str:
+    s, lat = doc["settings"], doc["latency_ms"]
+    out = [
+        f"search over {s['memories']:,} memories of one org, {s['agents']} agents,"
+        f" {s['queries']} questions, search mode {doc['search_mode']}"
+        f" (generated: {doc['generation']['generated']}, {doc['generation']['seconds']} s)",
+        f"latency ms: p50 {lat['p50']}  p95 {lat['p95']}  p99 {lat['p99']}  max {lat['max']}"
+        f"  (target p99 < {doc['target_p99_ms']}: {'met' if doc['meets_target'] else 'MISSED'})",
+        f"mean hits per question: {doc['mean_hits']}; load average {doc['load_average']}",
+        "indexes used: "
+        + ", ".join(f"{k} {'yes' if v else 'no'}" for k, v in doc["indexes_used"].items()),
+        "",
+        f"EXPLAIN (ANALYZE, BUFFERS) for {doc['question_explained']!r}:",
+        doc["plan"],
+    ]
+    return "\n".join(out)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="python -m bench.search_speed", description="Time searches over many memories"
+    )
+    p.add_argument(
+        "--database-url",
+        default=DEFAULT_SPEED_DATABASE_URL,
+        help="dropped and created afresh unless --reuse (default: %(default)s)",
+    )
+    p.add_argument("--memories", type=int, default=1_000_000)
+    p.add_argument("--agents", type=int, default=50)
+    p.add_argument("--queries", type=int, default=500, help="timed searches (default 500)")
+    p.add_argument("--seed", type=int, default=7)
+    p.add_argument("--reuse", action="store_true", help="keep a data set of the same shape")
+    p.add_argument("--json", action="store_true", help="print a stable JSON document")
+    return p
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        with terminate_on_sigterm():
+            document = run(args)
+    except KeyboardInterrupt:
+        print("interrupted", file=sys.stderr)
+        return 130
+    except BenchError as exc:
+        print(f"bench.search_speed: {exc}", file=sys.stderr)
+        return 1
+    print(dumps(document) if args.json else render(document))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

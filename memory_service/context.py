@@ -1,0 +1,102 @@
+"""Context assembly: the best memories for a query packed into a token budget.
+
+Token estimate (documented, the same on every backend): one token per 4 UTF-8 bytes of the
+text, rounded up: ``ceil(len(text.encode("utf-8")) / 4)``. It overestimates English for the
+common BPE tokenizers (about 4.5 bytes a token), so a block that fits the estimate fits the
+model. The estimate is taken over the whole block as returned, so ``tokens <= max_tokens``
+holds for the exact string, not for a sum of parts.
+
+Packing walks the hits in rank order (score, then recency, then id: deterministic) and adds a
+memory when the block with it still fits; a memory that does not fit is dropped and the walk
+goes on, so a shorter one further down may still get in. A memory whose words are nearly those
+of one already packed (Jaccard similarity of their word sets >= :data:`NEAR_DUPLICATE`) is not
+packed twice.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from schema.recall import CLOSE, OPEN, neutralise, strip_recalled
+
+NEAR_DUPLICATE = 0.8
+#: How many of the last user messages make the query when the request gives messages.
+QUERY_MESSAGES = 3
+MAX_QUERY_CHARS = 2000
+
+_WORD = re.compile(r"[^\W_]+")
+
+
+def estimate_tokens(text: str) -> int:
+    """Estimated tokens of ``text``: one per 4 UTF-8 bytes, rounded up."""
+    return math.ceil(len(text.encode("utf-8")) / 4)
+
+
+def render(lines: Sequence[str]) -> str:
+    """The block for these memory texts; "" for none."""
+    if not lines:
+        return ""
+    return "\n".join([OPEN, *(f"- {line}" for line in lines), CLOSE])
+
+
+def _words(text: str) -> frozenset[str]:
+    return frozenset(_WORD.findall(text.casefold()))
+
+
+def near_duplicate(a: frozenset[str], b: frozenset[str]) -> bool:
+    if not a or not b:
+        return a == b
+    return len(a & b) / len(a | b) >= NEAR_DUPLICATE
+
+
+@dataclass(frozen=True)
+class Packed:
+    context: str
+    #: Indexes of the packed texts, in the block's order.
+    chosen: list[int]
+    tokens: int
+    dropped: int
+
+
+def pack(contents: Sequence[str], max_tokens: int) -> Packed:
+    """Pack the texts (best first) into at most ``max_tokens`` estimated tokens."""
+    lines: list[str] = []
+    chosen: list[int] = []
+    seen: list[frozenset[str]] = []
+    for index, content in enumerate(contents):
+        line = neutralise(content)
+        words = _words(line)
+        if not line or any(near_duplicate(words, other) for other in seen):
+            continue
+        if estimate_tokens(render([*lines, line])) > max_tokens:
+            continue
+        lines.append(line)
+        chosen.append(index)
+        seen.append(words)
+    context = render(lines)
+    return Packed(context, chosen, estimate_tokens(context), len(contents) - len(chosen))
+
+
+def _text(message: Any) -> str:
+    content = message.get("content") if isinstance(message, dict) else None
+    if isinstance(content, str):
+        return content
+    if isinstance(content, list):
+        return "\n".join(
+            p["text"] for p in content if isinstance(p, dict) and isinstance(p.get("text"), str)
+        )
+    return ""
+
+
+def query_from_messages(messages: Sequence[Any]) -> str:
+    """The query for a conversation: its last user messages (the last
+    :data:`QUERY_MESSAGES`), newest last, without recalled blocks, at most
+    :data:`MAX_QUERY_CHARS` characters (the newest kept)."""
+    users = [m for m in messages if isinstance(m, dict) and m.get("role") == "user"]
+    texts = [strip_recalled(_text(m)).strip() for m in users[-QUERY_MESSAGES:]]
+    query = "\n".join(t for t in texts if t)
+    return query[-MAX_QUERY_CHARS:]

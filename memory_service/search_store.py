@@ -1,0 +1,334 @@
+"""The SQL of search: one agent's memories ranked in Postgres, under row-level security.
+
+A query runs in one tenant transaction (:func:`core.db.tenant`) and one statement:
+
+1. **Candidates**, ids only, from ``ibex_memory.search_candidates`` (migration 000006, which
+   says why it is a function): one capped branch per significant word of the query, the
+   newest :data:`WORD_CANDIDATES` memories whose ``content_tsv`` matches the word (GIN on the
+   generated tsvector, or the agent index in recency order for a word most memories contain),
+   and, where ``pg_trgm`` is installed, for a word no memory contains as such, the
+   :data:`TRIGRAM_CANDIDATES` most similar to it (``content %> word``, GIN
+   trigram index). So the work is bounded however common a word is, and a rare word is never
+   crowded out by a common one. The rows themselves are then read under row-level security.
+2. **Signals**, all in ``[0, 1]`` and higher-is-better:
+
+   - ``text``: full-text rank. ``0.8 * coverage + 0.2 * r / (r + 1)``, where ``r`` is
+     ``ts_rank_cd`` divided by the memory's length in words (a short memory that matches is
+     more about the query than a long one), and coverage is the share of the query's distinct
+     stemmed words that the memory contains, each weighted by its inverse document frequency
+     among the candidates (a word every candidate has says little; a name only two memories
+     mention says a lot).
+   - ``trigram``: the mean, over the query's significant words, of ``word_similarity(word,
+     content)``: how well each word is matched by some part of the memory, so ``Dhana`` still
+     finds ``Dana``. 0 when ``pg_trgm`` is not installed.
+   - ``recency``: ``1 / (1 + age_in_days / 30)``: 1 for a memory written now, 0.5 at 30 days.
+
+3. **Score**: ``0.75 * text + 0.25 * trigram`` with trigram, ``text`` alone without. Ties are
+   broken by recency (newer first), then by id, so the order is total and deterministic.
+
+A highlighted snippet (``ts_headline``, matches between :data:`HIGHLIGHT_START` and
+:data:`HIGHLIGHT_STOP`) is made for the returned rows only.
+"""
+
+from __future__ import annotations
+
+import re
+import time
+import uuid
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import peewee
+
+from core.db import db_errors, tenant
+from memory_service.store import COLUMNS, MemoryRow
+
+#: Rows taken from each index before ranking; bounds the work of a search.
+WORD_CANDIDATES = 100
+TRIGRAM_CANDIDATES = 50
+#: Words of the query used at most (a pasted page must not become a 1,000-branch query).
+MAX_QUERY_WORDS = 32
+MAX_BRANCH_WORDS = 10
+MAX_TRIGRAM_WORDS = 6
+#: ``content %> word`` holds when word_similarity(word, content) >= this.
+TRIGRAM_THRESHOLD = 0.6
+RECHECK_SECONDS = 60.0
+TEXT_WEIGHT = 0.75
+TRIGRAM_WEIGHT = 0.25
+HIGHLIGHT_START = "<mark>"
+HIGHLIGHT_STOP = "</mark>"
+HEADLINE_OPTIONS = (
+    f"StartSel={HIGHLIGHT_START}, StopSel={HIGHLIGHT_STOP}, MaxWords=30, MinWords=12,"
+    ' MaxFragments=2, FragmentDelimiter=" … "'
+)
+
+_WORD = re.compile(r"[^\W_]+")
+#: Words that carry no meaning on their own; kept out of the trigram side (the full-text side
+#: has Postgres's own english stop words).
+_STOP_WORDS = """
+a about above after again all am an and any are as at be been before being below between
+both but by can could did do does doing down during each few for from further had has have
+having he her here hers herself him himself his how i if in into is it its itself just me
+more most my myself no nor not now of off on once only or other our ours ourselves out over
+own same she should so some such than that the their theirs them themselves then there these
+they this those through to too under until up very was we were what when where which while
+who whom why will with would you your yours yourself yourselves tell know remember user
+"""
+STOP_WORDS = frozenset(_STOP_WORDS.split())
+
+TRIGRAM_AVAILABLE_SQL = """
+SELECT to_regprocedure('word_similarity(text,text)') IS NOT NULL
+   AND to_regclass('ibex_memory.idx_memories_trgm') IS NOT NULL
+"""
+
+
+def query_words(query: str) -> list[str]:
+    """The query's words (letters and digits), lower-cased, in order, without repeats."""
+    seen: dict[str, None] = {}
+    for word in _WORD.findall(query.casefold()):
+        seen.setdefault(word, None)
+        if len(seen) >= MAX_QUERY_WORDS:
+            break
+    return list(seen)
+
+
+def trigram_words(words: Sequence[str]) -> list[str]:
+    """The significant words for trigram matching: not stop words, at least 3 characters."""
+    return [w for w in words if len(w) >= 3 and w not in STOP_WORDS][:MAX_TRIGRAM_WORDS]
+
+
+def _search_sql(*, trigram: bool) -> str:
+    """The ranking statement; the trigram signal only where pg_trgm is installed."""
+    # Ids from the indexes (migration 000006 says why a function), rows read under RLS.
+    candidates = (
+        "SELECT DISTINCT id FROM ibex_memory.search_candidates(%(agent_id)s::uuid,"
+        " %(words)s::text[], %(tri_words)s::text[], %(session_id)s::uuid, %(kinds)s::text[],"
+        f" {WORD_CANDIDATES}, {TRIGRAM_CANDIDATES}) AS id"
+    )
+    trigram_signal = "0::float8"
+    if trigram:
+        trigram_signal = (
+            "COALESCE((SELECT avg(word_similarity(w, m.content))"
+            " FROM unnest(%(tri_words)s::text[]) w), 0)::float8"
+        )
+    text_weight, trigram_weight = (TEXT_WEIGHT, TRIGRAM_WEIGHT) if trigram else (1.0, 0.0)
+    columns = ", ".join(f"s.{c.strip()}" for c in COLUMNS.split(","))
+    return f"""
+WITH q AS (
+    SELECT to_tsquery('english', %(tsquery)s) AS tsq,
+           tsvector_to_array(to_tsvector('english', %(text)s)) AS lexemes
+),
+ids AS MATERIALIZED ({candidates}),
+cand AS (
+    SELECT m.*, ({trigram_signal}) AS trigram,
+           ts_rank_cd(m.content_tsv, q.tsq, 2) AS rank_cd,
+           ARRAY(SELECT l FROM unnest(tsvector_to_array(m.content_tsv)) l
+                  WHERE l = ANY(q.lexemes)) AS hits
+      FROM ids JOIN ibex_memory.memories m ON m.id = ids.id, q
+),
+df AS (
+    SELECT l AS lexeme, count(c.id) AS n
+      FROM q, unnest(q.lexemes) l LEFT JOIN cand c ON l = ANY(c.hits)
+     GROUP BY l
+),
+idf AS (
+    SELECT lexeme, ln(1 + ((SELECT count(*) FROM cand) + 1)::float8 / (n + 0.5)) AS w FROM df
+),
+scored AS (
+    SELECT c.*,
+           CASE WHEN (SELECT sum(w) FROM idf) > 0
+                THEN 0.8 * COALESCE((SELECT sum(w) FROM idf WHERE lexeme = ANY(c.hits)), 0)
+                         / (SELECT sum(w) FROM idf)
+                     + 0.2 * c.rank_cd / (c.rank_cd + 1)
+                ELSE 0 END AS text_score,
+           1 / (1 + extract(epoch FROM now() - c.created_at) / 86400.0 / 30) AS recency
+      FROM cand c
+)
+SELECT {columns},
+       s.text_score::float8, s.trigram::float8, s.recency::float8,
+       ({text_weight} * s.text_score + {trigram_weight} * s.trigram)::float8 AS score,
+       ts_headline('english', s.content, q.tsq, %(headline)s) AS snippet
+  FROM scored s, q
+ WHERE s.text_score > 0 OR s.trigram > 0
+ ORDER BY score DESC, s.created_at DESC, s.id
+ LIMIT %(limit)s
+"""
+
+
+def _prepare(
+    org_id: uuid.UUID,
+    agent_id: uuid.UUID,
+    query: str,
+    *,
+    trigram: bool,
+    limit: int,
+    session_id: uuid.UUID | None = None,
+    kinds: Sequence[str] | None = None,
+) -> tuple[str, dict[str, Any]] | None:
+    """The statement and its parameters; None when the query has no word worth looking up."""
+    words = query_words(query)
+    significant = [w for w in words if w not in STOP_WORDS][:MAX_BRANCH_WORDS]
+    tri = trigram_words(words) if trigram else []
+    if not significant and not tri:
+        return None
+    params: dict[str, Any] = {
+        "org_id": str(org_id),
+        "agent_id": str(agent_id),
+        # Only letters and digits reach to_tsquery, so no operator can be injected.
+        "tsquery": " | ".join(words),
+        "text": " ".join(words),
+        "tri_words": tri,
+        "headline": HEADLINE_OPTIONS,
+        "limit": limit,
+    }
+    params["words"] = significant
+    params["session_id"] = str(session_id) if session_id is not None else None
+    params["kinds"] = list(kinds) if kinds else None
+    return _search_sql(trigram=trigram), params
+
+
+@dataclass(frozen=True)
+class SearchHit:
+    """One ranked memory and why it matched (every signal in ``[0, 1]``, higher is better)."""
+
+    row: MemoryRow
+    score: float
+    text: float
+    trigram: float
+    recency: float
+    snippet: str
+
+    def as_json(self) -> dict[str, Any]:
+        return {
+            **self.row.as_json(),
+            "score": round(self.score, 6),
+            "signals": {
+                "text": round(self.text, 6),
+                "trigram": round(self.trigram, 6),
+                "recency": round(self.recency, 6),
+            },
+            "snippet": self.snippet,
+        }
+
+
+class SearchStore:
+    """Ranked reads of ``ibex_memory.memories`` for one org and agent."""
+
+    def __init__(self, db: peewee.Database) -> None:
+        self.db = db
+        self._trigram: tuple[bool, float] | None = None
+
+    def trigram_available(self) -> bool:
+        """Whether ``pg_trgm`` and the trigram index are installed. Checked again at most every
+        :data:`RECHECK_SECONDS`, so a server that gains the extension (``ibex migrate`` after
+        installing it) is noticed without a restart."""
+        now = time.monotonic()
+        if self._trigram is None or now - self._trigram[1] > RECHECK_SECONDS:
+            with db_errors():
+                row = self.db.execute_sql(TRIGRAM_AVAILABLE_SQL).fetchone()
+            self._trigram = (bool(row[0]), now)
+        return self._trigram[0]
+
+    def search_mode(self) -> str:
+        """What ``/readyz`` says: ``full-text+trigram``, or ``full-text`` without pg_trgm."""
+        return "full-text+trigram" if self.trigram_available() else "full-text"
+
+    def search(
+        self,
+        org_id: uuid.UUID,
+        agent_id: uuid.UUID,
+        query: str,
+        *,
+        limit: int,
+        session_id: uuid.UUID | None = None,
+        kinds: Sequence[str] | None = None,
+    ) -> list[SearchHit]:
+        """The best ``limit`` memories for ``query``, best first; none for a query of no words."""
+        trigram = self.trigram_available()
+        prepared = _prepare(
+            org_id,
+            agent_id,
+            query,
+            trigram=trigram,
+            limit=limit,
+            session_id=session_id,
+            kinds=kinds,
+        )
+        if prepared is None:
+            return []
+        sql, params = prepared
+        rows = self._run(org_id, trigram, sql, params)
+        width = len(COLUMNS.split(","))
+        return [
+            SearchHit(
+                row=MemoryRow.from_db(r[:width]),
+                text=float(r[width]),
+                trigram=float(r[width + 1]),
+                recency=float(r[width + 2]),
+                score=float(r[width + 3]),
+                snippet=r[width + 4],
+            )
+            for r in rows
+        ]
+
+    def explain(
+        self, org_id: uuid.UUID, agent_id: uuid.UUID, query: str, *, limit: int = 10
+    ) -> str:
+        """``EXPLAIN (ANALYZE, BUFFERS)`` of :meth:`search` as the tenant runs it, followed by
+        the plan of each candidate branch as ``search_candidates`` runs it (as the connection's
+        own role, which should be the role that migrated: the function's owner)."""
+        trigram = self.trigram_available()
+        prepared = _prepare(org_id, agent_id, query, trigram=trigram, limit=limit)
+        if prepared is None:
+            return ""
+        sql, params = prepared
+        plans = [
+            r[0] for r in self._run(org_id, trigram, "EXPLAIN (ANALYZE, BUFFERS) " + sql, params)
+        ]
+        with db_errors(), self.db.atomic():
+            self.db.execute_sql(
+                "SELECT set_config('ibex.org_id', %s, true),"
+                " set_config('pg_trgm.word_similarity_threshold', %s, true)",
+                (str(org_id), str(TRIGRAM_THRESHOLD)),
+            )
+            branches = self.db.execute_sql(
+                "SELECT word, kind, statement FROM ibex_memory.search_branches(%(agent_id)s::uuid,"
+                " %(words)s::text[], %(tri_words)s::text[], NULL, NULL,"
+                f" {WORD_CANDIDATES}, {TRIGRAM_CANDIDATES})",
+                params,
+            ).fetchall()
+            for word, kind, statement in branches:
+                plans.append(f"-- candidate branch: {kind} {word!r}")
+                # No parameters, but the driver formats every statement: keep '%' literal.
+                explain = "EXPLAIN (ANALYZE, BUFFERS) " + statement.replace("%", "%%")
+                rows = self.db.execute_sql(explain).fetchall()
+                plans.extend(r[0] for r in rows)
+        return "\n".join(plans)
+
+    def _run(self, org_id: uuid.UUID, trigram: bool, sql: str, params: dict[str, Any]) -> list[Any]:
+        with tenant(self.db, org_id):
+            if trigram:
+                self.db.execute_sql(
+                    "SELECT set_config('pg_trgm.word_similarity_threshold', %s, true)",
+                    (str(TRIGRAM_THRESHOLD),),
+                )
+            return list(self.db.execute_sql(sql, params).fetchall())
+
+    def find_agent(self, org_id: uuid.UUID, slug: str) -> uuid.UUID | None:
+        """The agent of the org with this slug, or None (never created here)."""
+        with tenant(self.db, org_id):
+            row = self.db.execute_sql(
+                "SELECT id FROM ibex_core.agents WHERE org_id = %s AND slug = %s",
+                (str(org_id), slug),
+            ).fetchone()
+        return uuid.UUID(str(row[0])) if row else None
+
+    def agent_exists(self, org_id: uuid.UUID, agent_id: uuid.UUID) -> uuid.UUID | None:
+        """``agent_id`` if it is an agent of the org, else None."""
+        with tenant(self.db, org_id):
+            row = self.db.execute_sql(
+                "SELECT id FROM ibex_core.agents WHERE org_id = %s AND id = %s",
+                (str(org_id), str(agent_id)),
+            ).fetchone()
+        return agent_id if row else None

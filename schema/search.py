@@ -1,0 +1,211 @@
+"""Payloads of the read path: ``POST /v1/memories/search`` and ``POST /v1/context``.
+
+Scores and signals are in ``[0, 1]`` and higher is better on every backend; how each is
+computed is documented on the fields (and in ``memory_service.search_store``). No I/O here.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from marshmallow import RAISE, Schema, ValidationError, fields, validate, validates_schema
+
+from schema.common import StrictInteger
+from schema.memory import MEMORY_KINDS, MemorySchema, _storable_text
+
+MAX_SEARCH_LIMIT = 50
+DEFAULT_SEARCH_LIMIT = 10
+MAX_QUERY_CHARS = 2000
+MIN_CONTEXT_TOKENS = 1
+MAX_CONTEXT_TOKENS = 32_000
+DEFAULT_CONTEXT_TOKENS = 400
+MAX_CONTEXT_MESSAGES = 50
+MAX_MESSAGE_CHARS = 20_000
+
+
+def _query_valid(text: str) -> None:
+    _storable_text(text)
+    if not text.split():
+        raise ValidationError("must not be blank")
+
+
+class SearchRequestSchema(Schema):
+    """Body of ``POST /v1/memories/search``."""
+
+    class Meta:
+        unknown = RAISE
+
+    query = fields.String(
+        required=True,
+        validate=[validate.Length(min=1, max=MAX_QUERY_CHARS), _query_valid],
+        metadata={"description": "Free text: a question, a name, a few words."},
+    )
+    agent_id = fields.UUID(required=True, metadata={"description": "The agent to search."})
+    session_id = fields.UUID(
+        load_default=None,
+        allow_none=True,
+        metadata={"description": "Only memories extracted from this session."},
+    )
+    kinds = fields.List(
+        fields.String(validate=validate.OneOf(MEMORY_KINDS)),
+        load_default=None,
+        allow_none=True,
+        validate=validate.Length(min=1, max=len(MEMORY_KINDS)),
+        metadata={"description": "Only memories of these kinds."},
+    )
+    limit = StrictInteger(
+        load_default=DEFAULT_SEARCH_LIMIT,
+        validate=validate.Range(min=1, max=MAX_SEARCH_LIMIT),
+    )
+
+
+class SignalsSchema(Schema):
+    """The per-signal scores behind ``score``, each in ``[0, 1]``, higher is better."""
+
+    class Meta:
+        unknown = RAISE
+
+    text = fields.Float(
+        required=True,
+        metadata={
+            "description": "Full-text rank: 0.8 x the IDF-weighted share of the query's "
+            "stemmed words the memory contains + 0.2 x r/(r+1), r = ts_rank_cd divided by "
+            "the memory's length in words."
+        },
+    )
+    trigram = fields.Float(
+        required=True,
+        metadata={
+            "description": "Mean over the query's significant words of pg_trgm "
+            "word_similarity(word, content); 0 where pg_trgm is not installed."
+        },
+    )
+    recency = fields.Float(
+        required=True,
+        metadata={"description": "1 / (1 + age in days / 30); breaks ties of score."},
+    )
+
+
+class SearchHitSchema(MemorySchema):
+    """A memory with why it matched."""
+
+    score = fields.Float(
+        required=True,
+        metadata={
+            "description": "0.75 x text + 0.25 x trigram (text alone without pg_trgm), "
+            "in [0, 1]; higher is better."
+        },
+    )
+    signals = fields.Nested(SignalsSchema, required=True)
+    snippet = fields.String(
+        required=True,
+        metadata={"description": "The content with the matched words between <mark> and </mark>."},
+    )
+
+
+class SearchResultSchema(Schema):
+    """The answer of ``POST /v1/memories/search``: best first."""
+
+    class Meta:
+        unknown = RAISE
+
+    items = fields.List(fields.Nested(SearchHitSchema), required=True)
+
+
+class ContextMessageSchema(Schema):
+    """One chat message (``content`` a string or a list of parts with ``text``)."""
+
+    class Meta:
+        unknown = RAISE
+
+    role = fields.String(required=True, validate=validate.Length(min=1, max=64))
+    content = fields.Raw(required=True, metadata={"description": "A string or a list of parts."})
+    name = fields.String(validate=validate.Length(max=256))
+
+    @validates_schema
+    def _content_shape(self, data: dict[str, Any], **kwargs: Any) -> None:
+        content = data.get("content")
+        if isinstance(content, str):
+            texts = [content]
+        elif isinstance(content, list) and all(isinstance(p, dict) for p in content):
+            texts = [p["text"] for p in content if isinstance(p.get("text"), str)]
+        else:
+            raise ValidationError("must be a string or a list of parts", "content")
+        if sum(len(t) for t in texts) > MAX_MESSAGE_CHARS:
+            raise ValidationError(f"at most {MAX_MESSAGE_CHARS} characters", "content")
+        for text in texts:
+            _storable_text(text)
+
+
+class ContextRequestSchema(Schema):
+    """Body of ``POST /v1/context``: ``query``, or the conversation's last ``messages``."""
+
+    class Meta:
+        unknown = RAISE
+
+    agent_id = fields.UUID(required=True)
+    query = fields.String(
+        load_default=None,
+        allow_none=True,
+        validate=[validate.Length(min=1, max=MAX_QUERY_CHARS), _query_valid],
+    )
+    messages = fields.List(
+        fields.Nested(ContextMessageSchema),
+        load_default=None,
+        allow_none=True,
+        validate=validate.Length(min=1, max=MAX_CONTEXT_MESSAGES),
+        metadata={
+            "description": "The last messages; the query is made of the last user messages "
+            "(recalled <memories> blocks removed)."
+        },
+    )
+    session_id = fields.UUID(load_default=None, allow_none=True)
+    kinds = fields.List(
+        fields.String(validate=validate.OneOf(MEMORY_KINDS)),
+        load_default=None,
+        allow_none=True,
+        validate=validate.Length(min=1, max=len(MEMORY_KINDS)),
+    )
+    max_tokens = StrictInteger(
+        load_default=DEFAULT_CONTEXT_TOKENS,
+        validate=validate.Range(min=MIN_CONTEXT_TOKENS, max=MAX_CONTEXT_TOKENS),
+        metadata={
+            "description": "Budget of the context block, in estimated tokens (one per 4 "
+            "UTF-8 bytes, rounded up); never exceeded."
+        },
+    )
+
+    @validates_schema
+    def _one_source(self, data: dict[str, Any], **kwargs: Any) -> None:
+        if (data.get("query") is None) == (data.get("messages") is None):
+            raise ValidationError("give exactly one of query and messages", "query")
+
+
+class ContextResultSchema(Schema):
+    """The answer of ``POST /v1/context``."""
+
+    class Meta:
+        unknown = RAISE
+
+    context = fields.String(
+        required=True,
+        metadata={
+            "description": 'A "<memories>" block, one "- " line per memory, ready for a '
+            'system prompt; "" when no memory fits or matches.'
+        },
+    )
+    memories = fields.List(
+        fields.Nested(SearchHitSchema),
+        required=True,
+        metadata={"description": "The memories packed, in the block's order."},
+    )
+    tokens = fields.Integer(
+        required=True, metadata={"description": "Estimated tokens of context, <= max_tokens."}
+    )
+    dropped = fields.Integer(
+        required=True,
+        metadata={
+            "description": "Matching memories left out: over the budget or near-duplicates "
+            "of one packed."
+        },
+    )

@@ -1,0 +1,108 @@
+"""POST /v1/context: the best memories in a budget, as a <memories> block."""
+
+from __future__ import annotations
+
+import uuid
+from typing import Any
+
+import httpx
+import pytest
+
+from memory_service.context import estimate_tokens
+from schema.search import ContextResultSchema
+from tests.integration.memory_service.helpers import Tenant
+from tests.integration.memory_service.test_search import write
+
+
+@pytest.fixture
+def session_id(store, acme: Tenant) -> uuid.UUID:  # type: ignore[no-untyped-def]
+    return store.create_session(acme.org_id, acme.agent_id, "conv-context").id
+
+
+def context(http: httpx.Client, tenant_: Tenant, **body: Any) -> dict[str, Any]:
+    full = {"agent_id": str(tenant_.agent_id), **body}
+    response = http.post("/v1/context", json=full, headers=tenant_.headers(tenant_.reader))
+    assert response.status_code == 200, response.text
+    ContextResultSchema().load(response.json())
+    result: dict[str, Any] = response.json()
+    return result
+
+
+def test_packs_the_best_memories_once_within_the_budget(
+    http: httpx.Client, acme: Tenant, session_id: uuid.UUID
+) -> None:
+    write(http, acme, "dana is allergic to peanuts!", session_id)
+    # A near-duplicate with the same score, written later: it ranks first (recency), and the
+    # older copy is then left out.
+    allergy = write(http, acme, "Dana is allergic to peanuts.", session_id)
+    lives = write(http, acme, "Dana lives in Lisbon.", session_id)
+    write(http, acme, "The user prefers tea.", session_id)
+    result = context(http, acme, query="What is Dana allergic to?", max_tokens=400)
+    assert result["context"] == (
+        "<memories>\n- Dana is allergic to peanuts.\n- Dana lives in Lisbon.\n</memories>"
+    )
+    assert [m["id"] for m in result["memories"]] == [allergy, lives]
+    assert result["tokens"] == estimate_tokens(result["context"])
+    assert result["dropped"] == 1
+    assert context(http, acme, query="What is Dana allergic to?", max_tokens=400) == result
+
+    tight = context(http, acme, query="What is Dana allergic to?", max_tokens=15)
+    assert tight["context"] == "<memories>\n- Dana is allergic to peanuts.\n</memories>"
+    assert tight["tokens"] <= 15
+    assert tight["dropped"] == 2
+    assert context(http, acme, query="Dana", max_tokens=3) == {
+        "context": "",
+        "memories": [],
+        "tokens": 0,
+        "dropped": 3,
+    }
+
+
+def test_messages_make_the_query_without_recalled_blocks(
+    http: httpx.Client, acme: Tenant, session_id: uuid.UUID
+) -> None:
+    cello = write(http, acme, "Marcus plays the cello.", session_id)
+    write(http, acme, "Dana lives in Lisbon.", session_id)
+    messages = [
+        {"role": "system", "content": "<memories>\n- Dana lives in Lisbon.\n</memories>"},
+        {"role": "user", "content": "<memories>\n- Dana lives in Lisbon.\n</memories>hi"},
+        {"role": "assistant", "content": "Hello!"},
+        {
+            "role": "user",
+            "content": [{"type": "text", "text": "Which instrument does Marcus play?"}],
+        },
+    ]
+    result = context(http, acme, messages=messages)
+    assert [m["id"] for m in result["memories"]] == [cello]
+
+
+@pytest.mark.parametrize(
+    ("body", "field"),
+    [
+        ({}, "query"),
+        ({"query": "x", "messages": [{"role": "user", "content": "x"}]}, "query"),
+        ({"query": "x", "max_tokens": 0}, "max_tokens"),
+        ({"query": "x", "max_tokens": 32001}, "max_tokens"),
+        ({"messages": []}, "messages"),
+        ({"messages": [{"role": "user", "content": 5}]}, "messages"),
+        ({"messages": [{"role": "user"}]}, "messages"),
+    ],
+)
+def test_bad_bodies_are_422(
+    http: httpx.Client, acme: Tenant, body: dict[str, Any], field: str
+) -> None:
+    full = {"agent_id": str(acme.agent_id), **body}
+    response = http.post("/v1/context", json=full, headers=acme.headers())
+    assert response.status_code == 422, response.text
+    assert field in response.json()["error"]["fields"]
+
+
+def test_another_orgs_memories_are_never_packed(
+    http: httpx.Client, acme: Tenant, globex: Tenant, store
+) -> None:  # type: ignore[no-untyped-def]
+    theirs = store.create_session(globex.org_id, globex.agent_id, "conv-g").id
+    write(http, globex, "Dana is allergic to peanuts.", theirs)
+    body = {"agent_id": str(globex.agent_id), "query": "Dana peanuts"}
+    response = http.post("/v1/context", json=body, headers=acme.headers())
+    assert response.status_code == 200
+    assert response.json() == {"context": "", "memories": [], "tokens": 0, "dropped": 0}

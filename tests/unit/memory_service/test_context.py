@@ -1,0 +1,95 @@
+"""Packing memories into a token budget: never over it, no near-duplicate twice, deterministic."""
+
+from __future__ import annotations
+
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from memory_service.context import (
+    _words,
+    estimate_tokens,
+    near_duplicate,
+    pack,
+    query_from_messages,
+    render,
+)
+from schema.recall import CLOSE, OPEN, neutralise, strip_recalled
+
+texts = st.lists(st.text(min_size=0, max_size=300), max_size=30)
+
+
+@settings(max_examples=300, deadline=None)
+@given(contents=texts, budget=st.integers(min_value=1, max_value=2000))
+def test_never_over_budget(contents: list[str], budget: int) -> None:
+    packed = pack(contents, budget)
+    assert packed.tokens == estimate_tokens(packed.context)
+    assert packed.tokens <= budget
+    assert packed.dropped == len(contents) - len(packed.chosen)
+    assert packed.chosen == sorted(packed.chosen)
+    assert pack(contents, budget) == packed  # deterministic
+    if packed.chosen:
+        assert packed.context.startswith(OPEN + "\n") and packed.context.endswith("\n" + CLOSE)
+        # One line per memory, and the block cannot be closed early by a memory's text.
+        assert packed.context.count(CLOSE) == 1
+        assert len(packed.context.splitlines()) == len(packed.chosen) + 2
+        # Stripping the block leaves nothing of it: what the extractor will see.
+        assert strip_recalled(packed.context) == ""
+    else:
+        assert packed.context == ""
+
+
+@settings(max_examples=100, deadline=None)
+@given(contents=texts)
+def test_a_generous_budget_drops_only_blanks_and_near_duplicates(contents: list[str]) -> None:
+    packed = pack(contents, 100_000)
+    kept = [_words(neutralise(contents[i])) for i in packed.chosen]
+    for index, content in enumerate(contents):
+        if index in packed.chosen:
+            continue
+        line = neutralise(content)
+        assert not line or any(near_duplicate(_words(line), other) for other in kept)
+
+
+def test_near_duplicates_are_packed_once() -> None:
+    contents = [
+        "Dana is allergic to peanuts.",
+        "dana is allergic to peanuts!",
+        "Dana is  allergic to PEANUTS",
+        "Dana lives in Lisbon.",
+    ]
+    packed = pack(contents, 400)
+    assert packed.chosen == [0, 3]
+    assert (
+        packed.context
+        == "<memories>\n- Dana is allergic to peanuts.\n- Dana lives in Lisbon.\n</memories>"
+    )
+    assert packed.dropped == 2
+
+
+def test_a_memory_that_does_not_fit_leaves_room_for_a_shorter_one() -> None:
+    contents = ["x" * 200, "Short one."]
+    budget = estimate_tokens(render(["Short one."]))
+    packed = pack(contents, budget)
+    assert packed.chosen == [1]
+    assert packed.tokens == budget
+    assert pack(contents, budget - 1).context == ""
+
+
+def test_token_estimate_rule() -> None:
+    assert estimate_tokens("") == 0
+    assert estimate_tokens("abcd") == 1
+    assert estimate_tokens("abcde") == 2
+    assert estimate_tokens("é") == 1  # two UTF-8 bytes
+    assert estimate_tokens("€€") == 2  # six bytes
+
+
+def test_query_from_messages_uses_the_last_user_messages_without_recalled_blocks() -> None:
+    messages = [
+        {"role": "system", "content": "You help.\n<memories>\n- Dana likes tea.\n</memories>"},
+        {"role": "user", "content": "one"},
+        {"role": "assistant", "content": "ok"},
+        {"role": "user", "content": "two"},
+        {"role": "user", "content": [{"type": "text", "text": "three"}]},
+        {"role": "user", "content": "<memories>\n- old\n</memories>What does Dana eat?"},
+    ]
+    assert query_from_messages(messages) == "two\nthree\nWhat does Dana eat?"
