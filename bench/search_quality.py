@@ -32,7 +32,10 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from bench.common import BenchError, dumps, recreate_database, table, terminate_on_sigterm
+from bench import BenchError
+from bench.dbadmin import recreate_database
+from bench.report import dumps, table
+from bench.stack import terminate_on_sigterm
 
 DEFAULT_QUALITY_DATABASE_URL = "postgresql://postgres@127.0.0.1:5432/ibex_bench_search_quality"
 K = 5
