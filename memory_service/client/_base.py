@@ -154,7 +154,7 @@ class Retry:
     error: Exception
 
 
-class Transport:
+class ClientCore:
     """Headers, URLs and attempt decisions shared by the sync and async public clients."""
 
     def __init__(
@@ -176,7 +176,7 @@ class Transport:
         self._headers = headers
 
     def __repr__(self) -> str:
-        return f"Transport({self.base_url!r})"
+        return f"ClientCore({self.base_url!r})"
 
     def request(self, http: httpx.Client | httpx.AsyncClient, call: Call[Any]) -> httpx.Request:
         """The request of ``call``: built once and sent as is on every attempt."""

@@ -16,7 +16,7 @@ from typing import Any, TypeVar
 import httpx
 
 from memory_service.client import _calls
-from memory_service.client._base import Call, Retry, RetryPolicy, Transport
+from memory_service.client._base import Call, ClientCore, Retry, RetryPolicy
 from memory_service.client._calls import Id
 from memory_service.client.types import (
     Context,
@@ -54,7 +54,7 @@ class IbexClient:
     ) -> None:
         if client is not None and transport is not None:
             raise ValueError("give transport= or client=, not both")
-        self._base = Transport(base_url, token, org_id, retry or RetryPolicy())
+        self._base = ClientCore(base_url, token, org_id, retry or RetryPolicy())
         self._owns_http = client is None
         self._http = client or httpx.Client(
             timeout=httpx.Timeout(timeout), transport=transport, follow_redirects=False
