@@ -16,6 +16,7 @@ attempt's answer into a value, a retry with its delay, or a typed error.
 from __future__ import annotations
 
 import email.utils
+import logging
 import random
 import time
 from collections.abc import Callable, Mapping
@@ -33,6 +34,7 @@ from memory_service.client.errors import (
 )
 
 T = TypeVar("T")
+log = logging.getLogger("ibex.client")
 
 IN_PROGRESS = "IDEMPOTENCY_IN_PROGRESS"
 #: 408 is a timeout on the server side, so retrying it is as safe as retrying our own timeout.
@@ -203,10 +205,12 @@ class ClientCore:
         retry_after = parse_retry_after(response.headers.get("Retry-After"))
         error = error_for(status, body.code, body.message, body.details, retry_after)
         if is_retryable(status, body.code) and attempt < self.retry.max_attempts:
-            return Retry(self.retry.delay(attempt, retry_after, self.rand), error)
+            return self._retry(
+                call, attempt, self.retry.delay(attempt, retry_after, self.rand), error
+            )
         raise error
 
-    def failed(self, exc: httpx.TransportError, attempt: int) -> Retry:
+    def failed(self, call: Call[Any], exc: httpx.TransportError, attempt: int) -> Retry:
         """A request that got no answer: a timeout, a refused or reset connection (retried), or
         a request httpx could not make at all (raised at once)."""
         error: IbexTransportError
@@ -219,4 +223,17 @@ class ClientCore:
         )
         if not retryable or attempt >= self.retry.max_attempts:
             raise error from exc
-        return Retry(self.retry.delay(attempt, None, self.rand), error)
+        return self._retry(call, attempt, self.retry.delay(attempt, None, self.rand), error)
+
+    @staticmethod
+    def _retry(call: Call[Any], attempt: int, delay: float, error: Exception) -> Retry:
+        # The method and path only: the URL's query and the headers stay out of the log.
+        log.info(
+            "%s %s: attempt %d failed (%s); retrying in %.2f s",
+            call.method,
+            call.path,
+            attempt,
+            error,
+            delay,
+        )
+        return Retry(delay, error)

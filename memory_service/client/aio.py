@@ -254,7 +254,7 @@ class AsyncIbexClient:
             try:
                 response = await self._http.send(request)
             except httpx.TransportError as exc:
-                outcome: T | Retry = self._base.failed(exc, attempt)
+                outcome: T | Retry = self._base.failed(call, exc, attempt)
             else:
                 outcome = self._base.decide(call, response, attempt)
             if not isinstance(outcome, Retry):

@@ -644,3 +644,13 @@ def test_api_error_base_class_for_an_unlisted_status(sleeps):
     with client_for(rec, sleeps) as ibex, pytest.raises(ApiError) as caught:
         ibex.get_memory(MEMORY)
     assert type(caught.value) is ApiError and caught.value.status == 418
+
+
+def test_retries_are_logged_without_the_token(sleeps, caplog):
+    rec = Recorder(error(503, "UNAVAILABLE", headers={"Retry-After": "1"}), httpx.Response(204))
+    with caplog.at_level("DEBUG"), client_for(rec, sleeps, org_id=ORG) as ibex:
+        assert ibex.delete_memory(MEMORY) is True
+    retries = [r for r in caplog.records if r.name == "ibex.client"]
+    assert len(retries) == 1
+    assert f"DELETE /v1/memories/{MEMORY}: attempt 1 failed (503 UNAVAILABLE" in retries[0].message
+    assert TOKEN not in caplog.text
