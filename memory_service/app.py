@@ -1,7 +1,7 @@
 """``create_app(settings)``: the memory service as a Falcon WSGI app. No import-time state.
 
-Resources live in :mod:`memory_service.resources`; Postgres access in :mod:`.store` (under
-row-level security), idempotency records in :mod:`.idempotency`, tokens in :mod:`.auth`,
+Resources live in :mod:`memory_service.resources`; Postgres access in :mod:`.memories` (under
+row-level security), idempotency records in :mod:`.idempotency`, tokens in :mod:`.tokens`,
 ``GET /metrics`` in :mod:`.metrics`.
 
 Database connections come from a small pool and go back to it after each request, so a process
@@ -25,6 +25,7 @@ from core.db import make_pool as db_pool
 from memory_service import errors
 from memory_service.auth import Authenticator
 from memory_service.idempotency import IdempotencyStore
+from memory_service.memories import MemoryStore
 from memory_service.metrics import Metrics, MetricsResource, RequestMetrics
 from memory_service.openapi import build_spec
 from memory_service.resources import (
@@ -37,7 +38,7 @@ from memory_service.resources import (
 )
 from memory_service.search import ContextResource, SearchResource
 from memory_service.search_store import SearchStore
-from memory_service.store import MemoryStore, TokenStore
+from memory_service.tokens import TokenStore
 
 log = logging.getLogger(__name__)
 

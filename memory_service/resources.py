@@ -36,8 +36,9 @@ from memory_service.auth import (
 from memory_service.canonical import content_hash, fingerprint_digest
 from memory_service.errors import ApiError, dumps, error_body
 from memory_service.idempotency import Claim, ClaimState, IdempotencyStore, StoredResponse
+from memory_service.memories import MemoryRow, MemoryStore, NewMemory
+from memory_service.memories import WriteOutcome as Outcome
 from memory_service.metrics import CONFLICT_CODES, Metrics
-from memory_service.store import MemoryRow, MemoryStore, NewMemory, Outcome
 from memory_service.validation import quick_load_create
 from schema import describe_errors
 from schema.memory import (
