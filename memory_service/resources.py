@@ -8,9 +8,6 @@ that fails any of those steps never claims, and never consumes, its key.
 
 from __future__ import annotations
 
-import base64
-import binascii
-import datetime as dt
 import json
 import logging
 import math
@@ -34,6 +31,7 @@ from memory_service.auth import (
     resolve_org,
 )
 from memory_service.canonical import content_hash, fingerprint_digest
+from memory_service.cursor import InvalidCursorError, decode_cursor, encode_cursor
 from memory_service.errors import ApiError, dumps, error_body
 from memory_service.idempotency import Claim, ClaimState, IdempotencyStore, StoredResponse
 from memory_service.memories import MemoryRow, MemoryStore, NewMemory
@@ -42,7 +40,6 @@ from memory_service.metrics import CONFLICT_CODES, Metrics
 from memory_service.validation import quick_load_create
 from schema import describe_errors
 from schema.memory import (
-    MAX_CURSOR_CHARS,
     MAX_IDEMPOTENCY_KEY_CHARS,
     MemoryCreateSchema,
     MemoryListQuerySchema,
@@ -343,7 +340,12 @@ class MemoriesResource:
     def on_get(self, req: falcon.Request, resp: falcon.Response) -> None:
         _, org_id = _principal(self.service, req, READ)
         # The cursor first: a malformed one is a 400 of its own, whatever else is wrong.
-        after = decode_cursor(req.params["cursor"]) if "cursor" in req.params else None
+        after = None
+        if "cursor" in req.params:
+            try:
+                after = decode_cursor(req.params["cursor"])
+            except InvalidCursorError:
+                raise _cursor_error() from None
         query = _load(LIST_QUERY_SCHEMA, dict(req.params))
         limit = query["limit"]
         rows = self.service.store.list(
@@ -353,7 +355,8 @@ class MemoriesResource:
             limit=limit + 1,
             after=after,
         )
-        next_cursor = encode_cursor(rows[limit - 1]) if len(rows) > limit else None
+        last = rows[limit - 1] if len(rows) > limit else None
+        next_cursor = encode_cursor(last.created_at, last.id) if last else None
         resp.content_type = falcon.MEDIA_JSON
         resp.data = dumps(
             {"items": [r.as_json() for r in rows[:limit]], "next_cursor": next_cursor}
@@ -379,11 +382,6 @@ class MemoryResource:
         resp.status = 204
 
 
-def encode_cursor(row: MemoryRow) -> str:
-    raw = f"{row.created_at.astimezone(dt.UTC).isoformat()}|{row.id}".encode()
-    return base64.urlsafe_b64encode(raw).decode("ascii").rstrip("=")
-
-
 def _cursor_error() -> ApiError:
     return ApiError(
         400,
@@ -391,25 +389,6 @@ def _cursor_error() -> ApiError:
         "cursor: not a cursor this service issued",
         fields={"cursor": ["not a cursor this service issued"]},
     )
-
-
-def decode_cursor(cursor: Any) -> tuple[dt.datetime, uuid.UUID]:
-    """The (created_at, id) in a cursor from :func:`encode_cursor`; anything else, whatever its
-    shape (a repeated parameter, not base64, base64 of something else, a timestamp out of
-    range, too long), is a 400. Only a cursor that encodes back to itself is accepted."""
-    if not isinstance(cursor, str) or not 0 < len(cursor) <= MAX_CURSOR_CHARS:
-        raise _cursor_error()
-    try:
-        raw = base64.urlsafe_b64decode(cursor + "=" * (-len(cursor) % 4)).decode("ascii")
-        when, _, ident = raw.partition("|")
-        created_at = dt.datetime.fromisoformat(when)
-        memory_id = uuid.UUID(ident)
-        canonical = f"{created_at.astimezone(dt.UTC).isoformat()}|{memory_id}"
-    except (binascii.Error, ValueError, UnicodeError, OverflowError):
-        raise _cursor_error() from None
-    if created_at.tzinfo is None or raw != canonical:
-        raise _cursor_error()
-    return created_at, memory_id
 
 
 class HealthResource:
