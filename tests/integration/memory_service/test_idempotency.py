@@ -562,8 +562,7 @@ def test_deleted_content_can_be_written_again_but_the_key_stays_bound(
 def _fingerprint_of(body: dict[str, Any]) -> str:
     from marshmallow import Schema
 
-    from memory_service.canonical import fingerprint_digest
-    from memory_service.resources import canonical_request
+    from memory_service.canonical import canonical_request, fingerprint_digest
     from schema.memory import MemoryCreateSchema
 
     schema: Schema = MemoryCreateSchema()
