@@ -2,7 +2,7 @@
 
 The function switches its transaction to the tenant role and org itself. These tests check that
 it does, that the switch ends with the transaction (the service calls it as a single statement
-in an implicit transaction), and that its outcomes are the ones the resources expect.
+in an implicit transaction), and that its outcomes are the ones the service expects.
 """
 
 from __future__ import annotations
