@@ -58,7 +58,7 @@ register("token", _add_token, "memory_service.commands:run_token")
 
 def run_token(args: argparse.Namespace, settings: Settings) -> int:
     from core.db import make_database
-    from memory_service.store import TokenStore
+    from memory_service.tokens import TokenStore
 
     store = TokenStore(make_database(settings.require_database_url()))
     try:
