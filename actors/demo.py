@@ -111,7 +111,7 @@ def run_demo(args: argparse.Namespace, settings: Settings) -> int:
 def _run_demo(args: argparse.Namespace, settings: Settings) -> int:
     from core.db import make_database
     from core.migrate import migrate
-    from memory_service.store import TokenStore
+    from memory_service.tokens import TokenStore
     from models import bind
     from models.importer import import_lines
     from models.store import SessionStore

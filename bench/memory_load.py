@@ -36,7 +36,7 @@ from urllib.parse import urlparse
 import httpx
 
 from core.db import make_database
-from memory_service.store import TokenStore
+from memory_service.tokens import TokenStore
 from models.store import SessionStore
 
 MAX_SECONDS = 60

@@ -32,7 +32,10 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from bench.common import BenchError, dumps, recreate_database, table, terminate_on_sigterm
+from bench import BenchError
+from bench.dbadmin import recreate_database
+from bench.report import dumps, table
+from bench.stack import terminate_on_sigterm
 
 DEFAULT_QUALITY_DATABASE_URL = "postgresql://postgres@127.0.0.1:5432/ibex_bench_search_quality"
 K = 5
@@ -249,8 +252,8 @@ def _summary(rows: list[tuple[str, float, float]]) -> dict[str, Any]:
 def run(args: argparse.Namespace) -> dict[str, Any]:
     from core.db import make_database
     from memory_service.canonical import content_hash
+    from memory_service.memories import MemoryStore, NewMemory
     from memory_service.search_store import SearchStore
-    from memory_service.store import MemoryStore, NewMemory
     from models.store import SessionStore
 
     dataset = generate(args.agents, args.seed)

@@ -28,16 +28,10 @@ from typing import Any
 
 import psycopg2
 
-from bench.common import (
-    BenchError,
-    admin_connection,
-    dumps,
-    load_average,
-    percentile,
-    recreate_database,
-    scalar,
-    terminate_on_sigterm,
-)
+from bench import BenchError
+from bench.dbadmin import admin_connection, recreate_database, scalar
+from bench.report import dumps, load_average, percentile
+from bench.stack import terminate_on_sigterm
 
 DEFAULT_SPEED_DATABASE_URL = "postgresql://postgres@127.0.0.1:5432/ibex_bench_search_speed"
 

@@ -1,7 +1,8 @@
 """``create_app(settings)``: the memory service as a Falcon WSGI app. No import-time state.
 
-Resources live in :mod:`memory_service.resources`; Postgres access in :mod:`.store` (under
-row-level security), idempotency records in :mod:`.idempotency`, tokens in :mod:`.auth`,
+Resources live in :mod:`memory_service.resources` and :mod:`.search`, the write flow in
+:mod:`.service`; Postgres access in :mod:`.memories` (under
+row-level security), idempotency records in :mod:`.idempotency`, tokens in :mod:`.tokens`,
 ``GET /metrics`` in :mod:`.metrics`.
 
 Database connections come from a small pool and go back to it after each request, so a process
@@ -25,19 +26,21 @@ from core.db import make_pool as db_pool
 from memory_service import errors
 from memory_service.auth import Authenticator
 from memory_service.idempotency import IdempotencyStore
+from memory_service.memories import MemoryStore
 from memory_service.metrics import Metrics, MetricsResource, RequestMetrics
 from memory_service.openapi import build_spec
 from memory_service.resources import (
+    Api,
     HealthResource,
     MemoriesResource,
     MemoryResource,
     OpenApiResource,
     ReadyResource,
-    Service,
 )
 from memory_service.search import ContextResource, SearchResource
 from memory_service.search_store import SearchStore
-from memory_service.store import MemoryStore, TokenStore
+from memory_service.service import MemoryService
+from memory_service.tokens import TokenStore
 
 log = logging.getLogger(__name__)
 
@@ -101,16 +104,16 @@ def create_app(
         redis_client = make_redis(settings.redis_url)
     store = MemoryStore(db)
     metrics = Metrics(settings.prometheus_multiproc_dir)
-    service = Service(
-        store=store,
-        idempotency=IdempotencyStore(
-            redis_client,
-            ttl_seconds=settings.idempotency_ttl_seconds,
-            lease_seconds=settings.idempotency_lease_seconds,
-        ),
+    idempotency = IdempotencyStore(
+        redis_client,
+        ttl_seconds=settings.idempotency_ttl_seconds,
+        lease_seconds=settings.idempotency_lease_seconds,
+    )
+    api = Api(
         auth=Authenticator(TokenStore(db), cache_seconds=token_cache_seconds),
         max_body_bytes=settings.memory_max_body_bytes,
-        metrics=metrics,
+        store=store,
+        service=MemoryService(store, idempotency, metrics),
     )
     # Metrics first: its process_response runs last, so it sees the final status and time.
     middleware: list[Any] = [RequestMetrics(metrics), ReturnConnection(db)]
@@ -118,12 +121,12 @@ def create_app(
     app.req_options.strip_url_path_trailing_slash = True
     errors.register(app)
     app.add_error_handler(MaxConnectionsExceeded, errors.handle_unavailable)
-    app.add_route("/v1/memories", MemoriesResource(service))
-    app.add_route("/v1/memories/{memory_id:uuid}", MemoryResource(service))
+    app.add_route("/v1/memories", MemoriesResource(api))
+    app.add_route("/v1/memories/{memory_id:uuid}", MemoryResource(api))
     app.add_route("/healthz", HealthResource())
     searches = SearchStore(db)
-    app.add_route("/v1/memories/search", SearchResource(service, searches))
-    app.add_route("/v1/context", ContextResource(service, searches))
+    app.add_route("/v1/memories/search", SearchResource(api, searches))
+    app.add_route("/v1/context", ContextResource(api, searches))
     app.add_route("/readyz", ReadyResource(store, redis_client, searches.search_mode))
     app.add_route("/openapi.json", OpenApiResource(build_spec(settings.memory_max_body_bytes)))
     app.add_route("/metrics", MetricsResource(metrics))

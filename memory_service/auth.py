@@ -1,10 +1,9 @@
-"""Bearer tokens: generation, hashing, lookup with a short in-process cache, and org resolution.
+"""Bearer authentication: token lookup with a short in-process cache, scopes, org resolution.
 
-Tokens are ``ibex_`` + 43 URL-safe characters (256 random bits). Only their SHA-256 is stored;
-the first characters are kept as a display prefix. The database finds the row by hash, and the
-hash is compared once more with :func:`hmac.compare_digest`, so nothing about the stored value
-leaks through timing. Tokens are never logged: they live in the request header and in the
-cache key's hash only.
+Tokens, their hashing and their table are :mod:`memory_service.tokens`. The database finds the
+row by hash, and the hash is compared once more with :func:`hmac.compare_digest`, so nothing
+about the stored value leaks through timing. Tokens are never logged: they live in the request
+header and in the cache key's hash only.
 
 Valid lookups are cached for ``cache_seconds`` (default 2 s) so a busy writer does not pay a
 database round trip per request; a revocation takes effect within that time.
@@ -12,31 +11,15 @@ database round trip per request; a revocation takes effect within that time.
 
 from __future__ import annotations
 
-import hashlib
 import hmac
-import secrets
 import threading
 import time
 import uuid
 from dataclasses import dataclass
 
-from memory_service.store import TokenRow, TokenStore
+from memory_service.tokens import TokenRow, TokenStore, hash_token
 
-TOKEN_PREFIX = "ibex_"  # noqa: S105 (a format marker, not a secret)
-DISPLAY_PREFIX_CHARS = 12
 CACHE_MAX_ENTRIES = 10_000
-
-
-def generate_token() -> str:
-    return TOKEN_PREFIX + secrets.token_urlsafe(32)
-
-
-def hash_token(token: str) -> str:
-    return hashlib.sha256(token.encode("utf-8")).hexdigest()
-
-
-def display_prefix(token: str) -> str:
-    return token[:DISPLAY_PREFIX_CHARS]
 
 
 @dataclass(frozen=True)

@@ -1,4 +1,4 @@
-"""Canonical forms: normalised content, its hash, and the request fingerprint.
+"""Canonical forms: normalised content, its hash, the canonical request and its fingerprint.
 
 Pure functions, no I/O. Both hashes are part of the service's durable state (stored on every
 row), so changing either changes which requests count as "the same": treat them as a format.
@@ -31,6 +31,24 @@ def normalize_content(text: str) -> str:
 def content_hash(text: str) -> str:
     """SHA-256 (hex) of the normalised content: equal for texts that differ only in form."""
     return hashlib.sha256(normalize_content(text).encode("utf-8")).hexdigest()
+
+
+def canonical_request(validated: Mapping[str, Any]) -> dict[str, Any]:
+    """The validated body as plain JSON, every optional field present: what is fingerprinted."""
+    source = validated["source"]
+    return {
+        "agent_id": str(validated["agent_id"]),
+        "content": validated["content"],
+        "kind": validated["kind"],
+        "metadata": validated["metadata"],
+        "source": None
+        if source is None
+        else {
+            "session_id": str(source["session_id"]),
+            "turn_index": source["turn_index"],
+            "ordinal": source["ordinal"],
+        },
+    }
 
 
 def fingerprint(validated_body: Mapping[str, Any]) -> str:

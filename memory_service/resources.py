@@ -1,18 +1,14 @@
 """The HTTP resources: /v1/memories, /v1/memories/{id}, health and the OpenAPI document.
 
-``POST /v1/memories`` in order: authenticate, check the scope and the org, check the
-idempotency key header, read at most the body limit, parse, validate (422 field by field), and
-only then touch the key, because the fingerprint is taken over the validated body. So a request
-that fails any of those steps never claims, and never consumes, its key.
+Resources authenticate, parse and respond; what a write does is decided by
+:class:`~memory_service.service.MemoryService`. ``POST /v1/memories`` in order: authenticate,
+check the scope and the org, check the idempotency key header, read at most the body limit,
+parse, and hand the document to the service, which validates it before it touches the key.
 """
 
 from __future__ import annotations
 
-import base64
-import binascii
-import datetime as dt
 import json
-import logging
 import math
 import uuid
 from collections.abc import Callable
@@ -33,51 +29,26 @@ from memory_service.auth import (
     require_scope,
     resolve_org,
 )
-from memory_service.canonical import content_hash, fingerprint_digest
-from memory_service.errors import ApiError, dumps, error_body
-from memory_service.idempotency import Claim, ClaimState, IdempotencyStore, StoredResponse
-from memory_service.metrics import CONFLICT_CODES, Metrics
-from memory_service.store import MemoryRow, MemoryStore, NewMemory, Outcome
-from memory_service.validation import quick_load_create
+from memory_service.cursor import InvalidCursorError, decode_cursor, encode_cursor
+from memory_service.errors import ApiError, dumps
+from memory_service.memories import MemoryStore
+from memory_service.service import MemoryService, Response
 from schema import describe_errors
-from schema.memory import (
-    MAX_CURSOR_CHARS,
-    MAX_IDEMPOTENCY_KEY_CHARS,
-    MemoryCreateSchema,
-    MemoryListQuerySchema,
-)
-
-log = logging.getLogger(__name__)
+from schema.memory import MAX_IDEMPOTENCY_KEY_CHARS, MemoryListQuerySchema
 
 READ, WRITE = "memory:read", "memory:write"
 # Built once: a marshmallow Schema is costly to instantiate and safe to share for load().
-CREATE_SCHEMA = MemoryCreateSchema()
 LIST_QUERY_SCHEMA = MemoryListQuerySchema()
-REPLAYED_HEADER = "Idempotent-Replayed"
-
-
-@dataclass(frozen=True)
-class Answer:
-    """A response decided by the service; ``storable`` says whether the key keeps it."""
-
-    status: int
-    body: bytes
-    location: str | None = None
-    replayed: bool = False
-    storable: bool = True
-    #: The error code of a refusal (counted by code when it is a conflict).
-    code: str | None = None
 
 
 @dataclass
-class Service:
-    """Everything a resource needs, built once by ``create_app``."""
+class Api:
+    """What the resources share, built once by ``create_app``."""
 
-    store: MemoryStore
-    idempotency: IdempotencyStore
     auth: Authenticator
     max_body_bytes: int
-    metrics: Metrics
+    store: MemoryStore
+    service: MemoryService
 
 
 def _reject(exc: AuthError) -> ApiError:
@@ -85,29 +56,27 @@ def _reject(exc: AuthError) -> ApiError:
     return ApiError(exc.status, exc.code, exc.message, headers=headers)
 
 
-def _principal(service: Service, req: falcon.Request, scope: str) -> tuple[Principal, uuid.UUID]:
+def authenticate(api: Api, req: falcon.Request, scope: str) -> tuple[Principal, uuid.UUID]:
+    """The caller and the org it acts for; 401, 403 or 400 when there is none."""
     try:
-        principal = service.auth.authenticate(req.get_header("Authorization"))
+        principal = api.auth.authenticate(req.get_header("Authorization"))
         require_scope(principal, scope)
         return principal, resolve_org(principal, req.get_header("X-IBEX-Org-ID"))
     except AuthError as exc:
         raise _reject(exc) from None
 
 
-def _validation_error(messages: Any) -> ApiError:
-    return ApiError(
-        422,
-        "VALIDATION_FAILED",
-        f"invalid request: {describe_errors(messages)}",
-        fields=messages,
-    )
-
-
-def _load(schema: Schema, data: Any) -> dict[str, Any]:
+def load(schema: Schema, data: Any) -> dict[str, Any]:
+    """``schema.load(data)``, or a 422 field by field."""
     try:
         result: dict[str, Any] = schema.load(data)
     except ValidationError as exc:
-        raise _validation_error(exc.messages) from None
+        raise ApiError(
+            422,
+            "VALIDATION_FAILED",
+            f"invalid request: {describe_errors(exc.messages)}",
+            fields=exc.messages,
+        ) from None
     return result
 
 
@@ -163,196 +132,47 @@ def idempotency_key(req: falcon.Request) -> str | None:
     return key
 
 
-def canonical_request(validated: dict[str, Any]) -> dict[str, Any]:
-    """The validated body as plain JSON, every optional field present: what is fingerprinted."""
-    source = validated["source"]
-    return {
-        "agent_id": str(validated["agent_id"]),
-        "content": validated["content"],
-        "kind": validated["kind"],
-        "metadata": validated["metadata"],
-        "source": None
-        if source is None
-        else {
-            "session_id": str(source["session_id"]),
-            "turn_index": source["turn_index"],
-            "ordinal": source["ordinal"],
-        },
-    }
-
-
-def location_of(row: MemoryRow) -> str:
-    return f"/v1/memories/{row.id}"
-
-
-def answer_for_row(row: MemoryRow, *, replayed: bool) -> Answer:
-    return Answer(201, dumps(row.as_json()), location_of(row), replayed=replayed)
-
-
-def answer_for_key_row(row: MemoryRow, fingerprint: str) -> Answer:
-    """A committed row already holds this key: the same request replays, another conflicts."""
-    if row.request_fingerprint == fingerprint:
-        return answer_for_row(row, replayed=True)
-    return Answer(
-        409,
-        error_body(
-            "IDEMPOTENCY_CONFLICT",
-            "this idempotency key was used with a different body",
-            existing_id=str(row.id),
-        ),
-        code="IDEMPOTENCY_CONFLICT",
-    )
-
-
-def _write(resp: falcon.Response, answer: Answer) -> None:
-    resp.status = answer.status
+def respond(resp: falcon.Response, response: Response) -> None:
+    resp.status = response.status
     resp.content_type = falcon.MEDIA_JSON
-    resp.data = answer.body
-    if answer.location:
-        resp.location = answer.location
-    if answer.replayed:
-        resp.set_header(REPLAYED_HEADER, "true")
+    resp.data = response.body
+    if response.location:
+        resp.location = response.location
+    for name, value in response.headers.items():
+        resp.set_header(name, value)
 
 
 class MemoriesResource:
-    def __init__(self, service: Service) -> None:
-        self.service = service
+    def __init__(self, api: Api) -> None:
+        self.api = api
 
     def on_post(self, req: falcon.Request, resp: falcon.Response) -> None:
-        service = self.service
-        _, org_id = _principal(service, req, WRITE)
+        api = self.api
+        _, org_id = authenticate(api, req, WRITE)
         key = idempotency_key(req)
-        data = parse_json(read_body(req, service.max_body_bytes))
-        validated = quick_load_create(data)
-        if validated is None:  # anything unusual, and every 422, goes through marshmallow
-            validated = _load(CREATE_SCHEMA, data)
-        canonical = canonical_request(validated)
-        fingerprint = fingerprint_digest(canonical)
-        source = canonical["source"] or {}
-        new = NewMemory(
-            agent_id=validated["agent_id"],
-            content=validated["content"],
-            content_hash=content_hash(validated["content"]),
-            kind=validated["kind"],
-            metadata=validated["metadata"],
-            session_id=validated["source"]["session_id"] if validated["source"] else None,
-            turn_index=source.get("turn_index"),
-            ordinal=source.get("ordinal"),
-            idempotency_key=key,
-            fingerprint=fingerprint,
-        )
-        if key is None:
-            _write(resp, self._counted(self._execute(org_id, new)))
-            return
-        claim = service.idempotency.claim(org_id, key, fingerprint)
-        if claim.state is ClaimState.CONFLICT:
-            service.metrics.conflicts.labels("IDEMPOTENCY_CONFLICT").inc()
-            raise ApiError(
-                409, "IDEMPOTENCY_CONFLICT", "this idempotency key was used with a different body"
-            )
-        if claim.state is ClaimState.RUNNING:
-            seconds = max(1, math.ceil(claim.retry_after_ms / 1000))
-            service.metrics.conflicts.labels("IDEMPOTENCY_IN_PROGRESS").inc()
-            raise ApiError(
-                409,
-                "IDEMPOTENCY_IN_PROGRESS",
-                "a request with this idempotency key is still running",
-                headers={"Retry-After": str(seconds)},
-                retry_after=seconds,
-            )
-        if claim.state is ClaimState.DONE:
-            assert claim.response is not None
-            stored = claim.response
-            service.metrics.replays.labels("redis").inc()
-            _write(resp, Answer(stored.status, stored.body, stored.location, replayed=True))
-            return
-        if claim.state is ClaimState.UNAVAILABLE:
-            service.metrics.idempotency_unavailable.inc()
-        _write(resp, self._counted(self._run_claimed(org_id, key, new, claim)))
-
-    def _counted(self, answer: Answer) -> Answer:
-        """Count a decided answer: a replay from the key's row, or a conflict by code."""
-        metrics = self.service.metrics
-        if answer.replayed:
-            metrics.replays.labels("postgres").inc()
-        elif answer.code in CONFLICT_CODES:
-            metrics.conflicts.labels(answer.code).inc()
-        return answer
-
-    def _run_claimed(self, org_id: uuid.UUID, key: str, new: NewMemory, claim: Claim) -> Answer:
-        service = self.service
-        try:
-            answer: Answer | None = None
-            if claim.state is ClaimState.TAKEOVER:
-                # The previous owner died or stalled past its lease; it may have committed.
-                row = service.store.find_by_key(org_id, key)
-                if row is not None:
-                    answer = answer_for_key_row(row, new.fingerprint)
-            if answer is None:
-                answer = self._execute(org_id, new)
-        except Exception:
-            # Nothing stored for this key (5xx, or a failure we did not decide): free it.
-            if claim.owned:
-                service.idempotency.release(claim)
-            raise
-        if claim.owned:
-            if answer.storable:
-                stored = StoredResponse(answer.status, answer.body, answer.location)
-                if not service.idempotency.complete(claim, stored):
-                    log.info("idempotency record of %s was taken over; not completing", claim.key)
-            else:
-                service.idempotency.release(claim)
-        return answer
-
-    def _execute(self, org_id: uuid.UUID, new: NewMemory) -> Answer:
-        result = self.service.store.create(org_id, new)
-        row = result.row
-        if result.outcome is Outcome.CREATED:
-            assert row is not None
-            return answer_for_row(row, replayed=False)
-        if result.outcome is Outcome.KEY_EXISTS:
-            assert row is not None
-            return answer_for_key_row(row, new.fingerprint)
-        if result.outcome is Outcome.CONTENT_EXISTS:
-            assert row is not None
-            return Answer(
-                409,
-                error_body(
-                    "DUPLICATE_CONTENT",
-                    "a memory with the same content exists for this agent",
-                    existing_id=str(row.id),
-                ),
-                code="DUPLICATE_CONTENT",
-            )
-        if result.outcome is Outcome.UNKNOWN_ORG:
-            return Answer(403, error_body("FORBIDDEN_ORG", "no such org"), storable=False)
-        messages: dict[str, Any] = {"agent_id": ["unknown agent for this org"]}
-        if result.outcome is Outcome.UNKNOWN_SESSION:
-            messages = {"source": {"session_id": ["unknown session for this org"]}}
-        return Answer(
-            422,
-            error_body(
-                "VALIDATION_FAILED",
-                f"invalid request: {describe_errors(messages)}",
-                fields=messages,
-            ),
-            storable=False,
-        )
+        document = parse_json(read_body(req, api.max_body_bytes))
+        respond(resp, api.service.create(org_id, key, document).response())
 
     def on_get(self, req: falcon.Request, resp: falcon.Response) -> None:
-        _, org_id = _principal(self.service, req, READ)
+        _, org_id = authenticate(self.api, req, READ)
         # The cursor first: a malformed one is a 400 of its own, whatever else is wrong.
-        after = decode_cursor(req.params["cursor"]) if "cursor" in req.params else None
-        query = _load(LIST_QUERY_SCHEMA, dict(req.params))
+        after = None
+        if "cursor" in req.params:
+            try:
+                after = decode_cursor(req.params["cursor"])
+            except InvalidCursorError:
+                raise _cursor_error() from None
+        query = load(LIST_QUERY_SCHEMA, dict(req.params))
         limit = query["limit"]
-        rows = self.service.store.list(
+        rows = self.api.store.list(
             org_id,
             agent_id=query.get("agent_id"),
             session_id=query.get("session_id"),
             limit=limit + 1,
             after=after,
         )
-        next_cursor = encode_cursor(rows[limit - 1]) if len(rows) > limit else None
+        last = rows[limit - 1] if len(rows) > limit else None
+        next_cursor = encode_cursor(last.created_at, last.id) if last else None
         resp.content_type = falcon.MEDIA_JSON
         resp.data = dumps(
             {"items": [r.as_json() for r in rows[:limit]], "next_cursor": next_cursor}
@@ -360,27 +180,22 @@ class MemoriesResource:
 
 
 class MemoryResource:
-    def __init__(self, service: Service) -> None:
-        self.service = service
+    def __init__(self, api: Api) -> None:
+        self.api = api
 
     def on_get(self, req: falcon.Request, resp: falcon.Response, memory_id: uuid.UUID) -> None:
-        _, org_id = _principal(self.service, req, READ)
-        row = self.service.store.get(org_id, memory_id)
+        _, org_id = authenticate(self.api, req, READ)
+        row = self.api.store.get(org_id, memory_id)
         if row is None:
             raise ApiError(404, "NOT_FOUND", "no such memory")
         resp.content_type = falcon.MEDIA_JSON
         resp.data = dumps(row.as_json())
 
     def on_delete(self, req: falcon.Request, resp: falcon.Response, memory_id: uuid.UUID) -> None:
-        _, org_id = _principal(self.service, req, WRITE)
-        if not self.service.store.soft_delete(org_id, memory_id):
+        _, org_id = authenticate(self.api, req, WRITE)
+        if not self.api.store.soft_delete(org_id, memory_id):
             raise ApiError(404, "NOT_FOUND", "no such memory")
         resp.status = 204
-
-
-def encode_cursor(row: MemoryRow) -> str:
-    raw = f"{row.created_at.astimezone(dt.UTC).isoformat()}|{row.id}".encode()
-    return base64.urlsafe_b64encode(raw).decode("ascii").rstrip("=")
 
 
 def _cursor_error() -> ApiError:
@@ -390,25 +205,6 @@ def _cursor_error() -> ApiError:
         "cursor: not a cursor this service issued",
         fields={"cursor": ["not a cursor this service issued"]},
     )
-
-
-def decode_cursor(cursor: Any) -> tuple[dt.datetime, uuid.UUID]:
-    """The (created_at, id) in a cursor from :func:`encode_cursor`; anything else, whatever its
-    shape (a repeated parameter, not base64, base64 of something else, a timestamp out of
-    range, too long), is a 400. Only a cursor that encodes back to itself is accepted."""
-    if not isinstance(cursor, str) or not 0 < len(cursor) <= MAX_CURSOR_CHARS:
-        raise _cursor_error()
-    try:
-        raw = base64.urlsafe_b64decode(cursor + "=" * (-len(cursor) % 4)).decode("ascii")
-        when, _, ident = raw.partition("|")
-        created_at = dt.datetime.fromisoformat(when)
-        memory_id = uuid.UUID(ident)
-        canonical = f"{created_at.astimezone(dt.UTC).isoformat()}|{memory_id}"
-    except (binascii.Error, ValueError, UnicodeError, OverflowError):
-        raise _cursor_error() from None
-    if created_at.tzinfo is None or raw != canonical:
-        raise _cursor_error()
-    return created_at, memory_id
 
 
 class HealthResource:

@@ -12,7 +12,7 @@ import falcon
 
 from memory_service.context import pack, query_from_messages
 from memory_service.errors import dumps
-from memory_service.resources import READ, Service, _load, _principal, parse_json, read_body
+from memory_service.resources import READ, Api, authenticate, load, parse_json, read_body
 from memory_service.search_store import SearchStore
 from schema.search import MAX_SEARCH_LIMIT, ContextRequestSchema, SearchRequestSchema
 
@@ -21,13 +21,13 @@ CONTEXT_SCHEMA = ContextRequestSchema()
 
 
 class SearchResource:
-    def __init__(self, service: Service, searches: SearchStore) -> None:
-        self.service = service
+    def __init__(self, api: Api, searches: SearchStore) -> None:
+        self.api = api
         self.searches = searches
 
     def on_post(self, req: falcon.Request, resp: falcon.Response) -> None:
-        _, org_id = _principal(self.service, req, READ)
-        body = _load(SEARCH_SCHEMA, parse_json(read_body(req, self.service.max_body_bytes)))
+        _, org_id = authenticate(self.api, req, READ)
+        body = load(SEARCH_SCHEMA, parse_json(read_body(req, self.api.max_body_bytes)))
         hits = self.searches.search(
             org_id,
             body["agent_id"],
@@ -41,13 +41,13 @@ class SearchResource:
 
 
 class ContextResource:
-    def __init__(self, service: Service, searches: SearchStore) -> None:
-        self.service = service
+    def __init__(self, api: Api, searches: SearchStore) -> None:
+        self.api = api
         self.searches = searches
 
     def on_post(self, req: falcon.Request, resp: falcon.Response) -> None:
-        _, org_id = _principal(self.service, req, READ)
-        body = _load(CONTEXT_SCHEMA, parse_json(read_body(req, self.service.max_body_bytes)))
+        _, org_id = authenticate(self.api, req, READ)
+        body = load(CONTEXT_SCHEMA, parse_json(read_body(req, self.api.max_body_bytes)))
         query = (
             body["query"] if body["query"] is not None else query_from_messages(body["messages"])
         )

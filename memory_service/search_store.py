@@ -42,7 +42,7 @@ from typing import Any
 import peewee
 
 from core.db import db_errors, tenant
-from memory_service.store import COLUMNS, MemoryRow
+from memory_service.memories import COLUMNS, MemoryRow
 
 #: Rows taken from each index before ranking; bounds the work of a search.
 WORD_CANDIDATES = 100

@@ -14,7 +14,7 @@ from typing import Any
 
 import pytest
 
-from memory_service.store import TokenStore
+from memory_service.tokens import TokenStore
 from tests.chaos.stack import ChaosConfig, ChaosStack
 
 HERE = Path(__file__).resolve().parent

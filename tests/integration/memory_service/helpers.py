@@ -7,7 +7,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from core.db import tenant
-from memory_service.store import TokenStore
+from memory_service.tokens import TokenStore
 
 BASE_URL = "http://memory.test"
 

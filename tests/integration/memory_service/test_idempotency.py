@@ -23,7 +23,7 @@ import redis
 
 from core.errors import DatabaseUnavailableError
 from memory_service.idempotency import IdempotencyStore, record_key
-from memory_service.store import CREATE_SQL, MemoryStore, create_params
+from memory_service.memories import CREATE_SQL, MemoryStore, create_params
 from tests.integration.memory_service.helpers import (
     Tenant,
     make_source_session,
@@ -562,8 +562,7 @@ def test_deleted_content_can_be_written_again_but_the_key_stays_bound(
 def _fingerprint_of(body: dict[str, Any]) -> str:
     from marshmallow import Schema
 
-    from memory_service.canonical import fingerprint_digest
-    from memory_service.resources import canonical_request
+    from memory_service.canonical import canonical_request, fingerprint_digest
     from schema.memory import MemoryCreateSchema
 
     schema: Schema = MemoryCreateSchema()

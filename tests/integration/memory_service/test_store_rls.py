@@ -2,7 +2,7 @@
 
 The function switches its transaction to the tenant role and org itself. These tests check that
 it does, that the switch ends with the transaction (the service calls it as a single statement
-in an implicit transaction), and that its outcomes are the ones the resources expect.
+in an implicit transaction), and that its outcomes are the ones the service expects.
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ import peewee
 import pytest
 
 from memory_service.canonical import content_hash
-from memory_service.store import CREATE_SQL, MemoryStore, NewMemory, Outcome, create_params
+from memory_service.memories import CREATE_SQL, MemoryStore, NewMemory, WriteOutcome, create_params
 from tests.integration.memory_service.helpers import Tenant, memory_count
 
 
@@ -62,22 +62,26 @@ def test_the_switch_ends_with_the_statement(db: Any, acme: Tenant) -> None:
 def test_outcomes(db: Any, acme: Tenant, globex: Tenant) -> None:
     store = MemoryStore(db)
     created = store.create(acme.org_id, new_memory(acme.agent_id, "Dana likes tea", key="k"))
-    assert created.outcome is Outcome.CREATED
+    assert created.outcome is WriteOutcome.CREATED
     assert created.row is not None and created.row.metadata == {"n": 1}
     same_key = store.create(acme.org_id, new_memory(acme.agent_id, "other", key="k"))
-    assert same_key.outcome is Outcome.KEY_EXISTS
+    assert same_key.outcome is WriteOutcome.KEY_EXISTS
     assert same_key.row is not None and same_key.row.id == created.row.id
     same_content = store.create(acme.org_id, new_memory(acme.agent_id, "DANA  likes tea"))
-    assert same_content.outcome is Outcome.CONTENT_EXISTS
+    assert same_content.outcome is WriteOutcome.CONTENT_EXISTS
     assert same_content.row is not None and same_content.row.id == created.row.id
     # Another org's key and content are its own business.
     other = store.create(globex.org_id, new_memory(globex.agent_id, "Dana likes tea", key="k"))
-    assert other.outcome is Outcome.CREATED
+    assert other.outcome is WriteOutcome.CREATED
     # An agent of another org is unknown here; an unknown org is refused.
     assert (
-        store.create(acme.org_id, new_memory(globex.agent_id, "x")).outcome is Outcome.UNKNOWN_AGENT
+        store.create(acme.org_id, new_memory(globex.agent_id, "x")).outcome
+        is WriteOutcome.UNKNOWN_AGENT
     )
-    assert store.create(uuid.uuid4(), new_memory(acme.agent_id, "y")).outcome is Outcome.UNKNOWN_ORG
+    assert (
+        store.create(uuid.uuid4(), new_memory(acme.agent_id, "y")).outcome
+        is WriteOutcome.UNKNOWN_ORG
+    )
     assert memory_count(db) == 2
 
 
@@ -89,7 +93,7 @@ def test_soft_deleted_content_is_free_again(db: Any, acme: Tenant, deleted_first
     if deleted_first:
         assert store.soft_delete(acme.org_id, first.row.id)
     again = store.create(acme.org_id, new_memory(acme.agent_id, "note"))
-    expected = Outcome.CREATED if deleted_first else Outcome.CONTENT_EXISTS
+    expected = WriteOutcome.CREATED if deleted_first else WriteOutcome.CONTENT_EXISTS
     assert again.outcome is expected
 
 
@@ -98,15 +102,15 @@ def test_the_source_session_must_be_of_the_memorys_org(
 ) -> None:
     store = MemoryStore(db)
     ours = dataclasses.replace(new_memory(acme.agent_id, "ours"), session_id=acme.session_id)
-    assert store.create(acme.org_id, ours).outcome is Outcome.CREATED
+    assert store.create(acme.org_id, ours).outcome is WriteOutcome.CREATED
     for session in (globex.session_id, uuid.uuid4()):  # another org's, and none at all
         theirs = dataclasses.replace(
             new_memory(acme.agent_id, f"from {session}"), session_id=session
         )
-        assert store.create(acme.org_id, theirs).outcome is Outcome.UNKNOWN_SESSION
+        assert store.create(acme.org_id, theirs).outcome is WriteOutcome.UNKNOWN_SESSION
     # An unknown org is still reported as such, whatever the session.
     stray = dataclasses.replace(new_memory(acme.agent_id, "stray"), session_id=uuid.uuid4())
-    assert store.create(uuid.uuid4(), stray).outcome is Outcome.UNKNOWN_ORG
+    assert store.create(uuid.uuid4(), stray).outcome is WriteOutcome.UNKNOWN_ORG
     assert memory_count(db) == 1
 
 

@@ -12,8 +12,7 @@ import peewee
 import pytest
 
 from core.db import tenant
-from memory_service.auth import hash_token
-from memory_service.store import TokenStore
+from memory_service.tokens import TokenStore, hash_token
 from tests.integration.memory_service.helpers import Tenant
 
 

@@ -20,7 +20,7 @@ import pytest
 
 from bench.fake_llm import FakeLLM
 from core.processes import ROOT, Launcher, Process, free_port
-from memory_service.store import TokenStore
+from memory_service.tokens import TokenStore
 
 pytestmark = [pytest.mark.chaos, pytest.mark.slow]
 

@@ -17,7 +17,7 @@ from extraction.stages import StageDeps, extract_turn, memory_body, scan, write_
 from extraction.state import TurnRef
 from memory_service.app import create_app, make_pool
 from memory_service.client import MemoryClient
-from memory_service.store import TokenStore
+from memory_service.tokens import TokenStore
 from tests.integration.pipeline.helpers import (
     FakeProvider,
     Harness,

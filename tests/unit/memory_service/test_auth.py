@@ -12,12 +12,10 @@ from memory_service.auth import (
     Authenticator,
     AuthError,
     Principal,
-    generate_token,
-    hash_token,
     require_scope,
     resolve_org,
 )
-from memory_service.store import TokenRow
+from memory_service.tokens import TokenRow, generate_token, hash_token
 
 ORG = uuid.UUID("11111111-1111-4111-8111-111111111111")
 OTHER = uuid.UUID("22222222-2222-4222-8222-222222222222")

@@ -1,4 +1,4 @@
-"""Memories and API tokens in Postgres: the durable half of idempotency and dedup.
+"""Memories in Postgres: the durable half of idempotency and dedup.
 
 Every memory query runs inside :func:`core.db.tenant`, so row-level security scopes it to one
 org even when the connection is a superuser's. peewee errors are translated here and nowhere
@@ -15,7 +15,6 @@ work; its errors are translated here the same way.
 
 from __future__ import annotations
 
-import dataclasses
 import datetime as dt
 import enum
 import uuid
@@ -28,7 +27,6 @@ import psycopg2
 from psycopg2.extras import Json
 
 from core.db import (
-    APP_ROLE,
     BEGIN_ATTEMPTS,
     db_errors,
     is_unique_violation,
@@ -37,7 +35,6 @@ from core.db import (
     transaction,
 )
 from core.errors import DatabaseUnavailableError
-from models.store import upsert_org
 
 COLUMNS = (
     "id, org_id, agent_id, session_id, turn_index, ordinal, content, content_hash, kind,"
@@ -146,7 +143,9 @@ class MemoryRow:
         }
 
 
-class Outcome(enum.Enum):
+class WriteOutcome(enum.Enum):
+    """What a write did; :mod:`memory_service.service` decides what it answers."""
+
     CREATED = "created"
     #: A row with this key exists (compare fingerprints: a replay or a conflict).
     KEY_EXISTS = "key_exists"
@@ -160,15 +159,15 @@ class Outcome(enum.Enum):
 
 #: What ``ibex_memory.create_memory`` says in its first column.
 OUTCOMES = {
-    "created": Outcome.CREATED,
-    "key_exists": Outcome.KEY_EXISTS,
-    "content_exists": Outcome.CONTENT_EXISTS,
+    "created": WriteOutcome.CREATED,
+    "key_exists": WriteOutcome.KEY_EXISTS,
+    "content_exists": WriteOutcome.CONTENT_EXISTS,
 }
 
 
 @dataclass(frozen=True)
 class CreateResult:
-    outcome: Outcome
+    outcome: WriteOutcome
     row: MemoryRow | None = None
 
 
@@ -270,7 +269,7 @@ def create_params(org_id: uuid.UUID, new: NewMemory) -> tuple[Any, ...]:
     )
 
 
-def _foreign_key_outcome(exc: Exception) -> Outcome:
+def _foreign_key_outcome(exc: Exception) -> WriteOutcome:
     """Which reference a failed insert named: the org (403), the agent or the source session
     (422). The org's key was declared first, so an unknown org is reported as such."""
     orig = getattr(exc, "orig", None) or exc.__cause__ or exc
@@ -280,142 +279,7 @@ def _foreign_key_outcome(exc: Exception) -> Outcome:
         raise exc
     constraint = getattr(getattr(orig, "diag", None), "constraint_name", None)
     if constraint == ORG_FK:
-        return Outcome.UNKNOWN_ORG
+        return WriteOutcome.UNKNOWN_ORG
     if constraint == SESSION_FK:
-        return Outcome.UNKNOWN_SESSION
-    return Outcome.UNKNOWN_AGENT
-
-
-# -- API tokens ----------------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class TokenRow:
-    id: uuid.UUID
-    org_id: uuid.UUID | None
-    name: str | None
-    token_hash: str
-    prefix: str
-    scopes: tuple[str, ...]
-    is_service: bool
-    created_at: dt.datetime
-    last_used_at: dt.datetime | None
-    revoked_at: dt.datetime | None
-
-    @classmethod
-    def from_db(cls, row: Sequence[Any]) -> TokenRow:
-        return cls(
-            id=uuid.UUID(str(row[0])),
-            org_id=uuid.UUID(str(row[1])) if row[1] is not None else None,
-            name=row[2],
-            token_hash=row[3],
-            prefix=row[4],
-            scopes=tuple(row[5]),
-            is_service=bool(row[6]),
-            created_at=row[7],
-            last_used_at=row[8],
-            revoked_at=row[9],
-        )
-
-    def public(self) -> dict[str, Any]:
-        """What ``ibex token list --json`` prints: never the hash."""
-        data = dataclasses.asdict(self)
-        data.pop("token_hash")
-        for name in ("id", "org_id"):
-            data[name] = str(data[name]) if data[name] is not None else None
-        for name in ("created_at", "last_used_at", "revoked_at"):
-            value = data[name]
-            data[name] = value.astimezone(dt.UTC).isoformat() if value is not None else None
-        data["scopes"] = list(self.scopes)
-        return data
-
-
-TOKEN_COLUMNS = (
-    "id, org_id, name, token_hash, prefix, scopes, is_service,"  # noqa: S105 (column names)
-    " created_at, last_used_at, revoked_at"
-)
-
-
-class TokenStore:
-    """``ibex_memory.api_tokens``. Lookups run as the tenant role (no org is known yet) through a
-    function that returns the one row of a hash; creation and revocation are operator actions.
-    """
-
-    def __init__(self, db: peewee.Database) -> None:
-        self.db = db
-
-    def lookup(self, token_hash: str) -> TokenRow | None:
-        """The token with this hash, revoked or not; stamps ``last_used_at`` at most per minute.
-
-        Runs as the tenant role, which cannot read the table: ``ibex_memory.authenticate_token``
-        returns only the row of the hash given and does the stamping (migration 000005)."""
-        with transaction(self.db):
-            self.db.execute_sql(f"SET LOCAL ROLE {APP_ROLE}")
-            row = self.db.execute_sql(
-                f"SELECT {TOKEN_COLUMNS} FROM ibex_memory.authenticate_token(%s)",
-                (token_hash,),
-            ).fetchone()
-        return TokenRow.from_db(row) if row else None
-
-    def create(
-        self,
-        *,
-        org_id: uuid.UUID | None,
-        name: str | None,
-        token_hash: str,
-        prefix: str,
-        scopes: Sequence[str],
-    ) -> TokenRow:
-        with transaction(self.db):
-            row = self.db.execute_sql(
-                "INSERT INTO ibex_memory.api_tokens"
-                " (org_id, name, token_hash, prefix, scopes, is_service)"
-                f" VALUES (%s, %s, %s, %s, %s, %s) RETURNING {TOKEN_COLUMNS}",
-                (
-                    str(org_id) if org_id else None,
-                    name,
-                    token_hash,
-                    prefix,
-                    list(scopes),
-                    org_id is None,
-                ),
-            ).fetchone()
-        return TokenRow.from_db(row)
-
-    def list(self) -> list[TokenRow]:
-        with db_errors():
-            rows = self.db.execute_sql(
-                f"SELECT {TOKEN_COLUMNS} FROM ibex_memory.api_tokens ORDER BY created_at, id"
-            ).fetchall()
-        return [TokenRow.from_db(r) for r in rows]
-
-    def revoke(self, token_id: uuid.UUID) -> TokenRow | None:
-        """Mark the token revoked (idempotent); None if there is no such token."""
-        with transaction(self.db):
-            row = self.db.execute_sql(
-                "UPDATE ibex_memory.api_tokens SET revoked_at = COALESCE(revoked_at, now())"
-                f" WHERE id = %s RETURNING {TOKEN_COLUMNS}",
-                (str(token_id),),
-            ).fetchone()
-        return TokenRow.from_db(row) if row else None
-
-    def ensure_org(self, slug: str) -> uuid.UUID:
-        """The org with ``slug``, created when missing."""
-        with transaction(self.db):
-            return upsert_org(self.db, slug)
-
-    def issue(
-        self, *, org_id: uuid.UUID | None, name: str | None, scopes: Sequence[str]
-    ) -> tuple[TokenRow, str]:
-        """A new token: stored as its hash, returned in clear this once."""
-        from memory_service.auth import display_prefix, generate_token, hash_token
-
-        token = generate_token()
-        row = self.create(
-            org_id=org_id,
-            name=name,
-            token_hash=hash_token(token),
-            prefix=display_prefix(token),
-            scopes=scopes,
-        )
-        return row, token
+        return WriteOutcome.UNKNOWN_SESSION
+    return WriteOutcome.UNKNOWN_AGENT

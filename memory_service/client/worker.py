@@ -2,7 +2,7 @@
 
 One :class:`MemoryClient` per process (it holds one pooled ``httpx.Client``; it is thread-safe).
 :meth:`MemoryClient.create_memory` maps every outcome of a write onto what the queue should do
-(DESIGN section 5, "Memory HTTP outcomes"):
+(the pipeline's memory HTTP outcomes):
 
 - success, returned as a :class:`WriteOutcome`: 2xx, 409 ``IDEMPOTENCY_CONFLICT`` and 409
   ``DUPLICATE_CONTENT`` (the first committed wording wins);
@@ -12,12 +12,12 @@ One :class:`MemoryClient` per process (it holds one pooled ``httpx.Client``; it 
 
 The server's error code and message are kept on the exception. httpx exceptions are translated
 here and nowhere else. The token is sent in a header and never appears in a message or repr.
+Unlike the public clients, it does not retry: a retryable failure goes back to the queue, which
+retries the whole message with its own backoff.
 """
 
 from __future__ import annotations
 
-import email.utils
-import time
 import uuid
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
@@ -26,14 +26,17 @@ from typing import Any, NoReturn
 
 import httpx
 
-from core.canonical import canonical_json
 from core.errors import MemoryRejectedError, MemoryUnavailableError
+from memory_service.client._base import (
+    ErrorBody,
+    canonical_body,
+    is_retryable,
+    parse_error,
+    parse_retry_after,
+)
 
 #: 409 codes that mean "the memory is stored": the pipeline treats them as success.
 SUCCESS_CONFLICTS = frozenset({"IDEMPOTENCY_CONFLICT", "DUPLICATE_CONTENT"})
-IN_PROGRESS = "IDEMPOTENCY_IN_PROGRESS"
-#: 408 is a timeout on the server side, so retrying it is as safe as retrying our own timeout.
-RETRYABLE_4XX = frozenset({408, 429})
 
 
 @dataclass(frozen=True)
@@ -51,52 +54,6 @@ class WriteOutcome:
     replayed: bool
 
 
-@dataclass(frozen=True)
-class ServerError:
-    code: str | None
-    message: str | None
-    details: Mapping[str, Any]
-
-
-def canonical_body(body: Mapping[str, Any]) -> bytes:
-    """The request body as sorted-key compact UTF-8 JSON: the same bytes on every attempt."""
-    return canonical_json(body, default=str).encode("utf-8")
-
-
-def parse_retry_after(value: str | None) -> float | None:
-    """Seconds from a ``Retry-After`` header (delta-seconds or an HTTP date), else None."""
-    if not value:
-        return None
-    value = value.strip()
-    try:
-        return max(0.0, float(value))
-    except ValueError:
-        pass
-    try:
-        when = email.utils.parsedate_to_datetime(value)
-    except (TypeError, ValueError):
-        return None
-    return max(0.0, when.timestamp() - time.time())
-
-
-def parse_error(response: httpx.Response) -> ServerError:
-    """The ``{"error": {"code", "message", ...}}`` body, tolerating anything else."""
-    try:
-        payload = response.json()
-    except (ValueError, UnicodeDecodeError):
-        return ServerError(None, None, {})
-    error = payload.get("error") if isinstance(payload, dict) else None
-    if not isinstance(error, dict):
-        return ServerError(None, None, {})
-    code = error.get("code")
-    message = error.get("message")
-    return ServerError(
-        code if isinstance(code, str) else None,
-        message if isinstance(message, str) else None,
-        error,
-    )
-
-
 def _as_uuid(value: object) -> uuid.UUID | None:
     if not isinstance(value, str):
         return None
@@ -106,7 +63,7 @@ def _as_uuid(value: object) -> uuid.UUID | None:
         return None
 
 
-def _describe(status: int, error: ServerError) -> str:
+def _describe(status: int, error: ErrorBody) -> str:
     text = f"memory service answered {status}"
     if error.code:
         text += f" {error.code}"
@@ -134,10 +91,10 @@ def classify_write(response: httpx.Response) -> WriteOutcome:
     raise_failure(response, error)
 
 
-def raise_failure(response: httpx.Response, error: ServerError) -> NoReturn:
+def raise_failure(response: httpx.Response, error: ErrorBody) -> NoReturn:
     """A non-success answer: retryable (409 in progress, 408, 429, 5xx) or permanent."""
     status = response.status_code
-    if (status == 409 and error.code == IN_PROGRESS) or status in RETRYABLE_4XX or status >= 500:
+    if is_retryable(status, error.code):
         raise MemoryUnavailableError(
             _describe(status, error),
             status=status,

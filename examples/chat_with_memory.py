@@ -1,0 +1,110 @@
+"""An application's side of IBEX, end to end, through the public Python client.
+
+Feeds one conversation through the sessions API (a session, its turns, completed), waits while
+the pipeline extracts it (a worker and the scheduler must be running against the same
+database), then asks for the context to put in the next system prompt:
+
+    ibex token create --org acme --create-org \\
+        --scope sessions:write --scope sessions:read --scope memory:read > token.txt
+    python examples/chat_with_memory.py http://127.0.0.1:8000 < token.txt
+
+The token is read from standard input, so it never appears in a process list.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+import uuid
+from collections.abc import Callable
+
+from memory_service.client import Context, IbexClient, Session, Turn
+
+CONVERSATION = [
+    Turn(
+        1,
+        [{"role": "user", "content": "Hi, I'm Dana and I'm allergic to peanuts."}],
+        {"role": "assistant", "content": "Noted, Dana! I'll keep that in mind."},
+        prompt_tokens=21,
+        completion_tokens=9,
+        latency_ms=640,
+    ),
+    Turn(
+        2,
+        [
+            {"role": "user", "content": "Hi, I'm Dana and I'm allergic to peanuts."},
+            {"role": "assistant", "content": "Noted, Dana! I'll keep that in mind."},
+            {"role": "user", "content": "I live in Lisbon and I love hiking."},
+        ],
+        {"role": "assistant", "content": "Lisbon has great trails nearby."},
+        prompt_tokens=48,
+        completion_tokens=7,
+        latency_ms=580,
+    ),
+]
+NEXT_QUESTION = "Can you suggest a snack for my hike this weekend?"
+
+
+def wait_until_extracted(
+    ibex: IbexClient,
+    session: Session,
+    *,
+    timeout: float = 120.0,
+    interval: float = 1.0,
+    sleep: Callable[[float], None] = time.sleep,
+    clock: Callable[[], float] = time.monotonic,
+) -> Session:
+    """Poll the session until the pipeline's pointer has reached its last turn."""
+    deadline = clock() + timeout
+    while not session.extracted:
+        if clock() >= deadline:
+            raise TimeoutError(
+                f"session {session.id}: {session.last_extracted_turn} of {session.turn_count} "
+                f"turns extracted after {timeout:.0f} s; are a worker and the scheduler running?"
+            )
+        sleep(interval)
+        session = ibex.get_session(session.id)
+    return session
+
+
+def run(
+    ibex: IbexClient,
+    *,
+    agent: str = "support-bot",
+    timeout: float = 120.0,
+    interval: float = 1.0,
+    sleep: Callable[[float], None] = time.sleep,
+) -> Context:
+    """Feed the conversation, wait for extraction, and return the context for what comes next."""
+    session = ibex.create_session(
+        agent, external_id=f"example-{uuid.uuid4()}", model="gpt-4o-mini", provider="openai"
+    )
+    ibex.append_turns(session.id, CONVERSATION)
+    session = ibex.complete_session(session.id)
+    session = wait_until_extracted(ibex, session, timeout=timeout, interval=interval, sleep=sleep)
+    return ibex.context(
+        session.agent_id,
+        messages=[{"role": "user", "content": NEXT_QUESTION}],
+        max_tokens=200,
+    )
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("url", help="base URL of the IBEX web process")
+    parser.add_argument("--agent", default="support-bot", help="agent slug (default: %(default)s)")
+    parser.add_argument("--timeout", type=float, default=120.0, help="seconds to wait")
+    args = parser.parse_args(argv)
+    token = sys.stdin.readline().strip()
+    if not token:
+        parser.error("give the API token on standard input")
+    with IbexClient(args.url, token) as ibex:
+        context = run(ibex, agent=args.agent, timeout=args.timeout)
+    print(context.context or "(no memories matched)")
+    print(f"{len(context.memories)} memories, {context.tokens} tokens, {context.dropped} dropped")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

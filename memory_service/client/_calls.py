@@ -1,0 +1,242 @@
+"""One builder per API call: the request and how its answer is read, for both public clients.
+
+Each builder returns a :class:`~memory_service.client._base.Call`; the sync and async clients
+only send it. Everything that must be the same on every attempt (the body bytes, the
+idempotency key) is fixed here, once per call.
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import httpx
+
+from memory_service.client._base import IDEMPOTENCY_HEADER, Call, canonical_body
+from memory_service.client.errors import UnexpectedResponseError
+from memory_service.client.types import (
+    Context,
+    Memory,
+    MemorySource,
+    Page,
+    SearchHit,
+    Session,
+    Turn,
+    memory_page,
+    search_hits,
+    session_of,
+    session_page,
+)
+
+Id = uuid.UUID | str
+
+
+def _json(response: httpx.Response) -> Any:
+    try:
+        return response.json()
+    except (ValueError, UnicodeDecodeError):
+        raise UnexpectedResponseError(
+            f"{response.status_code} answer is not JSON: {response.text[:200]!r}"
+        ) from None
+
+
+def _id(value: Id, what: str) -> str:
+    """A UUID in canonical form; also keeps a path segment from being anything but an id."""
+    try:
+        return str(value if isinstance(value, uuid.UUID) else uuid.UUID(str(value)))
+    except ValueError:
+        raise ValueError(f"{what} must be a UUID, not {value!r}") from None
+
+
+def _params(**values: object) -> dict[str, str]:
+    return {k: str(v) for k, v in values.items() if v is not None}
+
+
+def _key(idempotency_key: str | None) -> dict[str, str]:
+    # Generated once per call, so every retry of this call carries the same key.
+    return {IDEMPOTENCY_HEADER: idempotency_key or str(uuid.uuid4())}
+
+
+def _session(response: httpx.Response) -> Session:
+    return session_of(_json(response))
+
+
+def _deleted(response: httpx.Response) -> bool:
+    return True
+
+
+def _gone() -> bool:
+    return False
+
+
+# -- sessions --------------------------------------------------------------------------------
+
+
+def create_session(
+    agent: str | None,
+    agent_id: Id | None,
+    external_id: str | None,
+    model: str | None,
+    provider: str | None,
+    idempotency_key: str | None,
+) -> Call[Session]:
+    if (agent is None) == (agent_id is None):
+        raise ValueError("give exactly one of agent (a slug) and agent_id")
+    body: dict[str, Any] = {}
+    if agent is not None:
+        body["agent"] = agent
+    else:
+        assert agent_id is not None
+        body["agent_id"] = _id(agent_id, "agent_id")
+    for name, value in (("external_id", external_id), ("model", model), ("provider", provider)):
+        if value is not None:
+            body[name] = value
+    return Call(
+        "POST",
+        "/v1/sessions",
+        _session,
+        body=canonical_body(body),
+        headers=_key(idempotency_key),
+    )
+
+
+def append_turns(session_id: Id, turns: Sequence[Turn]) -> Call[Session]:
+    if not turns:
+        raise ValueError("give at least one turn")
+    body = {"turns": [t.as_json() for t in turns]}
+    return Call(
+        "POST",
+        f"/v1/sessions/{_id(session_id, 'session_id')}/turns",
+        _session,
+        body=canonical_body(body),
+    )
+
+
+def change_status(session_id: Id, action: str) -> Call[Session]:
+    return Call("POST", f"/v1/sessions/{_id(session_id, 'session_id')}/{action}", _session)
+
+
+def get_session(session_id: Id) -> Call[Session]:
+    return Call("GET", f"/v1/sessions/{_id(session_id, 'session_id')}", _session)
+
+
+def list_sessions(
+    agent_id: Id | None,
+    external_id: str | None,
+    status: str | None,
+    limit: int | None,
+    cursor: str | None,
+) -> Call[Page[Session]]:
+    params = _params(
+        agent_id=None if agent_id is None else _id(agent_id, "agent_id"),
+        external_id=external_id,
+        status=status,
+        limit=limit,
+        cursor=cursor,
+    )
+    return Call("GET", "/v1/sessions", lambda r: session_page(_json(r)), params=params)
+
+
+def delete_session(session_id: Id) -> Call[bool]:
+    return Call("DELETE", f"/v1/sessions/{_id(session_id, 'session_id')}", _deleted, on_404=_gone)
+
+
+# -- memories --------------------------------------------------------------------------------
+
+
+def create_memory(
+    agent_id: Id,
+    content: str,
+    kind: str,
+    source: MemorySource | None,
+    metadata: Mapping[str, Any] | None,
+    idempotency_key: str | None,
+) -> Call[Memory]:
+    body = {
+        "agent_id": _id(agent_id, "agent_id"),
+        "content": content,
+        "kind": kind,
+        "source": None if source is None else source.as_json(),
+        "metadata": dict(metadata or {}),
+    }
+    return Call(
+        "POST",
+        "/v1/memories",
+        lambda r: Memory.from_json(_json(r)),
+        body=canonical_body(body),
+        headers=_key(idempotency_key),
+    )
+
+
+def get_memory(memory_id: Id) -> Call[Memory]:
+    return Call(
+        "GET",
+        f"/v1/memories/{_id(memory_id, 'memory_id')}",
+        lambda r: Memory.from_json(_json(r)),
+    )
+
+
+def list_memories(
+    agent_id: Id | None, session_id: Id | None, limit: int | None, cursor: str | None
+) -> Call[Page[Memory]]:
+    params = _params(
+        agent_id=None if agent_id is None else _id(agent_id, "agent_id"),
+        session_id=None if session_id is None else _id(session_id, "session_id"),
+        limit=limit,
+        cursor=cursor,
+    )
+    return Call("GET", "/v1/memories", lambda r: memory_page(_json(r)), params=params)
+
+
+def delete_memory(memory_id: Id) -> Call[bool]:
+    return Call("DELETE", f"/v1/memories/{_id(memory_id, 'memory_id')}", _deleted, on_404=_gone)
+
+
+# -- read path -------------------------------------------------------------------------------
+
+
+def search(
+    query: str,
+    agent_id: Id,
+    session_id: Id | None,
+    kinds: Sequence[str] | None,
+    limit: int | None,
+) -> Call[tuple[SearchHit, ...]]:
+    body: dict[str, Any] = {"query": query, "agent_id": _id(agent_id, "agent_id")}
+    if session_id is not None:
+        body["session_id"] = _id(session_id, "session_id")
+    if kinds is not None:
+        body["kinds"] = list(kinds)
+    if limit is not None:
+        body["limit"] = limit
+    return Call(
+        "POST", "/v1/memories/search", lambda r: search_hits(_json(r)), body=canonical_body(body)
+    )
+
+
+def context(
+    agent_id: Id,
+    query: str | None,
+    messages: Sequence[Mapping[str, Any]] | None,
+    session_id: Id | None,
+    kinds: Sequence[str] | None,
+    max_tokens: int | None,
+) -> Call[Context]:
+    if (query is None) == (messages is None):
+        raise ValueError("give exactly one of query and messages")
+    body: dict[str, Any] = {"agent_id": _id(agent_id, "agent_id")}
+    if query is not None:
+        body["query"] = query
+    else:
+        assert messages is not None
+        body["messages"] = [dict(m) for m in messages]
+    if session_id is not None:
+        body["session_id"] = _id(session_id, "session_id")
+    if kinds is not None:
+        body["kinds"] = list(kinds)
+    if max_tokens is not None:
+        body["max_tokens"] = max_tokens
+    return Call(
+        "POST", "/v1/context", lambda r: Context.from_json(_json(r)), body=canonical_body(body)
+    )

@@ -1,0 +1,262 @@
+"""``AsyncIbexClient``: the same API as :class:`~memory_service.client.sync.IbexClient`, on
+``httpx.AsyncClient``: nothing blocks the event loop, waits between attempts included.
+
+Every call is safe to repeat, so every call is retried on 408, 429, 5xx, 409
+``IDEMPOTENCY_IN_PROGRESS``, timeouts and connection errors, honouring ``Retry-After``, up to
+the :class:`~memory_service.client._base.RetryPolicy`'s attempts; other errors are raised at
+once as typed :mod:`~memory_service.client.errors`. One pooled ``httpx.AsyncClient``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
+from types import TracebackType
+from typing import Any, TypeVar
+
+import httpx
+
+from memory_service.client import _calls
+from memory_service.client._base import Call, ClientCore, Retry, RetryPolicy
+from memory_service.client._calls import Id
+from memory_service.client.types import (
+    Context,
+    Memory,
+    MemorySource,
+    Page,
+    SearchHit,
+    Session,
+    Turn,
+)
+
+T = TypeVar("T")
+
+
+class AsyncIbexClient:
+    """A client of one IBEX service for one token.
+
+    ``org_id`` is sent as ``X-IBEX-Org-ID`` (needed with a service token). ``transport=``
+    swaps the network for another httpx transport (``httpx.MockTransport`` in tests);
+    ``client=`` uses an ``httpx.AsyncClient`` of the caller's, which this client then does not
+    close. ``sleep`` is how the client waits between attempts.
+    """
+
+    def __init__(
+        self,
+        base_url: str,
+        token: str,
+        *,
+        org_id: Id | None = None,
+        timeout: float = 10.0,
+        retry: RetryPolicy | None = None,
+        transport: httpx.AsyncBaseTransport | None = None,
+        client: httpx.AsyncClient | None = None,
+        sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
+    ) -> None:
+        if client is not None and transport is not None:
+            raise ValueError("give transport= or client=, not both")
+        self._base = ClientCore(base_url, token, org_id, retry or RetryPolicy())
+        self._owns_http = client is None
+        self._http = client or httpx.AsyncClient(
+            timeout=httpx.Timeout(timeout), transport=transport, follow_redirects=False
+        )
+        self._sleep = sleep
+
+    def __repr__(self) -> str:
+        return f"AsyncIbexClient({self._base.base_url!r})"
+
+    # -- lifetime ----------------------------------------------------------------------------
+
+    async def aclose(self) -> None:
+        if self._owns_http:
+            await self._http.aclose()
+
+    async def __aenter__(self) -> AsyncIbexClient:
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        await self.aclose()
+
+    # -- sessions ----------------------------------------------------------------------------
+
+    async def create_session(
+        self,
+        agent: str | None = None,
+        *,
+        agent_id: Id | None = None,
+        external_id: str | None = None,
+        model: str | None = None,
+        provider: str | None = None,
+        idempotency_key: str | None = None,
+    ) -> Session:
+        """Start a session of ``agent`` (a slug, created when missing) or ``agent_id``; the
+        same ``external_id`` again returns the existing session."""
+        return await self._run(
+            _calls.create_session(agent, agent_id, external_id, model, provider, idempotency_key)
+        )
+
+    async def append_turns(self, session_id: Id, turns: Sequence[Turn]) -> Session:
+        """Append turns in order; turns already stored with the same content are no-ops.
+        Raises :class:`~memory_service.client.errors.TurnConflictError` or
+        :class:`~memory_service.client.errors.TurnGapError`."""
+        return await self._run(_calls.append_turns(session_id, turns))
+
+    async def complete_session(self, session_id: Id) -> Session:
+        """Mark the session completed: its turns will be extracted."""
+        return await self._run(_calls.change_status(session_id, "complete"))
+
+    async def abandon_session(self, session_id: Id) -> Session:
+        """Mark the session abandoned: it will never be extracted."""
+        return await self._run(_calls.change_status(session_id, "abandon"))
+
+    async def get_session(self, session_id: Id) -> Session:
+        return await self._run(_calls.get_session(session_id))
+
+    async def list_sessions(
+        self,
+        *,
+        agent_id: Id | None = None,
+        external_id: str | None = None,
+        status: str | None = None,
+        limit: int | None = None,
+        cursor: str | None = None,
+    ) -> Page[Session]:
+        return await self._run(_calls.list_sessions(agent_id, external_id, status, limit, cursor))
+
+    async def iter_sessions(
+        self,
+        *,
+        agent_id: Id | None = None,
+        external_id: str | None = None,
+        status: str | None = None,
+        page_size: int | None = None,
+    ) -> AsyncIterator[Session]:
+        """Every matching session, fetching page after page as the iteration goes."""
+        cursor: str | None = None
+        while True:
+            page = await self.list_sessions(
+                agent_id=agent_id,
+                external_id=external_id,
+                status=status,
+                limit=page_size,
+                cursor=cursor,
+            )
+            for item in page.items:
+                yield item
+            if not page.next_cursor:
+                return
+            cursor = page.next_cursor
+
+    async def delete_session(self, session_id: Id) -> bool:
+        """Soft-delete the session and every memory extracted from it. False when there was
+        no such session (including when an earlier attempt of this call deleted it)."""
+        return await self._run(_calls.delete_session(session_id))
+
+    # -- memories ----------------------------------------------------------------------------
+
+    async def create_memory(
+        self,
+        agent_id: Id,
+        content: str,
+        *,
+        kind: str = "fact",
+        source: MemorySource | None = None,
+        metadata: Mapping[str, Any] | None = None,
+        idempotency_key: str | None = None,
+    ) -> Memory:
+        """Store a memory under ``idempotency_key`` (a fresh one per call when not given; the
+        same on every retry of the call). Content the agent already has raises
+        :class:`~memory_service.client.errors.DuplicateContentError` with ``existing_id``."""
+        return await self._run(
+            _calls.create_memory(agent_id, content, kind, source, metadata, idempotency_key)
+        )
+
+    async def get_memory(self, memory_id: Id) -> Memory:
+        return await self._run(_calls.get_memory(memory_id))
+
+    async def list_memories(
+        self,
+        *,
+        agent_id: Id | None = None,
+        session_id: Id | None = None,
+        limit: int | None = None,
+        cursor: str | None = None,
+    ) -> Page[Memory]:
+        """One page, newest first."""
+        return await self._run(_calls.list_memories(agent_id, session_id, limit, cursor))
+
+    async def iter_memories(
+        self,
+        *,
+        agent_id: Id | None = None,
+        session_id: Id | None = None,
+        page_size: int | None = None,
+    ) -> AsyncIterator[Memory]:
+        """Every matching memory, newest first, fetching page after page as needed."""
+        cursor: str | None = None
+        while True:
+            page = await self.list_memories(
+                agent_id=agent_id, session_id=session_id, limit=page_size, cursor=cursor
+            )
+            for item in page.items:
+                yield item
+            if not page.next_cursor:
+                return
+            cursor = page.next_cursor
+
+    async def delete_memory(self, memory_id: Id) -> bool:
+        """Soft-delete a memory. False when there was no such memory (including when an
+        earlier attempt of this call deleted it)."""
+        return await self._run(_calls.delete_memory(memory_id))
+
+    # -- read path ---------------------------------------------------------------------------
+
+    async def search(
+        self,
+        query: str,
+        *,
+        agent_id: Id,
+        session_id: Id | None = None,
+        kinds: Sequence[str] | None = None,
+        limit: int | None = None,
+    ) -> tuple[SearchHit, ...]:
+        """The agent's memories that match ``query``, best first."""
+        return await self._run(_calls.search(query, agent_id, session_id, kinds, limit))
+
+    async def context(
+        self,
+        agent_id: Id,
+        *,
+        query: str | None = None,
+        messages: Sequence[Mapping[str, Any]] | None = None,
+        session_id: Id | None = None,
+        kinds: Sequence[str] | None = None,
+        max_tokens: int | None = None,
+    ) -> Context:
+        """The best memories for ``query`` (or the conversation's last ``messages``) packed
+        into ``max_tokens``, as a block for a system prompt."""
+        return await self._run(
+            _calls.context(agent_id, query, messages, session_id, kinds, max_tokens)
+        )
+
+    # -- plumbing ----------------------------------------------------------------------------
+
+    async def _run(self, call: Call[T]) -> T:
+        request = self._base.request(self._http, call)
+        attempt = 0
+        while True:
+            attempt += 1
+            try:
+                response = await self._http.send(request)
+            except httpx.TransportError as exc:
+                outcome: T | Retry = self._base.failed(call, exc, attempt)
+            else:
+                outcome = self._base.decide(call, response, attempt)
+            if not isinstance(outcome, Retry):
+                return outcome
+            await self._sleep(outcome.delay)

@@ -1,0 +1,257 @@
+"""``IbexClient``: the sessions, memories, search and context API for applications (sync).
+
+Every call is safe to repeat, so every call is retried on 408, 429, 5xx, 409
+``IDEMPOTENCY_IN_PROGRESS``, timeouts and connection errors, honouring ``Retry-After``, up to
+the :class:`~memory_service.client._base.RetryPolicy`'s attempts; other errors are raised at
+once as typed :mod:`~memory_service.client.errors`. Thread-safe (one pooled ``httpx.Client``).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from types import TracebackType
+from typing import Any, TypeVar
+
+import httpx
+
+from memory_service.client import _calls
+from memory_service.client._base import Call, ClientCore, Retry, RetryPolicy
+from memory_service.client._calls import Id
+from memory_service.client.types import (
+    Context,
+    Memory,
+    MemorySource,
+    Page,
+    SearchHit,
+    Session,
+    Turn,
+)
+
+T = TypeVar("T")
+
+
+class IbexClient:
+    """A client of one IBEX service for one token.
+
+    ``org_id`` is sent as ``X-IBEX-Org-ID`` (needed with a service token). ``transport=``
+    swaps the network for another httpx transport (``httpx.MockTransport`` in tests);
+    ``client=`` uses an ``httpx.Client`` of the caller's, which this client then does not
+    close. ``sleep`` is how the client waits between attempts.
+    """
+
+    def __init__(
+        self,
+        base_url: str,
+        token: str,
+        *,
+        org_id: Id | None = None,
+        timeout: float = 10.0,
+        retry: RetryPolicy | None = None,
+        transport: httpx.BaseTransport | None = None,
+        client: httpx.Client | None = None,
+        sleep: Callable[[float], None] = time.sleep,
+    ) -> None:
+        if client is not None and transport is not None:
+            raise ValueError("give transport= or client=, not both")
+        self._base = ClientCore(base_url, token, org_id, retry or RetryPolicy())
+        self._owns_http = client is None
+        self._http = client or httpx.Client(
+            timeout=httpx.Timeout(timeout), transport=transport, follow_redirects=False
+        )
+        self._sleep = sleep
+
+    def __repr__(self) -> str:
+        return f"IbexClient({self._base.base_url!r})"
+
+    # -- lifetime ----------------------------------------------------------------------------
+
+    def close(self) -> None:
+        if self._owns_http:
+            self._http.close()
+
+    def __enter__(self) -> IbexClient:
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.close()
+
+    # -- sessions ----------------------------------------------------------------------------
+
+    def create_session(
+        self,
+        agent: str | None = None,
+        *,
+        agent_id: Id | None = None,
+        external_id: str | None = None,
+        model: str | None = None,
+        provider: str | None = None,
+        idempotency_key: str | None = None,
+    ) -> Session:
+        """Start a session of ``agent`` (a slug, created when missing) or ``agent_id``; the
+        same ``external_id`` again returns the existing session."""
+        return self._run(
+            _calls.create_session(agent, agent_id, external_id, model, provider, idempotency_key)
+        )
+
+    def append_turns(self, session_id: Id, turns: Sequence[Turn]) -> Session:
+        """Append turns in order; turns already stored with the same content are no-ops.
+        Raises :class:`~memory_service.client.errors.TurnConflictError` or
+        :class:`~memory_service.client.errors.TurnGapError`."""
+        return self._run(_calls.append_turns(session_id, turns))
+
+    def complete_session(self, session_id: Id) -> Session:
+        """Mark the session completed: its turns will be extracted."""
+        return self._run(_calls.change_status(session_id, "complete"))
+
+    def abandon_session(self, session_id: Id) -> Session:
+        """Mark the session abandoned: it will never be extracted."""
+        return self._run(_calls.change_status(session_id, "abandon"))
+
+    def get_session(self, session_id: Id) -> Session:
+        return self._run(_calls.get_session(session_id))
+
+    def list_sessions(
+        self,
+        *,
+        agent_id: Id | None = None,
+        external_id: str | None = None,
+        status: str | None = None,
+        limit: int | None = None,
+        cursor: str | None = None,
+    ) -> Page[Session]:
+        return self._run(_calls.list_sessions(agent_id, external_id, status, limit, cursor))
+
+    def iter_sessions(
+        self,
+        *,
+        agent_id: Id | None = None,
+        external_id: str | None = None,
+        status: str | None = None,
+        page_size: int | None = None,
+    ) -> Iterator[Session]:
+        """Every matching session, fetching page after page as the iteration goes."""
+        cursor: str | None = None
+        while True:
+            page = self.list_sessions(
+                agent_id=agent_id,
+                external_id=external_id,
+                status=status,
+                limit=page_size,
+                cursor=cursor,
+            )
+            yield from page.items
+            if not page.next_cursor:
+                return
+            cursor = page.next_cursor
+
+    def delete_session(self, session_id: Id) -> bool:
+        """Soft-delete the session and every memory extracted from it. False when there was
+        no such session (including when an earlier attempt of this call deleted it)."""
+        return self._run(_calls.delete_session(session_id))
+
+    # -- memories ----------------------------------------------------------------------------
+
+    def create_memory(
+        self,
+        agent_id: Id,
+        content: str,
+        *,
+        kind: str = "fact",
+        source: MemorySource | None = None,
+        metadata: Mapping[str, Any] | None = None,
+        idempotency_key: str | None = None,
+    ) -> Memory:
+        """Store a memory under ``idempotency_key`` (a fresh one per call when not given; the
+        same on every retry of the call). Content the agent already has raises
+        :class:`~memory_service.client.errors.DuplicateContentError` with ``existing_id``."""
+        return self._run(
+            _calls.create_memory(agent_id, content, kind, source, metadata, idempotency_key)
+        )
+
+    def get_memory(self, memory_id: Id) -> Memory:
+        return self._run(_calls.get_memory(memory_id))
+
+    def list_memories(
+        self,
+        *,
+        agent_id: Id | None = None,
+        session_id: Id | None = None,
+        limit: int | None = None,
+        cursor: str | None = None,
+    ) -> Page[Memory]:
+        """One page, newest first."""
+        return self._run(_calls.list_memories(agent_id, session_id, limit, cursor))
+
+    def iter_memories(
+        self,
+        *,
+        agent_id: Id | None = None,
+        session_id: Id | None = None,
+        page_size: int | None = None,
+    ) -> Iterator[Memory]:
+        """Every matching memory, newest first, fetching page after page as needed."""
+        cursor: str | None = None
+        while True:
+            page = self.list_memories(
+                agent_id=agent_id, session_id=session_id, limit=page_size, cursor=cursor
+            )
+            yield from page.items
+            if not page.next_cursor:
+                return
+            cursor = page.next_cursor
+
+    def delete_memory(self, memory_id: Id) -> bool:
+        """Soft-delete a memory. False when there was no such memory (including when an
+        earlier attempt of this call deleted it)."""
+        return self._run(_calls.delete_memory(memory_id))
+
+    # -- read path ---------------------------------------------------------------------------
+
+    def search(
+        self,
+        query: str,
+        *,
+        agent_id: Id,
+        session_id: Id | None = None,
+        kinds: Sequence[str] | None = None,
+        limit: int | None = None,
+    ) -> tuple[SearchHit, ...]:
+        """The agent's memories that match ``query``, best first."""
+        return self._run(_calls.search(query, agent_id, session_id, kinds, limit))
+
+    def context(
+        self,
+        agent_id: Id,
+        *,
+        query: str | None = None,
+        messages: Sequence[Mapping[str, Any]] | None = None,
+        session_id: Id | None = None,
+        kinds: Sequence[str] | None = None,
+        max_tokens: int | None = None,
+    ) -> Context:
+        """The best memories for ``query`` (or the conversation's last ``messages``) packed
+        into ``max_tokens``, as a block for a system prompt."""
+        return self._run(_calls.context(agent_id, query, messages, session_id, kinds, max_tokens))
+
+    # -- plumbing ----------------------------------------------------------------------------
+
+    def _run(self, call: Call[T]) -> T:
+        request = self._base.request(self._http, call)
+        attempt = 0
+        while True:
+            attempt += 1
+            try:
+                response = self._http.send(request)
+            except httpx.TransportError as exc:
+                outcome: T | Retry = self._base.failed(call, exc, attempt)
+            else:
+                outcome = self._base.decide(call, response, attempt)
+            if not isinstance(outcome, Retry):
+                return outcome
+            self._sleep(outcome.delay)

@@ -1,0 +1,364 @@
+"""The values the public clients send and return: frozen dataclasses parsed from the JSON.
+
+Parsing is strict about the fields the API documents (a missing or mistyped one raises
+:class:`~memory_service.client.errors.UnexpectedResponseError`) and keeps any other field of a
+session in :attr:`Session.extra`, so a newer server's additions are not lost.
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from datetime import datetime
+from typing import Any, Generic, TypeVar
+
+from memory_service.client.errors import UnexpectedResponseError
+
+T = TypeVar("T")
+
+#: ``kind`` of a memory.
+MEMORY_KINDS = ("fact", "preference", "event", "other")
+#: ``status`` of a session.
+SESSION_STATUSES = ("active", "completed", "abandoned", "error")
+
+
+# -- parsing helpers -----------------------------------------------------------------------
+
+
+def _obj(value: Any, what: str) -> Mapping[str, Any]:
+    if not isinstance(value, dict):
+        raise UnexpectedResponseError(f"{what}: expected a JSON object")
+    return value
+
+
+def _req(data: Mapping[str, Any], key: str, what: str) -> Any:
+    if key not in data:
+        raise UnexpectedResponseError(f"{what}: missing {key!r}")
+    return data[key]
+
+
+def _uuid(value: Any, what: str) -> uuid.UUID:
+    try:
+        return uuid.UUID(str(value))
+    except ValueError:
+        raise UnexpectedResponseError(f"{what}: not a UUID: {value!r}") from None
+
+
+def _str(value: Any, what: str) -> str:
+    if not isinstance(value, str):
+        raise UnexpectedResponseError(f"{what}: expected a string")
+    return value
+
+
+def _int(value: Any, what: str) -> int:
+    if not isinstance(value, int) or isinstance(value, bool):
+        raise UnexpectedResponseError(f"{what}: expected an integer")
+    return value
+
+
+def _float(value: Any, what: str) -> float:
+    if not isinstance(value, int | float) or isinstance(value, bool):
+        raise UnexpectedResponseError(f"{what}: expected a number")
+    return float(value)
+
+
+def _time(value: Any, what: str) -> datetime:
+    try:
+        return datetime.fromisoformat(_str(value, what))
+    except ValueError:
+        raise UnexpectedResponseError(f"{what}: not an ISO 8601 time: {value!r}") from None
+
+
+def _opt_time(value: Any, what: str) -> datetime | None:
+    return None if value is None else _time(value, what)
+
+
+# -- memories --------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class MemorySource:
+    """Where a memory was extracted from."""
+
+    session_id: uuid.UUID
+    turn_index: int | None = None
+    ordinal: int | None = None
+
+    def as_json(self) -> dict[str, Any]:
+        return {
+            "session_id": str(self.session_id),
+            "turn_index": self.turn_index,
+            "ordinal": self.ordinal,
+        }
+
+    @classmethod
+    def from_json(cls, value: Any) -> MemorySource:
+        data = _obj(value, "source")
+        turn = data.get("turn_index")
+        ordinal = data.get("ordinal")
+        return cls(
+            session_id=_uuid(_req(data, "session_id", "source"), "source.session_id"),
+            turn_index=None if turn is None else _int(turn, "source.turn_index"),
+            ordinal=None if ordinal is None else _int(ordinal, "source.ordinal"),
+        )
+
+
+@dataclass(frozen=True)
+class Memory:
+    """A stored memory."""
+
+    id: uuid.UUID
+    org_id: uuid.UUID
+    agent_id: uuid.UUID
+    content: str
+    content_hash: str
+    kind: str
+    source: MemorySource | None
+    metadata: Mapping[str, Any]
+    created_at: datetime
+
+    @classmethod
+    def from_json(cls, value: Any) -> Memory:
+        data = _obj(value, "memory")
+        source = data.get("source")
+        metadata = data.get("metadata")
+        return cls(
+            id=_uuid(_req(data, "id", "memory"), "memory.id"),
+            org_id=_uuid(_req(data, "org_id", "memory"), "memory.org_id"),
+            agent_id=_uuid(_req(data, "agent_id", "memory"), "memory.agent_id"),
+            content=_str(_req(data, "content", "memory"), "memory.content"),
+            content_hash=_str(_req(data, "content_hash", "memory"), "memory.content_hash"),
+            kind=_str(_req(data, "kind", "memory"), "memory.kind"),
+            source=None if source is None else MemorySource.from_json(source),
+            metadata=dict(_obj(metadata, "memory.metadata")) if metadata is not None else {},
+            created_at=_time(_req(data, "created_at", "memory"), "memory.created_at"),
+        )
+
+
+@dataclass(frozen=True)
+class Signals:
+    """The per-signal scores behind a hit's ``score``, each in [0, 1], higher is better:
+    full-text rank (``text``), trigram similarity (``trigram``, 0 where the server has no
+    pg_trgm) and ``recency`` (1 / (1 + age in days / 30), which breaks ties)."""
+
+    text: float
+    trigram: float
+    recency: float
+
+
+@dataclass(frozen=True)
+class SearchHit:
+    """A memory that matched a search, with why: the fused ``score`` (in [0, 1], higher is
+    better), its ``signals`` and the content with the matched words in ``<mark>`` tags."""
+
+    memory: Memory
+    score: float
+    signals: Signals
+    snippet: str
+
+    @classmethod
+    def from_json(cls, value: Any) -> SearchHit:
+        data = _obj(value, "search hit")
+        signals = _obj(_req(data, "signals", "search hit"), "signals")
+        return cls(
+            memory=Memory.from_json(data),
+            score=_float(_req(data, "score", "search hit"), "score"),
+            signals=Signals(
+                text=_float(_req(signals, "text", "signals"), "signals.text"),
+                trigram=_float(_req(signals, "trigram", "signals"), "signals.trigram"),
+                recency=_float(_req(signals, "recency", "signals"), "signals.recency"),
+            ),
+            snippet=_str(_req(data, "snippet", "search hit"), "snippet"),
+        )
+
+
+@dataclass(frozen=True)
+class Context:
+    """Memories packed into a token budget: ``context`` is the ``<memories>`` block to put in a
+    system prompt ("" when nothing fits or matches), ``memories`` the packed hits in the
+    block's order, ``tokens`` its estimated size and ``dropped`` the matches left out."""
+
+    context: str
+    memories: tuple[SearchHit, ...]
+    tokens: int
+    dropped: int
+
+    def __str__(self) -> str:
+        return self.context
+
+    @classmethod
+    def from_json(cls, value: Any) -> Context:
+        data = _obj(value, "context")
+        hits = _req(data, "memories", "context")
+        if not isinstance(hits, list):
+            raise UnexpectedResponseError("context.memories: expected a list")
+        return cls(
+            context=_str(_req(data, "context", "context"), "context.context"),
+            memories=tuple(SearchHit.from_json(h) for h in hits),
+            tokens=_int(_req(data, "tokens", "context"), "context.tokens"),
+            dropped=_int(_req(data, "dropped", "context"), "context.dropped"),
+        )
+
+
+@dataclass(frozen=True)
+class Page(Generic[T]):
+    """One page of a list, and the cursor of the next one (None on the last page)."""
+
+    items: tuple[T, ...]
+    next_cursor: str | None
+
+
+def memory_page(value: Any) -> Page[Memory]:
+    data = _obj(value, "page")
+    items = _req(data, "items", "page")
+    if not isinstance(items, list):
+        raise UnexpectedResponseError("page.items: expected a list")
+    cursor = data.get("next_cursor")
+    return Page(
+        items=tuple(Memory.from_json(m) for m in items),
+        next_cursor=None if cursor is None else _str(cursor, "page.next_cursor"),
+    )
+
+
+def search_hits(value: Any) -> tuple[SearchHit, ...]:
+    items = _req(_obj(value, "search result"), "items", "search result")
+    if not isinstance(items, list):
+        raise UnexpectedResponseError("search result.items: expected a list")
+    return tuple(SearchHit.from_json(h) for h in items)
+
+
+# -- sessions --------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Turn:
+    """One LLM call of a conversation, to append to a session.
+
+    ``turn_index`` (1 for the first turn) is what makes appending safe to repeat: a turn
+    already stored with the same content is not stored again.
+    """
+
+    turn_index: int
+    messages: Sequence[Mapping[str, Any]]
+    completion: Mapping[str, Any] | None = None
+    prompt_tokens: int | None = None
+    completion_tokens: int | None = None
+    latency_ms: int | None = None
+    is_streaming: bool = False
+    is_complete: bool = True
+
+    def as_json(self) -> dict[str, Any]:
+        body: dict[str, Any] = {
+            "turn_index": self.turn_index,
+            "messages": [dict(m) for m in self.messages],
+            "completion": None if self.completion is None else dict(self.completion),
+            "is_streaming": self.is_streaming,
+            "is_complete": self.is_complete,
+        }
+        for name in ("prompt_tokens", "completion_tokens", "latency_ms"):
+            value = getattr(self, name)
+            if value is not None:
+                body[name] = value
+        return body
+
+
+_SESSION_FIELDS = frozenset(
+    {
+        "id",
+        "agent_id",
+        "external_id",
+        "status",
+        "turn_count",
+        "last_extracted_turn",
+        "model",
+        "provider",
+        "created_at",
+        "updated_at",
+        "completed_at",
+    }
+)
+
+
+@dataclass(frozen=True)
+class Session:
+    """A conversation and how far extraction has got through it.
+
+    ``last_extracted_turn`` is the pointer: every turn up to it is extracted. Any field the
+    server adds beyond these (such as per-turn extraction progress) is kept in ``extra``.
+    """
+
+    id: uuid.UUID
+    agent_id: uuid.UUID
+    external_id: str | None
+    status: str
+    turn_count: int
+    last_extracted_turn: int
+    model: str | None = None
+    provider: str | None = None
+    created_at: datetime | None = None
+    updated_at: datetime | None = None
+    completed_at: datetime | None = None
+    extra: Mapping[str, Any] = field(default_factory=dict)
+
+    @property
+    def extracted(self) -> bool:
+        """Whether every turn stored so far has been extracted."""
+        return self.last_extracted_turn >= self.turn_count
+
+    @classmethod
+    def from_json(cls, value: Any) -> Session:
+        data = _obj(value, "session")
+        external_id = data.get("external_id")
+        model = data.get("model")
+        provider = data.get("provider")
+        return cls(
+            id=_uuid(_req(data, "id", "session"), "session.id"),
+            agent_id=_uuid(_req(data, "agent_id", "session"), "session.agent_id"),
+            external_id=None if external_id is None else _str(external_id, "external_id"),
+            status=_str(_req(data, "status", "session"), "session.status"),
+            turn_count=_int(_req(data, "turn_count", "session"), "session.turn_count"),
+            last_extracted_turn=_int(
+                _req(data, "last_extracted_turn", "session"), "session.last_extracted_turn"
+            ),
+            model=None if model is None else _str(model, "session.model"),
+            provider=None if provider is None else _str(provider, "session.provider"),
+            created_at=_opt_time(data.get("created_at"), "session.created_at"),
+            updated_at=_opt_time(data.get("updated_at"), "session.updated_at"),
+            completed_at=_opt_time(data.get("completed_at"), "session.completed_at"),
+            extra={k: v for k, v in data.items() if k not in _SESSION_FIELDS},
+        )
+
+
+def session_of(value: Any) -> Session:
+    """The session in an answer: the session object itself, or ``{"session": {...}}``."""
+    data = _obj(value, "session")
+    if "id" not in data and isinstance(data.get("session"), dict):
+        return Session.from_json(data["session"])
+    return Session.from_json(data)
+
+
+def session_page(value: Any) -> Page[Session]:
+    data = _obj(value, "page")
+    items = _req(data, "items", "page")
+    if not isinstance(items, list):
+        raise UnexpectedResponseError("page.items: expected a list")
+    cursor = data.get("next_cursor")
+    return Page(
+        items=tuple(Session.from_json(s) for s in items),
+        next_cursor=None if cursor is None else _str(cursor, "page.next_cursor"),
+    )
+
+
+__all__ = [
+    "MEMORY_KINDS",
+    "SESSION_STATUSES",
+    "Context",
+    "Memory",
+    "MemorySource",
+    "Page",
+    "SearchHit",
+    "Session",
+    "Signals",
+    "Turn",
+]

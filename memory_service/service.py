@@ -1,0 +1,287 @@
+"""The write flow of the memory service: ``create(org, key, document) -> Outcome``, no HTTP.
+
+In order: validate the document (a 422 outcome field by field), fingerprint the validated body,
+and only then touch the idempotency key, because the fingerprint is taken over the validated
+body; so a document that fails validation never claims, and never consumes, its key.
+
+With a key, the Redis record (:mod:`memory_service.idempotency`) is claimed first:
+
+- another fingerprint under the key is a conflict; a finished record replays its stored
+  response; a live lease answers "in progress" with a retry-after;
+- otherwise this request runs the write. After a takeover (the previous owner died or stalled
+  past its lease, and may have committed) the row holding the key is read first and answers
+  when there is one. The decided answer is stored under the key (``complete``) when it is one
+  the key keeps, else the key is freed (``release``), and freed as well when the write raised,
+  so a 5xx never consumes a key;
+- when Redis is unavailable the write runs on the Postgres keys alone: the unique constraints
+  still allow one row per key and per content, so a repeat is answered from the row.
+
+Every outcome knows its response (status, body, headers) byte for byte, since a response kept
+by the key is replayed as stored, and is counted in the service's metrics here, once.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import uuid
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any, ClassVar, TypeAlias
+
+from marshmallow import ValidationError
+
+from memory_service.canonical import canonical_request, content_hash, fingerprint_digest
+from memory_service.errors import dumps, error_body
+from memory_service.idempotency import Claim, ClaimState, IdempotencyStore, StoredResponse
+from memory_service.memories import MemoryRow, MemoryStore, NewMemory, WriteOutcome
+from memory_service.metrics import Metrics
+from memory_service.validation import quick_load_create
+from schema import describe_errors
+from schema.memory import MemoryCreateSchema
+
+log = logging.getLogger(__name__)
+
+# Built once: a marshmallow Schema is costly to instantiate and safe to share for load().
+CREATE_SCHEMA = MemoryCreateSchema()
+REPLAYED_HEADER = "Idempotent-Replayed"
+
+
+@dataclass(frozen=True)
+class Response:
+    """What an outcome answers over HTTP; always a JSON body."""
+
+    status: int
+    body: bytes
+    location: str | None = None
+    headers: Mapping[str, str] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class Created:
+    storable: ClassVar[bool] = True
+    row: MemoryRow
+
+    def response(self) -> Response:
+        return Response(201, dumps(self.row.as_json()), location_of(self.row))
+
+
+@dataclass(frozen=True)
+class Replayed:
+    """The response first given for this key: from the Redis record, or rebuilt from the row
+    that holds the key in Postgres."""
+
+    storable: ClassVar[bool] = True
+    stored: StoredResponse
+    source: str  # "redis" or "postgres", the metric's label
+
+    def response(self) -> Response:
+        stored = self.stored
+        return Response(
+            stored.status, stored.body, stored.location, headers={REPLAYED_HEADER: "true"}
+        )
+
+
+@dataclass(frozen=True)
+class KeyConflict:
+    """The key was used with another body; ``existing_id`` when a row holds it."""
+
+    storable: ClassVar[bool] = True
+    existing_id: uuid.UUID | None = None
+
+    def response(self) -> Response:
+        message = "this idempotency key was used with a different body"
+        if self.existing_id is None:
+            return Response(409, error_body("IDEMPOTENCY_CONFLICT", message))
+        return Response(
+            409, error_body("IDEMPOTENCY_CONFLICT", message, existing_id=str(self.existing_id))
+        )
+
+
+@dataclass(frozen=True)
+class DuplicateContent:
+    """A live memory of this org and agent holds the same normalised content."""
+
+    storable: ClassVar[bool] = True
+    existing_id: uuid.UUID
+
+    def response(self) -> Response:
+        return Response(
+            409,
+            error_body(
+                "DUPLICATE_CONTENT",
+                "a memory with the same content exists for this agent",
+                existing_id=str(self.existing_id),
+            ),
+        )
+
+
+@dataclass(frozen=True)
+class InProgress:
+    """Another request holds a live lease on the key; retry after ``retry_after`` seconds."""
+
+    #: Never stored: the key is not this request's.
+    storable: ClassVar[bool] = False
+    retry_after: int
+
+    def response(self) -> Response:
+        body = error_body(
+            "IDEMPOTENCY_IN_PROGRESS",
+            "a request with this idempotency key is still running",
+            retry_after=self.retry_after,
+        )
+        return Response(409, body, headers={"Retry-After": str(self.retry_after)})
+
+
+@dataclass(frozen=True)
+class Invalid:
+    """The document is not a valid memory, or names an agent or session the org lacks."""
+
+    storable: ClassVar[bool] = False
+    fields: Any
+
+    def response(self) -> Response:
+        message = f"invalid request: {describe_errors(self.fields)}"
+        return Response(422, error_body("VALIDATION_FAILED", message, fields=self.fields))
+
+
+@dataclass(frozen=True)
+class UnknownOrg:
+    storable: ClassVar[bool] = False
+
+    def response(self) -> Response:
+        return Response(403, error_body("FORBIDDEN_ORG", "no such org"))
+
+
+#: What ``create`` decided. Each says what it answers (``response``) and whether the
+#: idempotency key keeps that answer (``storable``).
+Outcome: TypeAlias = (
+    Created | Replayed | KeyConflict | DuplicateContent | InProgress | Invalid | UnknownOrg
+)
+
+
+def location_of(row: MemoryRow) -> str:
+    return f"/v1/memories/{row.id}"
+
+
+def replay_of(row: MemoryRow) -> StoredResponse:
+    """The response a row answers its key with: the one its first request was given."""
+    return StoredResponse(201, dumps(row.as_json()), location_of(row))
+
+
+def for_key_row(row: MemoryRow, fingerprint: str) -> Outcome:
+    """A committed row already holds this key: the same request replays, another conflicts."""
+    if row.request_fingerprint == fingerprint:
+        return Replayed(replay_of(row), "postgres")
+    return KeyConflict(row.id)
+
+
+def new_memory(validated: dict[str, Any], key: str | None) -> NewMemory:
+    """The write of a validated body, with its content hash and request fingerprint."""
+    canonical = canonical_request(validated)
+    source = canonical["source"] or {}
+    return NewMemory(
+        agent_id=validated["agent_id"],
+        content=validated["content"],
+        content_hash=content_hash(validated["content"]),
+        kind=validated["kind"],
+        metadata=validated["metadata"],
+        session_id=validated["source"]["session_id"] if validated["source"] else None,
+        turn_index=source.get("turn_index"),
+        ordinal=source.get("ordinal"),
+        idempotency_key=key,
+        fingerprint=fingerprint_digest(canonical),
+    )
+
+
+class MemoryService:
+    """Creates memories exactly once per idempotency key and per content."""
+
+    def __init__(self, store: MemoryStore, idempotency: IdempotencyStore, metrics: Metrics) -> None:
+        self.store = store
+        self.idempotency = idempotency
+        self.metrics = metrics
+
+    def create(self, org_id: uuid.UUID, key: str | None, document: Any) -> Outcome:
+        """Create the memory ``document`` (parsed JSON) describes for ``org_id``, under the
+        idempotency ``key`` if given. Raises only what it could not decide (the database
+        unavailable): the key is then free again."""
+        validated = quick_load_create(document)
+        if validated is None:  # anything unusual, and every 422, goes through marshmallow
+            try:
+                validated = CREATE_SCHEMA.load(document)
+            except ValidationError as exc:
+                return Invalid(exc.messages)
+        outcome = self._create(org_id, new_memory(validated, key))
+        self._count(outcome)
+        return outcome
+
+    def _create(self, org_id: uuid.UUID, new: NewMemory) -> Outcome:
+        key = new.idempotency_key
+        if key is None:
+            return self._write(org_id, new)
+        claim = self.idempotency.claim(org_id, key, new.fingerprint)
+        if claim.state is ClaimState.CONFLICT:
+            return KeyConflict()
+        if claim.state is ClaimState.RUNNING:
+            return InProgress(max(1, math.ceil(claim.retry_after_ms / 1000)))
+        if claim.state is ClaimState.DONE:
+            assert claim.response is not None
+            return Replayed(claim.response, "redis")
+        if claim.state is ClaimState.UNAVAILABLE:
+            self.metrics.idempotency_unavailable.inc()
+        return self._run_claimed(org_id, key, new, claim)
+
+    def _run_claimed(self, org_id: uuid.UUID, key: str, new: NewMemory, claim: Claim) -> Outcome:
+        try:
+            outcome: Outcome | None = None
+            if claim.state is ClaimState.TAKEOVER:
+                # The previous owner died or stalled past its lease; it may have committed.
+                row = self.store.find_by_key(org_id, key)
+                if row is not None:
+                    outcome = for_key_row(row, new.fingerprint)
+            if outcome is None:
+                outcome = self._write(org_id, new)
+        except Exception:
+            # Nothing stored for this key (5xx, or a failure we did not decide): free it.
+            if claim.owned:
+                self.idempotency.release(claim)
+            raise
+        if claim.owned:
+            if outcome.storable:
+                response = outcome.response()
+                stored = StoredResponse(response.status, response.body, response.location)
+                if not self.idempotency.complete(claim, stored):
+                    log.info("idempotency record of %s was taken over; not completing", claim.key)
+            else:
+                self.idempotency.release(claim)
+        return outcome
+
+    def _write(self, org_id: uuid.UUID, new: NewMemory) -> Outcome:
+        result = self.store.create(org_id, new)
+        row = result.row
+        if result.outcome is WriteOutcome.CREATED:
+            assert row is not None
+            return Created(row)
+        if result.outcome is WriteOutcome.KEY_EXISTS:
+            assert row is not None
+            return for_key_row(row, new.fingerprint)
+        if result.outcome is WriteOutcome.CONTENT_EXISTS:
+            assert row is not None
+            return DuplicateContent(row.id)
+        if result.outcome is WriteOutcome.UNKNOWN_ORG:
+            return UnknownOrg()
+        if result.outcome is WriteOutcome.UNKNOWN_SESSION:
+            return Invalid({"source": {"session_id": ["unknown session for this org"]}})
+        return Invalid({"agent_id": ["unknown agent for this org"]})
+
+    def _count(self, outcome: Outcome) -> None:
+        metrics = self.metrics
+        if isinstance(outcome, Replayed):
+            metrics.replays.labels(outcome.source).inc()
+        elif isinstance(outcome, KeyConflict):
+            metrics.conflicts.labels("IDEMPOTENCY_CONFLICT").inc()
+        elif isinstance(outcome, InProgress):
+            metrics.conflicts.labels("IDEMPOTENCY_IN_PROGRESS").inc()
+        elif isinstance(outcome, DuplicateContent):
+            metrics.conflicts.labels("DUPLICATE_CONTENT").inc()

@@ -1,0 +1,347 @@
+"""MemoryService.create without HTTP: each outcome, what the key keeps, and what is counted.
+
+The idempotency records are the real Lua scripts on fakeredis; the memory table is an
+in-memory fake of ``ibex_memory.create_memory`` (one row per org and key, one live row per org,
+agent and content; unknown org, agent or session refused), so no socket is opened.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+import uuid
+from typing import Any
+
+import fakeredis
+import pytest
+
+from core.errors import DatabaseUnavailableError
+from memory_service.idempotency import ClaimState, IdempotencyStore, record_key
+from memory_service.memories import CreateResult, MemoryRow, NewMemory, WriteOutcome
+from memory_service.metrics import Metrics
+from memory_service.service import (
+    CREATE_SCHEMA,
+    Created,
+    DuplicateContent,
+    InProgress,
+    Invalid,
+    KeyConflict,
+    MemoryService,
+    Replayed,
+    UnknownOrg,
+    new_memory,
+)
+
+ORG = uuid.UUID("11111111-1111-4111-8111-111111111111")
+AGENT = uuid.UUID("22222222-2222-4222-8222-222222222222")
+SESSION = uuid.UUID("33333333-3333-4333-8333-333333333333")
+LEASE_SECONDS = 30
+
+
+class FakeMemories:
+    """The memory table as ``ibex_memory.create_memory`` sees it, in memory."""
+
+    def __init__(self) -> None:
+        self.rows: list[MemoryRow] = []
+        self.orgs = {ORG}
+        self.agents = {(ORG, AGENT)}
+        self.sessions = {(ORG, SESSION)}
+        self.creates = 0
+        self.fail_next: Exception | None = None
+
+    def create(self, org_id: uuid.UUID, new: NewMemory) -> CreateResult:
+        self.creates += 1
+        if self.fail_next is not None:
+            exc, self.fail_next = self.fail_next, None
+            raise exc
+        if org_id not in self.orgs:
+            return CreateResult(WriteOutcome.UNKNOWN_ORG)
+        if (org_id, new.agent_id) not in self.agents:
+            return CreateResult(WriteOutcome.UNKNOWN_AGENT)
+        if new.session_id is not None and (org_id, new.session_id) not in self.sessions:
+            return CreateResult(WriteOutcome.UNKNOWN_SESSION)
+        for row in self.rows:
+            if row.org_id != org_id:
+                continue
+            if new.idempotency_key is not None and row.idempotency_key == new.idempotency_key:
+                return CreateResult(WriteOutcome.KEY_EXISTS, row)
+            if row.agent_id == new.agent_id and row.content_hash == new.content_hash:
+                return CreateResult(WriteOutcome.CONTENT_EXISTS, row)
+        row = MemoryRow(
+            id=uuid.uuid4(),
+            org_id=org_id,
+            agent_id=new.agent_id,
+            session_id=new.session_id,
+            turn_index=new.turn_index,
+            ordinal=new.ordinal,
+            content=new.content,
+            content_hash=new.content_hash,
+            kind=new.kind,
+            metadata=new.metadata,
+            created_at=dt.datetime(2026, 1, 1, tzinfo=dt.UTC),
+            idempotency_key=new.idempotency_key,
+            request_fingerprint=new.fingerprint if new.idempotency_key is not None else None,
+        )
+        self.rows.append(row)
+        return CreateResult(WriteOutcome.CREATED, row)
+
+    def find_by_key(self, org_id: uuid.UUID, idempotency_key: str) -> MemoryRow | None:
+        for row in self.rows:
+            if row.org_id == org_id and row.idempotency_key == idempotency_key:
+                return row
+        return None
+
+
+@pytest.fixture
+def redis_server() -> fakeredis.FakeServer:
+    return fakeredis.FakeServer()
+
+
+@pytest.fixture
+def redis_client(redis_server: fakeredis.FakeServer) -> fakeredis.FakeRedis:
+    return fakeredis.FakeRedis(server=redis_server)
+
+
+@pytest.fixture
+def idem(redis_client: fakeredis.FakeRedis) -> IdempotencyStore:
+    return IdempotencyStore(redis_client, ttl_seconds=600, lease_seconds=LEASE_SECONDS)
+
+
+@pytest.fixture
+def memories() -> FakeMemories:
+    return FakeMemories()
+
+
+@pytest.fixture
+def metrics() -> Metrics:
+    return Metrics()
+
+
+@pytest.fixture
+def service(memories: FakeMemories, idem: IdempotencyStore, metrics: Metrics) -> MemoryService:
+    return MemoryService(memories, idem, metrics)  # type: ignore[arg-type]
+
+
+def document(content: str = "Dana is allergic to peanuts.", **extra: Any) -> dict[str, Any]:
+    body: dict[str, Any] = {
+        "agent_id": str(AGENT),
+        "content": content,
+        "kind": "fact",
+        "source": {"session_id": str(SESSION), "turn_index": 3, "ordinal": 0},
+        "metadata": {},
+    }
+    body.update(extra)
+    return body
+
+
+def conflicts(metrics: Metrics, code: str) -> float:
+    value = metrics.registry.get_sample_value("ibex_memory_conflicts_total", {"code": code})
+    return value or 0.0
+
+
+def replays(metrics: Metrics, source: str) -> float:
+    sample = "ibex_memory_idempotent_replays_total"
+    return metrics.registry.get_sample_value(sample, {"source": source}) or 0.0
+
+
+def record(redis_client: fakeredis.FakeRedis, key: str) -> dict[bytes, bytes]:
+    return redis_client.hgetall(record_key(ORG, key))
+
+
+def test_a_new_memory_is_created_and_its_response_kept_by_the_key(
+    service: MemoryService, redis_client, metrics: Metrics
+) -> None:
+    outcome = service.create(ORG, "k1", document())
+    assert isinstance(outcome, Created)
+    response = outcome.response()
+    assert response.status == 201
+    assert response.location == f"/v1/memories/{outcome.row.id}"
+    assert json.loads(response.body)["id"] == str(outcome.row.id)
+    assert dict(response.headers) == {}
+    stored = record(redis_client, "k1")
+    assert stored[b"state"] == b"done" and stored[b"body"] == response.body
+    assert conflicts(metrics, "DUPLICATE_CONTENT") == replays(metrics, "redis") == 0
+
+
+def test_the_same_key_and_body_replay_the_stored_response_without_writing(
+    service: MemoryService, memories: FakeMemories, metrics: Metrics
+) -> None:
+    first = service.create(ORG, "k1", document()).response()
+    again = service.create(ORG, "k1", document())
+    assert isinstance(again, Replayed) and again.source == "redis"
+    response = again.response()
+    assert (response.status, response.body, response.location) == (
+        first.status,
+        first.body,
+        first.location,
+    )
+    assert response.headers == {"Idempotent-Replayed": "true"}
+    assert memories.creates == 1
+    assert replays(metrics, "redis") == 1
+
+
+def test_the_same_key_with_another_body_is_a_conflict_without_writing(
+    service: MemoryService, memories: FakeMemories, metrics: Metrics
+) -> None:
+    service.create(ORG, "k1", document())
+    outcome = service.create(ORG, "k1", document("Dana likes tea."))
+    assert outcome == KeyConflict(None)
+    response = outcome.response()
+    assert response.status == 409
+    assert json.loads(response.body)["error"]["code"] == "IDEMPOTENCY_CONFLICT"
+    assert "existing_id" not in json.loads(response.body)["error"]
+    assert memories.creates == 1
+    assert conflicts(metrics, "IDEMPOTENCY_CONFLICT") == 1
+
+
+def test_a_key_under_a_live_lease_is_in_progress_with_a_retry_after(
+    service: MemoryService, idem: IdempotencyStore, memories: FakeMemories, metrics: Metrics
+) -> None:
+    # Another request claimed the key with the same body and is still running.
+    claim = idem.claim(ORG, "k1", fingerprint_of(document()))
+    assert claim.state is ClaimState.CLAIMED
+    outcome = service.create(ORG, "k1", document())
+    assert outcome == InProgress(LEASE_SECONDS)
+    response = outcome.response()
+    assert response.status == 409
+    assert response.headers == {"Retry-After": str(LEASE_SECONDS)}
+    assert json.loads(response.body)["error"]["retry_after"] == LEASE_SECONDS
+    assert memories.creates == 0
+    assert conflicts(metrics, "IDEMPOTENCY_IN_PROGRESS") == 1
+
+
+def fingerprint_of(body: dict[str, Any]) -> str:
+    return new_memory(CREATE_SCHEMA.load(body), None).fingerprint
+
+
+def test_the_same_content_under_another_key_is_a_duplicate_the_key_keeps(
+    service: MemoryService, redis_client, metrics: Metrics
+) -> None:
+    created = service.create(ORG, "k1", document())
+    assert isinstance(created, Created)
+    outcome = service.create(ORG, "k2", document())
+    assert outcome == DuplicateContent(created.row.id)
+    body = json.loads(outcome.response().body)
+    assert body["error"] == {
+        "code": "DUPLICATE_CONTENT",
+        "message": "a memory with the same content exists for this agent",
+        "existing_id": str(created.row.id),
+    }
+    assert record(redis_client, "k2")[b"status"] == b"409"
+    assert conflicts(metrics, "DUPLICATE_CONTENT") == 1
+
+
+def test_an_invalid_document_is_refused_before_its_key_is_claimed(
+    service: MemoryService, memories: FakeMemories, redis_client
+) -> None:
+    outcome = service.create(ORG, "k1", document(content=""))
+    assert isinstance(outcome, Invalid)
+    response = outcome.response()
+    assert response.status == 422
+    error = json.loads(response.body)["error"]
+    assert error["code"] == "VALIDATION_FAILED" and "content" in error["fields"]
+    assert memories.creates == 0
+    assert record(redis_client, "k1") == {}
+
+
+@pytest.mark.parametrize(
+    ("body", "fields"),
+    [
+        (document(agent_id=str(uuid.uuid4())), {"agent_id": ["unknown agent for this org"]}),
+        (
+            document(source={"session_id": str(uuid.uuid4()), "turn_index": 1, "ordinal": 0}),
+            {"source": {"session_id": ["unknown session for this org"]}},
+        ),
+    ],
+)
+def test_an_unknown_agent_or_session_is_a_422_that_frees_the_key(
+    service: MemoryService, memories: FakeMemories, redis_client, body, fields
+) -> None:
+    outcome = service.create(ORG, "k1", body)
+    assert outcome == Invalid(fields)
+    assert outcome.response().status == 422
+    assert record(redis_client, "k1") == {}  # released: the key may be used again
+    assert isinstance(service.create(ORG, "k1", document()), Created)
+
+
+def test_an_unknown_org_is_forbidden_and_frees_the_key(
+    service: MemoryService, redis_client
+) -> None:
+    stray = uuid.uuid4()
+    outcome = service.create(stray, "k1", document())
+    assert outcome == UnknownOrg()
+    assert outcome.response().status == 403
+    assert json.loads(outcome.response().body)["error"]["code"] == "FORBIDDEN_ORG"
+    assert redis_client.hgetall(record_key(stray, "k1")) == {}
+
+
+def _expire_lease(redis_client: fakeredis.FakeRedis, key: str) -> None:
+    redis_client.hset(record_key(ORG, key), "lease_until", 0)
+
+
+def test_after_the_owner_died_having_committed_a_takeover_replays_the_row(
+    service: MemoryService, memories: FakeMemories, redis_client, metrics: Metrics
+) -> None:
+    # Crash point: the first request committed its row and died before completing the record.
+    created = service.create(ORG, "k1", document())
+    assert isinstance(created, Created)
+    redis_client.hset(record_key(ORG, "k1"), mapping={"state": "running", "owner": "dead"})
+    _expire_lease(redis_client, "k1")
+    outcome = service.create(ORG, "k1", document())
+    assert isinstance(outcome, Replayed) and outcome.source == "postgres"
+    assert outcome.response().body == created.response().body
+    assert outcome.response().headers == {"Idempotent-Replayed": "true"}
+    assert memories.creates == 1  # the row answered; nothing written again
+    assert record(redis_client, "k1")[b"state"] == b"done"
+    assert replays(metrics, "postgres") == 1
+
+
+def test_a_takeover_whose_row_holds_another_body_is_a_conflict_naming_it(
+    service: MemoryService, redis_client, metrics: Metrics
+) -> None:
+    created = service.create(ORG, "k1", document())
+    assert isinstance(created, Created)
+    # The record (lost, then re-made by a request with another body) is running and stale.
+    redis_client.delete(record_key(ORG, "k1"))
+    other = document("Dana likes tea.")
+    fingerprint = fingerprint_of(other)
+    redis_client.hset(
+        record_key(ORG, "k1"),
+        mapping={"fp": fingerprint, "state": "running", "owner": "dead", "lease_until": 0},
+    )
+    outcome = service.create(ORG, "k1", other)
+    assert outcome == KeyConflict(created.row.id)
+    assert json.loads(outcome.response().body)["error"]["existing_id"] == str(created.row.id)
+    assert conflicts(metrics, "IDEMPOTENCY_CONFLICT") == 1
+
+
+def test_without_redis_the_rows_keys_decide(
+    service: MemoryService,
+    memories: FakeMemories,
+    redis_server: fakeredis.FakeServer,
+    metrics: Metrics,
+) -> None:
+    redis_server.connected = False
+    first = service.create(ORG, "k1", document())
+    assert isinstance(first, Created)
+    again = service.create(ORG, "k1", document())
+    assert isinstance(again, Replayed) and again.source == "postgres"
+    assert again.response().body == first.response().body
+    other = service.create(ORG, "k1", document("Dana likes tea."))
+    assert other == KeyConflict(first.row.id)
+    assert len(memories.rows) == 1
+    unavailable = metrics.registry.get_sample_value("ibex_memory_idempotency_unavailable_total", {})
+    assert unavailable == 3
+
+
+def test_a_write_that_raises_frees_the_key_for_the_retry(
+    service: MemoryService, memories: FakeMemories, redis_client
+) -> None:
+    # Crash point: the database fails during the write, after the key was claimed.
+    memories.fail_next = DatabaseUnavailableError("database unavailable")
+    with pytest.raises(DatabaseUnavailableError):
+        service.create(ORG, "k1", document())
+    assert record(redis_client, "k1") == {}
+    retry = service.create(ORG, "k1", document())
+    assert isinstance(retry, Created)
+    assert len(memories.rows) == 1
