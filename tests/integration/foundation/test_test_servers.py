@@ -1,0 +1,100 @@
+"""The suite keeps to its own servers and databases: a configured server that does not answer
+is reported (never silently replaced), a Redis database holding someone else's keys is refused,
+and databases left by a dead run are swept while a live run's are kept."""
+
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+import psycopg2
+import pytest
+import redis
+
+from core.processes import free_port
+from tests.servers import (
+    DB_COMMENT_PREFIX,
+    REDIS_OWNER_KEY,
+    RunPostgres,
+    RunRedis,
+    ServerUnavailable,
+)
+
+
+def test_a_configured_postgres_that_does_not_answer_is_reported(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    monkeypatch.setenv("IBEX_TEST_DATABASE_URL", f"postgresql://postgres@127.0.0.1:{free_port()}/x")
+    monkeypatch.delenv("IBEX_TEST_SERVERS", raising=False)
+    with pytest.raises(ServerUnavailable, match="does not answer"):
+        RunPostgres.find(tmp_path)
+
+
+def test_a_configured_redis_database_with_foreign_keys_is_refused(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path, redis_url: str
+) -> None:
+    client = redis.Redis.from_url(redis_url)
+    try:
+        client.flushdb()
+        client.set("somebody-elses-key", "1")
+        monkeypatch.setenv("IBEX_TEST_REDIS_URL", redis_url)
+        with pytest.raises(ServerUnavailable, match="did not write"):
+            RunRedis.find(tmp_path)
+        assert client.get("somebody-elses-key") == b"1"  # untouched
+        # An empty one is taken, and marked as the suite's.
+        client.flushdb()
+        found = RunRedis.find(tmp_path)
+        assert found.url == redis_url and found.private is None
+        assert client.exists(REDIS_OWNER_KEY)
+        # Marked: a later run may take it again even though it holds keys.
+        client.set("left-by-a-test", "1")
+        assert RunRedis.find(tmp_path).url == redis_url
+    finally:
+        client.flushdb()
+        client.close()
+
+
+def _admin(server: RunPostgres):  # type: ignore[no-untyped-def]
+    from core.db import connect_params
+    from tests.servers import with_database
+
+    conn = psycopg2.connect(**connect_params(with_database(server.server_url, "postgres")))  # type: ignore[arg-type]
+    conn.autocommit = True
+    return conn
+
+
+def test_only_databases_of_dead_runs_are_swept(
+    postgres_server: RunPostgres, database_url: str
+) -> None:
+    dead = subprocess.Popen([sys.executable, "-c", "pass"])
+    dead.wait()
+    names = {
+        "dead": f"ibex_sweep_{os.getpid()}_dead",
+        "alive": f"ibex_sweep_{os.getpid()}_alive",
+    }
+    conn = _admin(postgres_server)
+    host = socket.gethostname()
+    try:
+        with conn.cursor() as cur:
+            for key, pid in (("dead", dead.pid), ("alive", os.getppid())):
+                cur.execute(f'CREATE DATABASE "{names[key]}"')
+                cur.execute(
+                    f'COMMENT ON DATABASE "{names[key]}" IS %s',
+                    (f"{DB_COMMENT_PREFIX} host={host} pid={pid}",),
+                )
+        swept = postgres_server.sweep()
+        assert names["dead"] in swept and names["alive"] not in swept
+        with conn.cursor() as cur:
+            cur.execute("SELECT datname FROM pg_database WHERE datname LIKE 'ibex_sweep_%%'")
+            left = {row[0] for row in cur.fetchall()}
+        assert left == {names["alive"]}
+        # The run's own databases are never swept.
+        assert postgres_server.created and not set(postgres_server.created) & set(swept)
+    finally:
+        with conn.cursor() as cur:
+            for name in names.values():
+                cur.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+        conn.close()
