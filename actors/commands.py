@@ -5,7 +5,8 @@
   debugging, and as the sequential baseline of the benchmarks. It refuses to run without a
   database (fail closed).
 - ``scheduler`` (the Procfile line) sends ``scan_sessions`` every ``SCAN_INTERVAL_SECONDS``
-  until SIGTERM or SIGINT: a thin trigger, the scan itself runs on a worker.
+  until SIGTERM or SIGINT: a thin trigger, the scan itself runs on a worker. Before each send
+  it closes the sessions idle for ``SESSION_IDLE_SECONDS``.
 
 Registered with :func:`core.cli.register` when the CLI loads its extensions.
 """
@@ -28,6 +29,7 @@ from typing import Any
 from core.cli import EXIT_FAILURE, EXIT_OK, register
 from core.config import Settings
 from core.errors import NotFoundError, PermanentError, TransientError, TurnBusyError
+from models.store import close_idle_sessions
 
 log = logging.getLogger(__name__)
 
@@ -309,6 +311,10 @@ def run_scheduler(args: argparse.Namespace, settings: Settings) -> int:
     interval = settings.scan_interval_seconds
     print(f"ibex scheduler: sending scan_sessions every {interval}s", flush=True)
     while not stop.is_set():
+        try:  # idle sessions first, so this scan already sees the ones it completes
+            close_idle_sessions(settings)
+        except Exception as exc:  # a database blip must not end the schedule either
+            print(f"ibex scheduler: could not close idle sessions: {exc}", file=sys.stderr)
         try:
             scan_sessions.send()
         except Exception as exc:  # a Redis blip must not end the schedule

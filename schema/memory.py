@@ -15,7 +15,7 @@ from schema.common import StrictInteger
 
 #: Mirrors the CHECK on ``ibex_memory.memories.kind`` (a unit test keeps them in step).
 MEMORY_KINDS = ("fact", "preference", "event", "other")
-SCOPES = ("memory:read", "memory:write")
+SCOPES = ("memory:read", "memory:write", "sessions:read", "sessions:write")
 MAX_CONTENT_CHARS = 4000
 MAX_METADATA_BYTES = 16384
 MAX_METADATA_DEPTH = 16
