@@ -37,6 +37,7 @@ from memory_service.resources import (
 )
 from memory_service.search import ContextResource, SearchResource
 from memory_service.search_store import SearchStore
+from memory_service.sessions import add_routes as add_session_routes
 from memory_service.store import MemoryStore, TokenStore
 
 log = logging.getLogger(__name__)
@@ -124,6 +125,7 @@ def create_app(
     searches = SearchStore(db)
     app.add_route("/v1/memories/search", SearchResource(service, searches))
     app.add_route("/v1/context", ContextResource(service, searches))
+    add_session_routes(app, service, db)
     app.add_route("/readyz", ReadyResource(store, redis_client, searches.search_mode))
     app.add_route("/openapi.json", OpenApiResource(build_spec(settings.memory_max_body_bytes)))
     app.add_route("/metrics", MetricsResource(metrics))
