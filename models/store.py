@@ -414,14 +414,23 @@ class SessionStore:
 
     def delete_live_session(self, org_id: uuid.UUID, session_id: uuid.UUID) -> bool:
         """Soft-delete a session that is not deleted yet; whether one was. Joins the caller's
-        transaction when there is one (the memories of the session go in the same one)."""
+        transaction when there is one (the memories of the session go in the same one).
+
+        The row is locked FOR UPDATE, which a memory insert's share lock on it conflicts with
+        (migration 000007): a memory written concurrently is either committed before this
+        transaction goes on, and deleted with the others, or stored deleted after it."""
         with tenant(self.db, org_id):
-            updated = self.db.execute_sql(
-                "UPDATE ibex_core.sessions SET deleted_at = now()"
-                " WHERE id = %s AND deleted_at IS NULL",
+            locked = self.db.execute_sql(
+                "SELECT 1 FROM ibex_core.sessions WHERE id = %s AND deleted_at IS NULL FOR UPDATE",
                 (str(session_id),),
-            ).rowcount
-        return bool(updated)
+            ).fetchone()
+            if locked is None:
+                return False
+            self.db.execute_sql(
+                "UPDATE ibex_core.sessions SET deleted_at = now() WHERE id = %s",
+                (str(session_id),),
+            )
+        return True
 
     def session_infos(
         self,

@@ -11,8 +11,10 @@ from typing import Any
 import httpx
 import pytest
 
-from core.db import tenant
-from models.store import content_digest
+from core.db import make_database, tenant
+from memory_service.canonical import content_hash
+from memory_service.store import MemoryStore, NewMemory
+from models.store import SessionStore, content_digest
 from schema.memory import ErrorSchema
 from schema.sessions import SessionPageSchema, SessionSchema, TurnsAppendedSchema
 from tests.integration.memory_service.helpers import BASE_URL, Tenant, make_token
@@ -308,13 +310,20 @@ def test_delete_removes_the_session_and_its_memories(  # type: ignore[no-untyped
         "/v1/sessions", json={"agent": "bot-d", "external_id": "doomed"}, headers=h
     )
     assert reopened.status_code == 409 and reopened.json()["error"]["code"] == "SESSION_DELETED"
+    # A memory written afterwards for the deleted session (its extraction was in flight) is
+    # accepted, so the writer does not retry it, and stored deleted.
+    late = write_memory(http, acme_token, agent_id, doomed["id"], "Dana has a cat.")
+    assert http.get(f"/v1/memories/{late}", headers=h).status_code == 404
+    memories = http.get("/v1/memories", params={"agent_id": agent_id}, headers=h).json()
+    assert [m["id"] for m in memories["items"]] == [stays]
     # Soft deletes: the rows are there, marked, in the same transaction's time.
     rows = db.execute_sql(
         "SELECT (SELECT deleted_at FROM ibex_core.sessions WHERE id = %s),"
         "       array_agg(DISTINCT deleted_at) FROM ibex_memory.memories WHERE session_id = %s",
         (doomed["id"], doomed["id"]),
     ).fetchone()
-    assert rows[0] is not None and rows[1] == [rows[0]]
+    assert rows[0] is not None and len(rows[1]) == 2 and rows[0] in rows[1]
+    assert None not in rows[1]
 
 
 def test_another_orgs_session_is_404_on_every_route(  # type: ignore[no-untyped-def]
@@ -370,3 +379,82 @@ def test_scopes(http: httpx.Client, db: Any, acme: Tenant, acme_token: str) -> N
         for method, path, body in allowed:
             assert http.request(method, path, json=body, headers=auth(token)).status_code == 200
     assert http.get(one).status_code == 401
+    # A service token acting for an org that does not exist creates nothing.
+    service = make_token(db, None, ["sessions:write"])[0]
+    nowhere = auth(service, **{"X-IBEX-Org-ID": str(uuid.uuid4())})
+    response = http.post("/v1/sessions", json={"agent": "ghost"}, headers=nowhere)
+    assert response.status_code == 403 and response.json()["error"]["code"] == "FORBIDDEN_ORG"
+
+
+def new_memory(agent_id: str, session_id: str, text: str) -> NewMemory:
+    return NewMemory(
+        agent_id=uuid.UUID(agent_id),
+        content=text,
+        content_hash=content_hash(text),
+        kind="fact",
+        metadata={},
+        session_id=uuid.UUID(session_id),
+        turn_index=1,
+        ordinal=0,
+        idempotency_key=None,
+        fingerprint="",
+    )
+
+
+def test_a_memory_written_while_its_session_is_deleted_is_deleted_too(  # type: ignore[no-untyped-def]
+    app, http: httpx.Client, database_url: str, acme: Tenant, acme_token: str
+) -> None:
+    """Both interleavings of a memory write (an extraction in flight) with DELETE, each held
+    open at its commit point on its own connection: the memory ends up deleted either way."""
+    opened = http.post(
+        "/v1/sessions", json={"agent": "bot-r", "external_id": "race"}, headers=auth(acme_token)
+    ).json()
+    agent_id, session_id = opened["agent_id"], opened["id"]
+    h = auth(acme_token)
+    other = make_database(database_url)
+    answers: list[int] = []
+
+    def in_thread(call: Any) -> threading.Thread:
+        def run() -> None:
+            with httpx.Client(transport=httpx.WSGITransport(app=app), base_url=BASE_URL) as c:
+                answers.append(call(c).status_code)
+
+        thread = threading.Thread(target=run)
+        thread.start()
+        return thread
+
+    # 1. The write has inserted and not committed when DELETE comes: DELETE waits for it.
+    with other.atomic():
+        written = MemoryStore(other).create(
+            acme.org_id, new_memory(agent_id, session_id, "Dana has a cat.")
+        )
+        assert written.row is not None
+        deleting = in_thread(lambda c: c.delete(f"/v1/sessions/{session_id}", headers=h))
+        deleting.join(0.5)
+        assert deleting.is_alive()  # blocked on the write's lock of the session row
+    deleting.join(10)
+    assert answers == [204]
+    assert http.get(f"/v1/memories/{written.row.id}", headers=h).status_code == 404
+
+    # 2. A deletion has run its statements and not committed when the write comes: the write
+    # waits for it, then stores its memory deleted.
+    second = http.post(
+        "/v1/sessions", json={"agent": "bot-r", "external_id": "race-2"}, headers=h
+    ).json()["id"]
+    sessions = SessionStore(other, bind_models=False)
+    with tenant(other, acme.org_id):
+        assert sessions.delete_live_session(acme.org_id, uuid.UUID(second))
+        MemoryStore(other).soft_delete_session_memories(acme.org_id, uuid.UUID(second))
+        body = {
+            "agent_id": agent_id,
+            "content": "Dana has a dog.",
+            "source": {"session_id": second, "turn_index": 1, "ordinal": 0},
+        }
+        writing = in_thread(lambda c: c.post("/v1/memories", json=body, headers=h))
+        writing.join(0.5)
+        assert writing.is_alive()  # blocked on the deletion's lock of the session row
+    writing.join(10)
+    assert answers == [204, 201]
+    listed = http.get("/v1/memories", params={"agent_id": agent_id}, headers=h).json()
+    assert listed["items"] == []
+    other.close()
