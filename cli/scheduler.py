@@ -1,5 +1,6 @@
 """``ibex scheduler`` (the Procfile line): send ``scan_sessions`` every
-``SCAN_INTERVAL_SECONDS`` until SIGTERM or SIGINT. A thin trigger: the scan runs on a worker."""
+``SCAN_INTERVAL_SECONDS`` until SIGTERM or SIGINT. A thin trigger: the scan runs on a worker.
+Before each send it closes the sessions idle for ``SESSION_IDLE_SECONDS``."""
 
 from __future__ import annotations
 
@@ -22,6 +23,7 @@ def add_parser(sub: Any) -> None:
 
 def run(args: argparse.Namespace, settings: Settings) -> int:
     from actors import scan_sessions
+    from models.store import close_idle_sessions
 
     stop = threading.Event()
 
@@ -33,6 +35,10 @@ def run(args: argparse.Namespace, settings: Settings) -> int:
     interval = settings.scan_interval_seconds
     print(f"ibex scheduler: sending scan_sessions every {interval}s", flush=True)
     while not stop.is_set():
+        try:  # idle sessions first, so this scan already sees the ones it completes
+            close_idle_sessions(settings)
+        except Exception as exc:  # a database blip must not end the schedule either
+            print(f"ibex scheduler: could not close idle sessions: {exc}", file=sys.stderr)
         try:
             scan_sessions.send()
         except Exception as exc:  # a Redis blip must not end the schedule

@@ -35,7 +35,7 @@ def add_parser(sub: Any) -> None:
         action="append",
         choices=SCOPES,
         required=True,
-        help="memory:read and/or memory:write (repeat the option)",
+        help="memory:read, memory:write, sessions:read, sessions:write (repeat the option)",
     )
     create.add_argument("--name", help="a label shown by 'ibex token list'")
     create.add_argument(

@@ -45,9 +45,13 @@ DEFAULTS: dict[str, str | None] = {
     "PROMETHEUS_MULTIPROC_DIR": None,  # unset: each web process serves its own metrics
     "HTTP_TIMEOUT_SECONDS": "30",
     "METRICS_PORT": None,  # unset: the worker exposes no metrics
+    "SESSION_IDLE_SECONDS": "1800",
+    "SESSION_IDLE_ACTION": "complete",
 }
 
 LLM_PROVIDERS = ("openai", "rules")
+#: What the scheduler does with a session idle for SESSION_IDLE_SECONDS.
+SESSION_IDLE_ACTIONS = ("complete", "abandon")
 
 
 def _int(env: Mapping[str, str], name: str, minimum: int = 0) -> int:
@@ -101,6 +105,8 @@ class Settings:
     prometheus_multiproc_dir: str | None
     http_timeout_seconds: int
     metrics_port: int | None
+    session_idle_seconds: int = 1800
+    session_idle_action: str = "complete"
     #: The variables that were set (non-empty) in the environment, defaults aside.
     explicit: frozenset[str] = frozenset()
 
@@ -116,6 +122,13 @@ class Settings:
             )
         if provider == "openai" and not base_url:
             raise ConfigError("LLM_PROVIDER=openai needs LLM_BASE_URL", variable="LLM_BASE_URL")
+        idle_action = (_str(env, "SESSION_IDLE_ACTION") or "complete").lower()
+        if idle_action not in SESSION_IDLE_ACTIONS:
+            raise ConfigError(
+                f"SESSION_IDLE_ACTION must be one of {', '.join(SESSION_IDLE_ACTIONS)},"
+                f" got {idle_action!r}",
+                variable="SESSION_IDLE_ACTION",
+            )
         database_url = _str(env, "DATABASE_URL")
         if database_url is not None and not database_url.startswith(
             ("postgres://", "postgresql://")
@@ -154,6 +167,8 @@ class Settings:
             prometheus_multiproc_dir=_str(env, "PROMETHEUS_MULTIPROC_DIR"),
             http_timeout_seconds=_int(env, "HTTP_TIMEOUT_SECONDS", 1),
             metrics_port=_int(env, "METRICS_PORT", 1) if _str(env, "METRICS_PORT") else None,
+            session_idle_seconds=_int(env, "SESSION_IDLE_SECONDS", 1),
+            session_idle_action=idle_action,
             explicit=frozenset(name for name in DEFAULTS if (env.get(name) or "").strip()),
         )
         if settings.retry_max_backoff_ms < settings.retry_min_backoff_ms:

@@ -69,6 +69,18 @@ class LLMRejectedError(PermanentError):
 class ImmutableTurnError(PermanentError):
     """A stored turn was offered again with different content: checkpoints never change."""
 
+    def __init__(self, message: str, *, turn_index: int | None = None) -> None:
+        super().__init__(message)
+        self.turn_index = turn_index
+
+
+class TurnGapError(PermanentError):
+    """Turns were offered starting past the session's next turn index: none may be skipped."""
+
+    def __init__(self, message: str, *, expected_turn_index: int) -> None:
+        super().__init__(message)
+        self.expected_turn_index = expected_turn_index
+
 
 class TransientError(PipelineError):
     """Retried with backoff."""

@@ -40,6 +40,7 @@ from memory_service.resources import (
 from memory_service.search import ContextResource, SearchResource
 from memory_service.search_store import SearchStore
 from memory_service.service import MemoryService
+from memory_service.sessions import add_routes as add_session_routes
 from memory_service.tokens import TokenStore
 
 log = logging.getLogger(__name__)
@@ -127,6 +128,7 @@ def create_app(
     searches = SearchStore(db)
     app.add_route("/v1/memories/search", SearchResource(api, searches))
     app.add_route("/v1/context", ContextResource(api, searches))
+    add_session_routes(app, api, db)
     app.add_route("/readyz", ReadyResource(store, redis_client, searches.search_mode))
     app.add_route("/openapi.json", OpenApiResource(build_spec(settings.memory_max_body_bytes)))
     app.add_route("/metrics", MetricsResource(metrics))

@@ -247,6 +247,17 @@ class MemoryStore:
             cursor = self.db.execute_sql(DELETE_SQL, (str(org_id), str(memory_id)))
             return bool(cursor.rowcount)
 
+    def soft_delete_session_memories(self, org_id: uuid.UUID, session_id: uuid.UUID) -> int:
+        """Soft-delete every live memory whose source is the session; how many. Joins the
+        caller's transaction when there is one."""
+        with tenant(self.db, org_id):
+            cursor = self.db.execute_sql(
+                "UPDATE ibex_memory.memories SET deleted_at = now()"
+                " WHERE org_id = %s AND session_id = %s AND deleted_at IS NULL",
+                (str(org_id), str(session_id)),
+            )
+            return int(cursor.rowcount)
+
     def ping(self) -> None:
         with transaction(self.db):  # a dead pooled connection is replaced, not reported
             self.db.execute_sql("SELECT 1").fetchone()

@@ -230,6 +230,9 @@ def build_spec(max_body_bytes: int) -> dict[str, Any]:
         },
     )
     _read_path(spec, secured, max_body_bytes)
+    from memory_service.sessions import document as document_sessions  # imports this module
+
+    document_sessions(spec, secured, max_body_bytes)
     health = {"application/json": {"schema": "Health"}}
     spec.path(
         path="/healthz",

@@ -161,7 +161,7 @@ class MemoriesResource:
             try:
                 after = decode_cursor(req.params["cursor"])
             except InvalidCursorError:
-                raise _cursor_error() from None
+                raise cursor_error() from None
         query = load(LIST_QUERY_SCHEMA, dict(req.params))
         limit = query["limit"]
         rows = self.api.store.list(
@@ -198,7 +198,7 @@ class MemoryResource:
         resp.status = 204
 
 
-def _cursor_error() -> ApiError:
+def cursor_error() -> ApiError:
     return ApiError(
         400,
         "INVALID_CURSOR",

@@ -8,7 +8,7 @@ from playhouse.postgres_ext import ArrayField, BinaryJSONField, DateTimeTZField,
 from models.base import BaseModel
 
 MEMORY_KINDS = ("fact", "preference", "event", "other")
-SCOPES = ("memory:read", "memory:write")
+SCOPES = ("memory:read", "memory:write", "sessions:read", "sessions:write")
 
 
 class Memory(BaseModel):

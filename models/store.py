@@ -7,8 +7,11 @@ identities only.
 
 from __future__ import annotations
 
+import datetime as dt
+import functools
 import hashlib
 import uuid
+from collections import defaultdict
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -17,9 +20,11 @@ import peewee
 from playhouse.postgres_ext import PostgresqlExtDatabase
 
 from core.canonical import canonical_json
+from core.config import Settings
 from core.db import db_errors, make_database, operator_scope, scan_scope, tenant, transaction
-from core.errors import ConfigError, ImmutableTurnError, NotFoundError
+from core.errors import ConfigError, ImmutableTurnError, NotFoundError, TurnGapError
 from models.base import bind
+from models.pipeline import ExtractionTurn
 from models.sessions import Checkpoint, CheckpointPayload, Session
 
 
@@ -37,6 +42,7 @@ class TurnInput:
     completion_tokens: int = 0
     latency_ms: int = 0
     is_streaming: bool = False
+    is_complete: bool = True
 
     @property
     def messages_hash(self) -> str:
@@ -92,6 +98,34 @@ class AppendResult:
     turn_count: int
 
 
+@dataclass(frozen=True)
+class Progress:
+    """How far extraction has got with a session's turns: ``done`` and ``failed`` turns (their
+    state in the pipeline), ``pending`` (every other turn: not yet scanned, queued, or in
+    flight), and the pointer (``last_extracted_turn``)."""
+
+    done: int
+    pending: int
+    failed: int
+    pointer: int
+
+
+@dataclass(frozen=True)
+class SessionInfo:
+    """A session with its extraction progress."""
+
+    session: Session
+    progress: Progress
+
+
+class UnknownOrgError(NotFoundError):
+    """The org a tenant operation names does not exist."""
+
+
+#: What ``close_idle`` may do to an idle session, and the status it then has.
+IDLE_ACTIONS = {"complete": "completed", "abandon": "abandoned"}
+
+
 def select_turns(session_id: uuid.UUID, first: int, last: int) -> list[Turn]:
     """Turns ``first..last`` (inclusive) of a session with their content, in order, in the
     current transaction (the caller has set the tenant)."""
@@ -145,14 +179,18 @@ _ZERO = "00000000-0000-0000-0000-000000000000"
 
 
 class SessionStore:
-    """Sessions and turns in Postgres. Needs a database: without one it refuses to exist."""
+    """Sessions and turns in Postgres. Needs a database: without one it refuses to exist.
 
-    def __init__(self, db: PostgresqlExtDatabase | None) -> None:
+    Its own queries run on ``db`` whatever the models are bound to, so a process may hold
+    stores on two databases (the web app's pool beside a test's connection); ``bind_models``
+    also points the models at ``db`` for the code that queries them directly."""
+
+    def __init__(self, db: PostgresqlExtDatabase | None, *, bind_models: bool = True) -> None:
         if db is None:
             raise ConfigError(
                 "DATABASE_URL is not set: the session store is required", variable="DATABASE_URL"
             )
-        self.db = bind(db)
+        self.db = bind(db) if bind_models else db
 
     @classmethod
     def from_url(cls, url: str | None) -> SessionStore:
@@ -221,7 +259,7 @@ class SessionStore:
             return self._get_session(session_id)
 
     def _get_session(self, session_id: uuid.UUID, *, for_update: bool = False) -> Session:
-        query = Session.select().where(Session.id == session_id)
+        query = Session.select().where(Session.id == session_id).bind(self.db)
         if for_update:
             query = query.for_update()
         session = query.first()
@@ -240,6 +278,7 @@ class SessionStore:
                     Session.agent_id == agent_id,
                     Session.external_id == external_id,
                 )
+                .bind(self.db)
                 .first()
             )
 
@@ -288,6 +327,7 @@ class SessionStore:
                 Session.external_id == external_id,
             )
             .for_update()
+            .bind(self.db)
             .first()
         )
         assert session is not None
@@ -325,6 +365,166 @@ class SessionStore:
         if not updated:
             raise NotFoundError(f"session {session_id} not found")
 
+    # -- the sessions API ------------------------------------------------------------------
+
+    def open_session(
+        self,
+        org_id: uuid.UUID,
+        *,
+        agent_slug: str | None = None,
+        agent_id: uuid.UUID | None = None,
+        external_id: str | None = None,
+        model: str | None = None,
+        provider: str | None = None,
+    ) -> tuple[Session, bool]:
+        """The session of (org, agent, ``external_id``), created ``active`` when missing (always
+        created without an external id); return it and whether it was created. The agent is
+        named by slug (created when missing) or by id (:class:`NotFoundError` unless it is one
+        of the org's). A soft-deleted session is returned as it is: the caller decides."""
+        try:
+            with tenant(self.db, org_id):
+                if agent_slug is not None:
+                    agent = self._ensure_agent(org_id, agent_slug)
+                else:
+                    found = self.db.execute_sql(
+                        "SELECT id FROM ibex_core.agents WHERE id = %s", (str(agent_id),)
+                    ).fetchone()
+                    if found is None:
+                        raise NotFoundError(f"agent {agent_id} not found")
+                    agent = uuid.UUID(str(found[0]))
+                return self._upsert_session(org_id, agent, external_id, "active", model, provider)
+        except peewee.IntegrityError as exc:
+            # Only the org's foreign key can fail here: the agent is the org's or was just made.
+            if getattr(getattr(exc, "orig", None), "pgcode", None) == "23503":
+                raise UnknownOrgError(f"org {org_id} not found") from exc
+            raise
+
+    def append_turns_at(
+        self, org_id: uuid.UUID, session_id: uuid.UUID, first: int, turns: Sequence[TurnInput]
+    ) -> AppendResult:
+        """Store ``turns`` as turns ``first``, ``first`` + 1, ... of a live session, in one
+        transaction, through :meth:`sync_turns` (turns already stored are compared, not
+        written again). The session row is locked, so concurrent appends run one at a time."""
+        with tenant(self.db, org_id):
+            session = self._get_session(session_id, for_update=True)
+            if session.deleted_at is not None:
+                raise NotFoundError(f"session {session_id} not found")
+            added = self.sync_turns(session, turns, first)
+            return AppendResult(session.id, False, added, session.turn_count + added)
+
+    def delete_live_session(self, org_id: uuid.UUID, session_id: uuid.UUID) -> bool:
+        """Soft-delete a session that is not deleted yet; whether one was. Joins the caller's
+        transaction when there is one (the memories of the session go in the same one).
+
+        The row is locked FOR UPDATE, which a memory insert's share lock on it conflicts with
+        (migration 000007): a memory written concurrently is either committed before this
+        transaction goes on, and deleted with the others, or stored deleted after it."""
+        with tenant(self.db, org_id):
+            locked = self.db.execute_sql(
+                "SELECT 1 FROM ibex_core.sessions WHERE id = %s AND deleted_at IS NULL FOR UPDATE",
+                (str(session_id),),
+            ).fetchone()
+            if locked is None:
+                return False
+            self.db.execute_sql(
+                "UPDATE ibex_core.sessions SET deleted_at = now() WHERE id = %s",
+                (str(session_id),),
+            )
+        return True
+
+    def session_infos(
+        self,
+        org_id: uuid.UUID,
+        *,
+        session_id: uuid.UUID | None = None,
+        agent_id: uuid.UUID | None = None,
+        external_id: str | None = None,
+        status: str | None = None,
+        limit: int = 50,
+        after: tuple[dt.datetime, uuid.UUID] | None = None,
+    ) -> list[SessionInfo]:
+        """Live sessions of the org, newest first, with their progress; ``after`` is the
+        (created_at, id) of the last one already seen."""
+        query = Session.select().where(Session.deleted_at.is_null())
+        if session_id is not None:
+            query = query.where(Session.id == session_id)
+        if agent_id is not None:
+            query = query.where(Session.agent_id == agent_id)
+        if external_id is not None:
+            query = query.where(Session.external_id == external_id)
+        if status is not None:
+            query = query.where(Session.status == status)
+        if after is not None:
+            query = query.where(
+                peewee.Tuple(Session.created_at, Session.id) < peewee.Tuple(after[0], after[1])
+            )
+        query = query.order_by(Session.created_at.desc(), Session.id.desc()).limit(limit)
+        with tenant(self.db, org_id):
+            sessions = list(query.bind(self.db))
+            progress = self._progress(sessions)
+        return [SessionInfo(s, progress[s.id]) for s in sessions]
+
+    def _progress(self, sessions: Sequence[Session]) -> dict[uuid.UUID, Progress]:
+        """The progress of ``sessions``, from the pipeline's per-turn state (read only)."""
+        counts: dict[uuid.UUID, tuple[int, int]] = defaultdict(lambda: (0, 0))
+        if sessions:
+            turn = ExtractionTurn
+            rows: Any = (
+                turn.select(
+                    turn.session_id,
+                    peewee.fn.COUNT(turn.turn_index).filter(turn.state == "done"),
+                    peewee.fn.COUNT(turn.turn_index).filter(turn.state == "failed"),
+                )
+                .where(turn.session_id.in_([s.id for s in sessions]))
+                .group_by(turn.session_id)
+                .tuples()
+                .bind(self.db)
+            )
+            for sid, done, failed in rows:
+                counts[uuid.UUID(str(sid))] = (int(done), int(failed))
+        result = {}
+        for s in sessions:
+            done, failed = counts[uuid.UUID(str(s.id))]
+            pending = max(s.turn_count - done - failed, 0)
+            result[s.id] = Progress(done, pending, failed, s.last_extracted_turn)
+        return result
+
+    def close_idle(self, idle_seconds: int, action: str, *, batch: int = 500) -> int:
+        """Complete (or abandon, per ``action``) every ``active`` session with no turn and no
+        change for ``idle_seconds``; return how many were closed. Idle sessions are found
+        across orgs by the operator role (read only), then closed org by org under row-level
+        security, each re-checked in its UPDATE, so a turn appended meanwhile keeps its session
+        open."""
+        status = IDLE_ACTIONS[action]
+        closed = 0
+        while True:
+            with operator_scope(self.db):
+                rows = self.db.execute_sql(
+                    "SELECT org_id, id FROM ibex_core.sessions"
+                    " WHERE status = 'active' AND deleted_at IS NULL"
+                    "   AND updated_at < now() - make_interval(secs => %s)"
+                    " ORDER BY updated_at LIMIT %s",
+                    (idle_seconds, batch),
+                ).fetchall()
+            by_org: dict[str, list[str]] = defaultdict(list)
+            for org, sid in rows:
+                by_org[str(org)].append(str(sid))
+            closed_now = 0
+            for org, ids in by_org.items():
+                with tenant(self.db, org):
+                    closed_now += self.db.execute_sql(
+                        "UPDATE ibex_core.sessions SET status = %s,"
+                        " completed_at = CASE WHEN %s = 'completed'"
+                        "   THEN COALESCE(completed_at, now()) ELSE completed_at END"
+                        " WHERE id = ANY(%s::uuid[]) AND status = 'active'"
+                        "   AND deleted_at IS NULL"
+                        "   AND updated_at < now() - make_interval(secs => %s)",
+                        (status, status, ids, idle_seconds),
+                    ).rowcount
+            closed += closed_now
+            if len(rows) < batch or not closed_now:
+                return closed
+
     # -- turns -----------------------------------------------------------------------------
 
     def append_turns(
@@ -336,33 +536,48 @@ class SessionStore:
             added = self._insert_turns(session, turns, session.turn_count + 1)
             return AppendResult(session.id, False, added, session.turn_count + added)
 
-    def sync_turns(self, session: Session, turns: Sequence[TurnInput]) -> int:
-        """Make the locked ``session`` hold ``turns`` (turn i+1 = turns[i]); return how many
-        were added. Stored turns must match exactly: checkpoints are immutable."""
+    def sync_turns(self, session: Session, turns: Sequence[TurnInput], first: int = 1) -> int:
+        """Make the locked ``session`` hold ``turns`` as its turns ``first``, ``first`` + 1, ...;
+        return how many were added. The one way turns are stored (``ibex import`` and the
+        sessions API): stored turns must match exactly (checkpoints are immutable, so the same
+        turns again are a no-op and other content is an :class:`ImmutableTurnError`), and no
+        turn may be skipped (:class:`TurnGapError` names the next index)."""
         stored = session.turn_count
-        if stored:
+        if first < 1:
+            raise ValueError("turn indexes start at 1")
+        if first > stored + 1:
+            raise TurnGapError(
+                f"turn {first} would skip turns: the next turn of this session is {stored + 1}",
+                expected_turn_index=stored + 1,
+            )
+        last = first + len(turns) - 1
+        if first <= stored and turns:
             rows: Any = (
                 Checkpoint.select(
                     Checkpoint.turn_index, Checkpoint.messages_hash, Checkpoint.completion_hash
                 )
                 .where(
                     Checkpoint.session_id == session.id,
-                    Checkpoint.turn_index <= min(stored, len(turns)),
+                    Checkpoint.turn_index.between(first, min(stored, last)),
                 )
+                .order_by(Checkpoint.turn_index)
                 .tuples()
+                .bind(self.db)
             )
             for turn_index, messages_hash, completion_hash in rows:
-                incoming = turns[turn_index - 1]
+                incoming = turns[turn_index - first]
                 if (incoming.messages_hash, incoming.completion_hash) != (
                     messages_hash,
                     completion_hash,
                 ):
                     raise ImmutableTurnError(
-                        f"turn {turn_index} differs from the stored turn: checkpoints are immutable"
+                        f"turn {turn_index} differs from the stored turn:"
+                        " checkpoints are immutable",
+                        turn_index=turn_index,
                     )
-        if len(turns) <= stored:
+        if last <= stored:
             return 0
-        return self._insert_turns(session, turns[stored:], stored + 1)
+        return self._insert_turns(session, turns[stored + 1 - first :], stored + 1)
 
     def _insert_turns(self, session: Session, turns: Sequence[TurnInput], first: int) -> int:
         if not turns:
@@ -384,7 +599,7 @@ class SessionStore:
                     "completion_tokens": turn.completion_tokens,
                     "latency_ms": turn.latency_ms,
                     "is_streaming": turn.is_streaming,
-                    "is_complete": True,
+                    "is_complete": turn.is_complete,
                 }
             )
             payload_rows.append(
@@ -397,8 +612,8 @@ class SessionStore:
                     "completion": turn.completion,
                 }
             )
-        Checkpoint.insert_many(checkpoint_rows).execute()
-        CheckpointPayload.insert_many(payload_rows).execute()
+        Checkpoint.insert_many(checkpoint_rows).execute(self.db)
+        CheckpointPayload.insert_many(payload_rows).execute(self.db)
         self.db.execute_sql(
             "UPDATE ibex_core.sessions SET turn_count = %s,"
             " prompt_tokens = prompt_tokens + %s, completion_tokens = completion_tokens + %s,"
@@ -463,13 +678,31 @@ class SessionStore:
         return int(row[0])
 
 
+@functools.cache
+def _idle_store(url: str) -> SessionStore:
+    return SessionStore(make_database(url), bind_models=False)
+
+
+def close_idle_sessions(settings: Settings) -> int:
+    """Close the sessions idle for ``SESSION_IDLE_SECONDS`` with ``SESSION_IDLE_ACTION``
+    (the scheduler's step before each scan); return how many were closed. One connection per
+    process, kept between calls."""
+    store = _idle_store(settings.require_database_url())
+    return store.close_idle(settings.session_idle_seconds, settings.session_idle_action)
+
+
 __all__ = [
+    "IDLE_ACTIONS",
     "AppendResult",
     "Candidate",
+    "Progress",
+    "SessionInfo",
     "SessionName",
     "SessionStore",
     "Turn",
     "TurnInput",
+    "UnknownOrgError",
     "canonical_json",
+    "close_idle_sessions",
     "content_digest",
 ]

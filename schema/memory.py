@@ -15,7 +15,7 @@ from schema.common import StrictInteger
 
 #: Mirrors the CHECK on ``ibex_memory.memories.kind`` (a unit test keeps them in step).
 MEMORY_KINDS = ("fact", "preference", "event", "other")
-SCOPES = ("memory:read", "memory:write")
+SCOPES = ("memory:read", "memory:write", "sessions:read", "sessions:write")
 MAX_CONTENT_CHARS = 4000
 MAX_METADATA_BYTES = 16384
 MAX_METADATA_DEPTH = 16
@@ -40,6 +40,9 @@ ERROR_CODES = (
     "BODY_TOO_LARGE",
     "VALIDATION_FAILED",
     "INVALID_CURSOR",
+    "TURN_CONFLICT",
+    "TURN_GAP",
+    "SESSION_DELETED",
     "BAD_REQUEST",
     "URI_TOO_LONG",
     "HEADERS_TOO_LARGE",
@@ -207,11 +210,19 @@ class ErrorDetailSchema(Schema):
         }
     )
     retry_after = fields.Integer(metadata={"description": "Seconds, as in Retry-After."})
+    turn_index = fields.Integer(
+        metadata={"description": "TURN_CONFLICT: the stored turn the request differs from."}
+    )
+    expected_turn_index = fields.Integer(
+        metadata={"description": "TURN_GAP: the index the session's next turn must have."}
+    )
 
     @validates_schema
     def _known_shape(self, data: dict[str, Any], **kwargs: Any) -> None:
         if data.get("code") == "DUPLICATE_CONTENT" and "existing_id" not in data:
             raise ValidationError("DUPLICATE_CONTENT names existing_id", "existing_id")
+        if data.get("code") == "TURN_GAP" and "expected_turn_index" not in data:
+            raise ValidationError("TURN_GAP names expected_turn_index", "expected_turn_index")
 
 
 class ErrorSchema(Schema):

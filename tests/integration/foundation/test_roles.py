@@ -133,6 +133,7 @@ KNOWN_FUNCTIONS = {
     "ibex_core.sessions_monotonic()",
     "ibex_core.directive_version_detach()",
     "ibex_core.extraction_result_first_wins()",
+    "ibex_memory.memory_of_deleted_session()",
     "ibex_memory.create_memory(uuid,uuid,uuid,integer,integer,text,text,text,jsonb,text,text)",
     *SEARCH,
 }

@@ -4,6 +4,7 @@ the live app (in-process) that finds no server error and no undocumented answer.
 from __future__ import annotations
 
 import contextlib
+import re
 import uuid
 from collections import Counter
 from typing import Any
@@ -29,7 +30,7 @@ def test_every_route_and_method_is_documented(http: httpx.Client, app) -> None:
     documented = {(p, m.upper()) for p, ops in paths.items() for m in ops}
     served = set()
     for route in falcon.inspect.inspect_app(app).routes:
-        path = route.path.replace("{memory_id:uuid}", "{memory_id}")
+        path = re.sub(r"\{(\w+):uuid\}", r"{\1}", route.path)
         for method in route.methods:
             if method.internal:  # Falcon's automatic 405 responders
                 continue
@@ -57,7 +58,8 @@ def test_fuzz_finds_no_server_error(app, acme: Tenant, db) -> None:
     authenticated with a service token for acme unless the case names another org, and POST
     bodies pointed at acme's real agent so the insert path runs too. Checks: no 5xx, and every
     status, content type and body is the documented one."""
-    token = make_token(db, None, ["memory:read", "memory:write"])[0]
+    scopes = ["memory:read", "memory:write", "sessions:read", "sessions:write"]
+    token = make_token(db, None, scopes)[0]
     schema = schemathesis.openapi.from_wsgi("/openapi.json", app)
     operations = [result.ok() for result in schema.get_all_operations()]
     seen: Counter[tuple[str, int]] = Counter()
@@ -97,3 +99,7 @@ def test_fuzz_finds_no_server_error(app, acme: Tenant, db) -> None:
     assert seen[("POST /v1/memories", 201)] >= 1, seen
     assert seen[("POST /v1/memories", 422)] >= 1, seen
     assert seen[("GET /v1/memories", 200)] >= 1, seen
+    assert seen[("POST /v1/sessions", 201)] >= 1, seen
+    assert seen[("POST /v1/sessions", 422)] >= 1, seen
+    assert seen[("GET /v1/sessions", 200)] >= 1, seen
+    assert seen[("POST /v1/sessions/{session_id}/turns", 422)] >= 1, seen

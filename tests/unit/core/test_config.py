@@ -24,6 +24,18 @@ def test_defaults_need_nothing_but_leave_the_database_unset() -> None:
     assert info.value.variable == "DATABASE_URL"
 
 
+def test_idle_sessions_default_to_half_an_hour_then_complete() -> None:
+    assert (
+        Settings.from_env({}).session_idle_seconds,
+        Settings.from_env({}).session_idle_action,
+    ) == (
+        1800,
+        "complete",
+    )
+    settings = Settings.from_env({"SESSION_IDLE_SECONDS": "5", "SESSION_IDLE_ACTION": " Abandon "})
+    assert (settings.session_idle_seconds, settings.session_idle_action) == (5, "abandon")
+
+
 def test_llm_base_url_selects_the_openai_provider() -> None:
     settings = Settings.from_env({"LLM_BASE_URL": "http://127.0.0.1:9/v1/"})
     assert settings.llm_provider == "openai"
@@ -40,6 +52,9 @@ def test_llm_base_url_selects_the_openai_provider() -> None:
         ({"DATABASE_URL": "mysql://x"}, "DATABASE_URL"),
         ({"REDIS_URL": "http://x"}, "REDIS_URL"),
         ({"RETRY_MIN_BACKOFF_MS": "500", "RETRY_MAX_BACKOFF_MS": "100"}, "RETRY_MAX_BACKOFF_MS"),
+        ({"SESSION_IDLE_SECONDS": "0"}, "SESSION_IDLE_SECONDS"),
+        ({"SESSION_IDLE_SECONDS": "soon"}, "SESSION_IDLE_SECONDS"),
+        ({"SESSION_IDLE_ACTION": "delete"}, "SESSION_IDLE_ACTION"),
     ],
 )
 def test_invalid_values_name_the_variable(env: dict[str, str], variable: str) -> None:

@@ -1,0 +1,477 @@
+"""The sessions API: how an application feeds conversations to the pipeline over HTTP.
+
+``POST /v1/sessions`` opens (or finds, by external id) a session; ``POST .../turns`` appends
+turns through the same function as ``ibex import`` (:meth:`models.store.SessionStore.sync_turns`:
+same hashes, same payload archive, same immutability rule), so a retried request is a replay,
+never a second copy; ``complete`` makes the session a scan candidate, ``abandon`` keeps it out
+of extraction; ``DELETE`` soft-deletes the session and its memories in one transaction. Every
+route runs under row-level security for the caller's org: another org's session is a 404.
+Scopes: ``sessions:write`` for changes, ``sessions:read`` for reads.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import uuid
+from typing import Any, cast
+
+import falcon
+import peewee
+from apispec import APISpec
+from playhouse.postgres_ext import PostgresqlExtDatabase
+
+from core.db import tenant
+from core.errors import ImmutableTurnError, NotFoundError, TurnGapError
+from memory_service.cursor import InvalidCursorError, decode_cursor, encode_cursor
+from memory_service.errors import ApiError, dumps
+from memory_service.resources import Api, authenticate, cursor_error, load, parse_json, read_body
+from models.store import SessionInfo, SessionStore, TurnInput, UnknownOrgError
+from schema import describe_errors
+from schema.sessions import (
+    MAX_EXTERNAL_ID_CHARS,
+    SessionCreateSchema,
+    SessionListQuerySchema,
+    SessionPageSchema,
+    SessionSchema,
+    TurnsAppendedSchema,
+    TurnsAppendSchema,
+)
+
+SESSIONS_READ, SESSIONS_WRITE = "sessions:read", "sessions:write"
+SESSION_HEADER = "X-IBEX-Session-ID"
+REPLAYED_HEADER = "Idempotent-Replayed"
+
+CREATE_SCHEMA = SessionCreateSchema()
+TURNS_SCHEMA = TurnsAppendSchema()
+LIST_QUERY_SCHEMA = SessionListQuerySchema()
+
+
+def _iso(value: dt.datetime | None) -> str | None:
+    return value.astimezone(dt.UTC).isoformat() if value is not None else None
+
+
+def session_json(info: SessionInfo) -> dict[str, Any]:
+    """The public representation (``schema.sessions.SessionSchema``), JSON-ready."""
+    s, p = info.session, info.progress
+    return {
+        "id": str(s.id),
+        "org_id": str(s.org_id),
+        "agent_id": str(s.agent_id),
+        "external_id": s.external_id,
+        "status": s.status,
+        "model": s.model,
+        "provider": s.provider,
+        "turn_count": s.turn_count,
+        "last_extracted_turn": s.last_extracted_turn,
+        "prompt_tokens": s.prompt_tokens,
+        "completion_tokens": s.completion_tokens,
+        "progress": {
+            "done": p.done,
+            "pending": p.pending,
+            "failed": p.failed,
+            "pointer": p.pointer,
+        },
+        "created_at": _iso(s.created_at),
+        "updated_at": _iso(s.updated_at),
+        "completed_at": _iso(s.completed_at),
+    }
+
+
+def _not_found() -> ApiError:
+    return ApiError(404, "NOT_FOUND", "no such session")
+
+
+def _invalid(messages: dict[str, Any]) -> ApiError:
+    return ApiError(
+        422,
+        "VALIDATION_FAILED",
+        f"invalid request: {describe_errors(messages)}",
+        fields=messages,
+    )
+
+
+def _external_id_header(req: falcon.Request) -> str | None:
+    value = req.get_header(SESSION_HEADER)
+    if value is None:
+        return None
+    value = value.strip()
+    if not 0 < len(value) <= MAX_EXTERNAL_ID_CHARS or not value.isprintable():
+        raise ApiError(
+            400,
+            "INVALID_HEADER",
+            f"{SESSION_HEADER} must be 1-{MAX_EXTERNAL_ID_CHARS} printable characters",
+        )
+    return value
+
+
+def session_cursor(info: SessionInfo) -> str:
+    """The list cursor after ``info``: the same codec as the memories list."""
+    return encode_cursor(info.session.created_at, info.session.id)
+
+
+def decode_session_cursor(cursor: Any) -> tuple[dt.datetime, uuid.UUID]:
+    """The (created_at, id) in a cursor from :func:`session_cursor`; anything else is a 400."""
+    try:
+        return decode_cursor(cursor)
+    except InvalidCursorError:
+        raise cursor_error() from None
+
+
+class SessionsResource:
+    """``/v1/sessions`` and ``/v1/sessions/{session_id}`` with its ``turns``, ``complete`` and
+    ``abandon`` suffixes (Falcon suffixed responders)."""
+
+    def __init__(self, api: Api, db: peewee.Database) -> None:
+        self.api = api
+        self.db = db
+        # The service's pool; the models stay bound to whatever the process bound them to.
+        self.sessions = SessionStore(cast(PostgresqlExtDatabase, db), bind_models=False)
+        self.memories = api.store
+
+    def _info(self, org_id: uuid.UUID, session_id: uuid.UUID) -> SessionInfo:
+        infos = self.sessions.session_infos(org_id, session_id=session_id, limit=1)
+        if not infos:
+            raise _not_found()
+        return infos[0]
+
+    @staticmethod
+    def _answer(resp: falcon.Response, status: int, body: dict[str, Any]) -> None:
+        resp.status = status
+        resp.content_type = falcon.MEDIA_JSON
+        resp.data = dumps(body)
+
+    # -- /v1/sessions ----------------------------------------------------------------------
+
+    def on_post(self, req: falcon.Request, resp: falcon.Response) -> None:
+        _, org_id = authenticate(self.api, req, SESSIONS_WRITE)
+        named = _external_id_header(req)
+        body = load(CREATE_SCHEMA, parse_json(read_body(req, self.api.max_body_bytes)))
+        external_id = body["external_id"]
+        if named is not None:
+            if external_id is not None and external_id != named:
+                raise _invalid({"external_id": [f"differs from the {SESSION_HEADER} header"]})
+            external_id = named
+        try:
+            session, created = self.sessions.open_session(
+                org_id,
+                agent_slug=body.get("agent"),
+                agent_id=body.get("agent_id"),
+                external_id=external_id,
+                model=body["model"],
+                provider=body["provider"],
+            )
+        except UnknownOrgError:
+            raise ApiError(403, "FORBIDDEN_ORG", "no such org") from None
+        except NotFoundError:
+            raise _invalid({"agent_id": ["unknown agent for this org"]}) from None
+        if session.deleted_at is not None:
+            raise ApiError(
+                409,
+                "SESSION_DELETED",
+                "the session with this external id was deleted; use another external id",
+            )
+        info = self._info(org_id, session.id)
+        resp.location = f"/v1/sessions/{session.id}"
+        self._answer(resp, 201 if created else 200, session_json(info))
+
+    def on_get(self, req: falcon.Request, resp: falcon.Response) -> None:
+        _, org_id = authenticate(self.api, req, SESSIONS_READ)
+        # The cursor first: a malformed one is a 400 of its own, whatever else is wrong.
+        after = decode_session_cursor(req.params["cursor"]) if "cursor" in req.params else None
+        query = load(LIST_QUERY_SCHEMA, dict(req.params))
+        limit = query["limit"]
+        infos = self.sessions.session_infos(
+            org_id,
+            agent_id=query.get("agent_id"),
+            external_id=query.get("external_id"),
+            status=query.get("status"),
+            limit=limit + 1,
+            after=after,
+        )
+        next_cursor = session_cursor(infos[limit - 1]) if len(infos) > limit else None
+        self._answer(
+            resp,
+            200,
+            {"items": [session_json(i) for i in infos[:limit]], "next_cursor": next_cursor},
+        )
+
+    # -- /v1/sessions/{session_id} ---------------------------------------------------------
+
+    def on_get_one(self, req: falcon.Request, resp: falcon.Response, session_id: uuid.UUID) -> None:
+        _, org_id = authenticate(self.api, req, SESSIONS_READ)
+        self._answer(resp, 200, session_json(self._info(org_id, session_id)))
+
+    def on_delete_one(
+        self, req: falcon.Request, resp: falcon.Response, session_id: uuid.UUID
+    ) -> None:
+        """The session and every memory whose source it is, in one transaction: a reader sees
+        both or neither."""
+        _, org_id = authenticate(self.api, req, SESSIONS_WRITE)
+        with tenant(self.db, org_id):
+            if not self.sessions.delete_live_session(org_id, session_id):
+                raise _not_found()
+            self.memories.soft_delete_session_memories(org_id, session_id)
+        resp.status = 204
+
+    def on_post_turns(
+        self, req: falcon.Request, resp: falcon.Response, session_id: uuid.UUID
+    ) -> None:
+        _, org_id = authenticate(self.api, req, SESSIONS_WRITE)
+        body = load(TURNS_SCHEMA, parse_json(read_body(req, self.api.max_body_bytes)))
+        turns = [
+            TurnInput(
+                messages=t["messages"],
+                completion=t["completion"],
+                prompt_tokens=t["prompt_tokens"],
+                completion_tokens=t["completion_tokens"],
+                latency_ms=t["latency_ms"],
+                is_streaming=t["is_streaming"],
+                is_complete=t["is_complete"],
+            )
+            for t in body["turns"]
+        ]
+        try:
+            result = self.sessions.append_turns_at(
+                org_id, session_id, body["turns"][0]["turn_index"], turns
+            )
+        except NotFoundError:
+            raise _not_found() from None
+        except TurnGapError as exc:
+            raise ApiError(
+                409, "TURN_GAP", str(exc), expected_turn_index=exc.expected_turn_index
+            ) from None
+        except ImmutableTurnError as exc:
+            raise ApiError(409, "TURN_CONFLICT", str(exc), turn_index=exc.turn_index) from None
+        info = self._info(org_id, session_id)
+        if not result.turns_added:
+            resp.set_header(REPLAYED_HEADER, "true")
+        self._answer(
+            resp,
+            201 if result.turns_added else 200,
+            {"session": session_json(info), "turns_added": result.turns_added},
+        )
+
+    def _status(
+        self, req: falcon.Request, resp: falcon.Response, session_id: uuid.UUID, status: str
+    ) -> None:
+        _, org_id = authenticate(self.api, req, SESSIONS_WRITE)
+        try:
+            self.sessions.set_status(org_id, session_id, status)
+        except NotFoundError:
+            raise _not_found() from None
+        self._answer(resp, 200, session_json(self._info(org_id, session_id)))
+
+    def on_post_complete(
+        self, req: falcon.Request, resp: falcon.Response, session_id: uuid.UUID
+    ) -> None:
+        self._status(req, resp, session_id, "completed")
+
+    def on_post_abandon(
+        self, req: falcon.Request, resp: falcon.Response, session_id: uuid.UUID
+    ) -> None:
+        self._status(req, resp, session_id, "abandoned")
+
+
+def add_routes(app: falcon.App, api: Api, db: peewee.Database) -> None:
+    """Serve the sessions API on ``app``."""
+    resource = SessionsResource(api, db)
+    one = "/v1/sessions/{session_id:uuid}"
+    app.add_route("/v1/sessions", resource)
+    app.add_route(one, resource, suffix="one")
+    for action in ("turns", "complete", "abandon"):
+        app.add_route(f"{one}/{action}", resource, suffix=action)
+
+
+# -- the OpenAPI document ------------------------------------------------------------------
+
+SESSION_ID = {
+    "in": "path",
+    "name": "session_id",
+    "required": True,
+    "schema": {"type": "string", "format": "uuid"},
+}
+
+
+def document(spec: APISpec, secured: list[dict[str, list[str]]], max_body_bytes: int) -> None:
+    """Add the sessions API's schemas and routes to ``spec``."""
+    from memory_service.openapi import ORG_HEADER, _error, _with_org_errors
+
+    for name, schema in (
+        ("SessionCreate", SessionCreateSchema),
+        ("Session", SessionSchema),
+        ("SessionPage", SessionPageSchema),
+        ("TurnsAppend", TurnsAppendSchema),
+        ("TurnsAppended", TurnsAppendedSchema),
+    ):
+        spec.components.schema(name, schema=schema)
+
+    def body(schema: str) -> dict[str, Any]:
+        return {
+            "required": True,
+            "description": f"At most {max_body_bytes} bytes (MEMORY_MAX_BODY_BYTES).",
+            "content": {"application/json": {"schema": schema}},
+        }
+
+    def ok(description: str, schema: str, **headers: Any) -> dict[str, Any]:
+        answer: dict[str, Any] = {
+            "description": description,
+            "content": {"application/json": {"schema": schema}},
+        }
+        if headers:
+            answer["headers"] = headers
+        return answer
+
+    bad_body = {
+        "400": _error("Malformed JSON (MALFORMED_JSON) or header (INVALID_HEADER, ORG_REQUIRED)."),
+        "413": _error(f"Body over {max_body_bytes} bytes (BODY_TOO_LARGE)."),
+        "422": _error("Validation failed, field by field (VALIDATION_FAILED)."),
+    }
+    missing = {"404": _error("No such live session in this org (NOT_FOUND).")}
+    replayed = {
+        "Idempotent-Replayed": {
+            "description": "`true` when every turn was already stored (nothing was written).",
+            "schema": {"type": "string", "enum": ["true"]},
+        }
+    }
+    location = {"Location": {"description": "The session.", "schema": {"type": "string"}}}
+    spec.path(
+        path="/v1/sessions",
+        operations={
+            "post": {
+                "operationId": "openSession",
+                "summary": "Open a session, or find the one with this external id.",
+                "description": "The agent is a slug (created when missing) or an agent_id of "
+                "the org. The same (agent, external_id) again answers 200 with the existing "
+                "session; without an external id a new session is opened every time.",
+                "security": secured,
+                "parameters": [
+                    ORG_HEADER,
+                    {
+                        "in": "header",
+                        "name": SESSION_HEADER,
+                        "required": False,
+                        "description": "The external id, instead of (or equal to) the "
+                        "body's external_id.",
+                        "schema": {
+                            "type": "string",
+                            "minLength": 1,
+                            "maxLength": MAX_EXTERNAL_ID_CHARS,
+                        },
+                    },
+                ],
+                "requestBody": body("SessionCreate"),
+                "responses": _with_org_errors(
+                    {
+                        "201": ok("Opened.", "Session", **location),
+                        "200": ok("The session with this external id.", "Session", **location),
+                        **bad_body,
+                        "409": _error(
+                            "The session with this external id was deleted (SESSION_DELETED)."
+                        ),
+                        "422": _error(
+                            "Validation failed, field by field (VALIDATION_FAILED); also an "
+                            "agent_id that is not of this org."
+                        ),
+                    }
+                ),
+            },
+            "get": {
+                "operationId": "listSessions",
+                "summary": "List live sessions with their progress, newest first, with cursor "
+                "pagination.",
+                "security": secured,
+                "parameters": [ORG_HEADER, {"in": "query", "schema": SessionListQuerySchema}],
+                "responses": _with_org_errors(
+                    {
+                        "200": ok("One page.", "SessionPage"),
+                        "400": _error(
+                            "A cursor this service did not issue (INVALID_CURSOR), or a "
+                            "malformed X-IBEX-Org-ID (INVALID_HEADER) or none with a service "
+                            "token (ORG_REQUIRED)."
+                        ),
+                        "422": _error("Invalid query parameter (VALIDATION_FAILED)."),
+                    }
+                ),
+            },
+        },
+    )
+    one = "/v1/sessions/{session_id}"
+    spec.path(
+        path=one,
+        operations={
+            "get": {
+                "operationId": "getSession",
+                "summary": "One session with its extraction progress (turns done, pending, "
+                "failed; the pointer).",
+                "security": secured,
+                "parameters": [SESSION_ID, ORG_HEADER],
+                "responses": _with_org_errors({"200": ok("The session.", "Session"), **missing}),
+            },
+            "delete": {
+                "operationId": "deleteSession",
+                "summary": "Soft-delete the session and every memory whose source it is, in "
+                "one transaction.",
+                "security": secured,
+                "parameters": [SESSION_ID, ORG_HEADER],
+                "responses": _with_org_errors({"204": {"description": "Deleted."}, **missing}),
+            },
+        },
+    )
+    spec.path(
+        path=f"{one}/turns",
+        operations={
+            "post": {
+                "operationId": "appendTurns",
+                "summary": "Append consecutive turns in one transaction; safe to retry.",
+                "description": "Turns already stored with the same content are a no-op; "
+                "another content is TURN_CONFLICT (turns are immutable); a first turn_index "
+                "past turn_count + 1 is TURN_GAP with expected_turn_index.",
+                "security": secured,
+                "parameters": [SESSION_ID, ORG_HEADER],
+                "requestBody": body("TurnsAppend"),
+                "responses": _with_org_errors(
+                    {
+                        "201": ok("Appended (turns_added > 0).", "TurnsAppended"),
+                        "200": ok(
+                            "Every turn was already stored: nothing written.",
+                            "TurnsAppended",
+                            **replayed,
+                        ),
+                        **bad_body,
+                        **missing,
+                        "409": _error(
+                            "A turn differs from the stored one (TURN_CONFLICT, with "
+                            "turn_index), or turns would be skipped (TURN_GAP, with "
+                            "expected_turn_index)."
+                        ),
+                    }
+                ),
+            }
+        },
+    )
+    for action, operation_id, summary in (
+        (
+            "complete",
+            "completeSession",
+            "Mark the session completed (idempotent): the next scan extracts its turns.",
+        ),
+        (
+            "abandon",
+            "abandonSession",
+            "Mark the session abandoned (idempotent): it is never extracted.",
+        ),
+    ):
+        spec.path(
+            path=f"{one}/{action}",
+            operations={
+                "post": {
+                    "operationId": operation_id,
+                    "summary": summary,
+                    "security": secured,
+                    "parameters": [SESSION_ID, ORG_HEADER],
+                    "responses": _with_org_errors(
+                        {"200": ok("The session.", "Session"), **missing}
+                    ),
+                }
+            },
+        )

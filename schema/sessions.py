@@ -1,0 +1,213 @@
+"""Payloads of the sessions API: create, append turns, list, and the session it returns.
+
+A turn is validated exactly as a line of ``ibex import`` validates it (the same message and
+turn schemas, the same character and nesting rules), so a conversation fed over HTTP is stored
+with the same content and hashes as the same conversation imported. No I/O here.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from marshmallow import RAISE, Schema, ValidationError, fields, validate, validates_schema
+
+from core.errors import InvalidMessageError
+from schema.common import Slug, StrictInteger
+from schema.imports import MAX_DEPTH, MAX_INT32, SESSION_STATUSES, TurnSchema, check_strings
+from schema.memory import DEFAULT_PAGE_SIZE, MAX_CURSOR_CHARS, MAX_PAGE_SIZE
+
+MAX_EXTERNAL_ID_CHARS = 255
+#: Turns in one append request.
+MAX_TURNS_PER_REQUEST = 1000
+
+
+def _depth(value: Any) -> int:
+    """How deeply objects and arrays nest in ``value`` (a scalar is 0)."""
+    deepest = 0
+    stack: list[tuple[Any, int]] = [(value, 0)]
+    while stack:
+        item, level = stack.pop()
+        if isinstance(item, dict):
+            stack.extend((inner, level + 1) for inner in item.values())
+        elif isinstance(item, list):
+            stack.extend((inner, level + 1) for inner in item)
+        else:
+            continue
+        deepest = max(deepest, level + 1)
+    return deepest
+
+
+def _storable(text: str) -> None:
+    """No control character (but tab, newline, carriage return) and no lone surrogate."""
+    try:
+        check_strings(text)
+    except InvalidMessageError:
+        raise ValidationError("must not hold control characters or lone surrogates") from None
+
+
+class SessionCreateSchema(Schema):
+    """Body of ``POST /v1/sessions``: the agent by slug (created when missing) or by id."""
+
+    class Meta:
+        unknown = RAISE
+
+    agent = Slug(metadata={"description": "The agent's slug; created when missing."})
+    agent_id = fields.UUID(metadata={"description": "An agent of the org (instead of agent)."})
+    external_id = fields.String(
+        load_default=None,
+        allow_none=True,
+        validate=[validate.Length(min=1, max=MAX_EXTERNAL_ID_CHARS), _storable],
+        metadata={
+            "description": "The client's id of the conversation: the same (agent, external_id) "
+            "again returns the existing session. May come in X-IBEX-Session-ID instead."
+        },
+    )
+    model = fields.String(
+        load_default=None, allow_none=True, validate=[validate.Length(max=200), _storable]
+    )
+    provider = fields.String(
+        load_default=None, allow_none=True, validate=[validate.Length(max=200), _storable]
+    )
+
+    @validates_schema
+    def _one_agent(self, data: dict[str, Any], **kwargs: Any) -> None:
+        if ("agent" in data) == ("agent_id" in data):
+            raise ValidationError("give exactly one of agent (a slug) and agent_id", "agent")
+
+
+class TurnAppendSchema(TurnSchema):
+    """One turn of ``POST /v1/sessions/{id}/turns``: an import turn with its index."""
+
+    turn_index = StrictInteger(required=True, validate=validate.Range(min=1, max=MAX_INT32))
+    is_complete = fields.Boolean(load_default=True, truthy={True}, falsy={False})
+
+
+class TurnsAppendSchema(Schema):
+    """Body of ``POST /v1/sessions/{id}/turns``: consecutive turns, in order."""
+
+    class Meta:
+        unknown = RAISE
+
+    turns = fields.List(
+        fields.Nested(TurnAppendSchema),
+        required=True,
+        validate=validate.Length(min=1, max=MAX_TURNS_PER_REQUEST),
+    )
+
+    @validates_schema(skip_on_field_errors=True)
+    def _consecutive_and_storable(self, data: dict[str, Any], **kwargs: Any) -> None:
+        turns = data["turns"]
+        errors: dict[int, dict[str, list[str]]] = {}
+        for i, turn in enumerate(turns):
+            if i and turn["turn_index"] != turns[i - 1]["turn_index"] + 1:
+                errors[i] = {"turn_index": ["must follow the previous turn's index by one"]}
+                continue
+            content = {"messages": turn["messages"], "completion": turn["completion"]}
+            # The same limit as an import line's, where a turn object is level 3 (in the
+            # session object's turns array): a turn stored one way can be stored the other.
+            if _depth(content) + 2 > MAX_DEPTH:
+                errors[i] = {"_schema": [f"nested deeper than {MAX_DEPTH} levels"]}
+                continue
+            try:
+                check_strings(content)
+            except InvalidMessageError as exc:
+                errors[i] = {"_schema": [str(exc)]}
+        if errors:
+            raise ValidationError({"turns": errors})
+
+
+class ProgressSchema(Schema):
+    class Meta:
+        unknown = RAISE
+
+    done = fields.Integer(required=True, metadata={"description": "Turns extracted."})
+    pending = fields.Integer(
+        required=True, metadata={"description": "Turns not yet extracted nor failed."}
+    )
+    failed = fields.Integer(
+        required=True, metadata={"description": "Turns whose extraction was dead-lettered."}
+    )
+    pointer = fields.Integer(
+        required=True,
+        metadata={"description": "last_extracted_turn: every turn up to it is extracted."},
+    )
+
+
+class SessionSchema(Schema):
+    """A session as every route returns it."""
+
+    class Meta:
+        unknown = RAISE
+
+    id = fields.UUID(required=True)
+    org_id = fields.UUID(required=True)
+    agent_id = fields.UUID(required=True)
+    external_id = fields.String(required=True, allow_none=True)
+    status = fields.String(required=True, validate=validate.OneOf(SESSION_STATUSES))
+    model = fields.String(required=True, allow_none=True)
+    provider = fields.String(required=True, allow_none=True)
+    turn_count = fields.Integer(required=True)
+    last_extracted_turn = fields.Integer(required=True)
+    prompt_tokens = fields.Integer(required=True)
+    completion_tokens = fields.Integer(required=True)
+    progress = fields.Nested(ProgressSchema, required=True)
+    created_at = fields.AwareDateTime(required=True)
+    updated_at = fields.AwareDateTime(required=True)
+    completed_at = fields.AwareDateTime(required=True, allow_none=True)
+
+
+class TurnsAppendedSchema(Schema):
+    """Answer of ``POST /v1/sessions/{id}/turns``."""
+
+    class Meta:
+        unknown = RAISE
+
+    session = fields.Nested(SessionSchema, required=True)
+    turns_added = fields.Integer(
+        required=True, metadata={"description": "0 when every turn was already stored."}
+    )
+
+
+class SessionPageSchema(Schema):
+    """One page of ``GET /v1/sessions``, newest first."""
+
+    class Meta:
+        unknown = RAISE
+
+    items = fields.List(fields.Nested(SessionSchema), required=True)
+    next_cursor = fields.String(
+        required=True,
+        allow_none=True,
+        metadata={"description": "Pass as `cursor` for the next page; null on the last page."},
+    )
+
+
+class SessionListQuerySchema(Schema):
+    """Query parameters of ``GET /v1/sessions``."""
+
+    class Meta:
+        unknown = RAISE
+
+    agent_id = fields.UUID()
+    external_id = fields.String(
+        validate=[validate.Length(min=1, max=MAX_EXTERNAL_ID_CHARS), _storable]
+    )
+    status = fields.String(validate=validate.OneOf(SESSION_STATUSES))
+    limit = fields.Integer(
+        load_default=DEFAULT_PAGE_SIZE, validate=validate.Range(min=1, max=MAX_PAGE_SIZE)
+    )
+    cursor = fields.String(
+        validate=validate.Length(min=1, max=MAX_CURSOR_CHARS),
+        metadata={"description": "Opaque; the `next_cursor` of the previous page."},
+    )
+
+
+__all__ = [
+    "MAX_TURNS_PER_REQUEST",
+    "SessionCreateSchema",
+    "SessionListQuerySchema",
+    "SessionPageSchema",
+    "SessionSchema",
+    "TurnsAppendSchema",
+    "TurnsAppendedSchema",
+]
