@@ -5,7 +5,7 @@ as Dramatiq's global broker, so ``dramatiq actors`` finds it. Tests swap it with
 :func:`use_broker` (a :class:`StubBroker`, or a RedisBroker on fakeredis), which moves every
 declared actor onto the new broker.
 
-Settings chosen on purpose (see NOTES-dramatiq):
+Settings chosen on purpose (Dramatiq's delivery facts behind them: docs/reliability.md):
 
 - ``heartbeat_timeout`` 30 s and ``maintenance_chance`` 2 %: a killed worker's unacked messages
   come back within about a minute instead of Dramatiq's default of tens of minutes. The scan's

@@ -1,4 +1,4 @@
-"""The pipeline benchmark (DESIGN section 11): the real stack against ``ibex extract``.
+"""The pipeline benchmark (the performance targets): the real stack against ``ibex extract``.
 
 ``python -m bench.pipeline [--scenario NAME ...] [--json]``
 

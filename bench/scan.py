@@ -1,4 +1,4 @@
-"""The scan benchmark (DESIGN section 11): a scan over 1,000,000 sessions sends 10,000 turns.
+"""The scan benchmark (a performance target): a scan over 1,000,000 sessions sends 10,000 turns.
 
 ``python -m bench.scan [--sessions N] [--pending-sessions N] [--turns N] [--json]``
 

@@ -94,8 +94,8 @@ def build_spec(max_body_bytes: int) -> dict[str, Any]:
         openapi_version="3.0.3",
         plugins=[MarshmallowPlugin()],
         info={
-            "description": "Stores memories with durable idempotency and exact dedup "
-            '(DESIGN section 6). Every error body is `{"error": {"code", "message", '
+            "description": "Stores memories with durable idempotency and exact dedup."
+            ' Every error body is `{"error": {"code", "message", '
             "...}}`; codes: " + ", ".join(ERROR_CODES) + "."
         },
     )

@@ -1,4 +1,4 @@
-"""Payloads of the memory service (DESIGN section 6): requests, responses and error bodies.
+"""Payloads of the memory service: requests, responses and error bodies.
 
 The service validates with these schemas and ``/openapi.json`` is generated from them, so the
 document cannot drift from what the code accepts. No I/O here.

@@ -1,4 +1,4 @@
-"""The pipeline's actor messages (DESIGN section 5).
+"""The pipeline's actor messages (the four stages: docs/architecture.md).
 
 Every message carries the slot identity it works on, nothing else: ``scan_sessions`` (optional
 filters), ``extract_turn`` and ``advance_pointer`` (org_id, session_id, turn_index),

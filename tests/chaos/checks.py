@@ -1,4 +1,4 @@
-"""Invariants of DESIGN section 5, checked from the database after (and during) a chaos run.
+"""The invariants of docs/reliability.md, checked from the database after (and during) a chaos run.
 
 :class:`PointerSampler` watches every session pointer during the run (invariant 3: never above
 the first not-done turn - 1, never decreasing). :func:`end_state` reads the final state and

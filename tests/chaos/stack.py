@@ -17,7 +17,7 @@ Faults: :meth:`kill_workers` (SIGKILL of the whole worker process group, then a 
 :meth:`terminate_backends` (``pg_terminate_backend`` of the workers' — and optionally the
 memory service's — Postgres backends), :meth:`restart_redis`, and the LLM's knobs. Each fault
 records which turns held an LLM claim without a persisted result at that moment: the only turns
-whose answer may be lost and asked for again (DESIGN section 5, invariant 4).
+whose answer may be lost and asked for again (invariant 4 of docs/reliability.md).
 """
 
 from __future__ import annotations

@@ -1,5 +1,5 @@
 """The chaos suite: the whole pipeline on real processes under injected faults, then every
-invariant of DESIGN section 5 checked from the database (docs/reliability.md).
+invariant of docs/reliability.md checked from the database (docs/reliability.md).
 
 Run with ``CHAOS_SEED=<n>`` to replay a run's fault plan; every test prints its seed and a
 short report (``-s`` shows it on success too).

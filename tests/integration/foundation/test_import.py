@@ -1,4 +1,4 @@
-"""``ibex import``: the JSON Lines contract of DESIGN section 4, through the real CLI."""
+"""``ibex import``: the JSON Lines format of the README, through the real CLI."""
 
 from __future__ import annotations
 

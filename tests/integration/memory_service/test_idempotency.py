@@ -1,5 +1,5 @@
-"""Idempotency and dedup end to end: every row of the semantics table in NOTES-idempotency.md
-and its ten failure cases, against the real Postgres and Redis.
+"""Idempotency and dedup end to end: every row of the idempotency semantics table
+(docs/architecture.md) and its ten failure cases, against the real Postgres and Redis.
 
 Fault-injection tests say in their docstring which crash point they simulate. A crash is a
 ``SimulatedCrash`` (a BaseException, like the SystemExit a killed worker dies with): no

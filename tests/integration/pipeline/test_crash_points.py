@@ -1,4 +1,4 @@
-"""The crash-point matrix (NOTES-idempotency, "The pipeline's own crash points").
+"""The crash-point matrix (every point where a stage can die between two of its effects).
 
 Each case kills a stage right after one step (a ``Crash`` raised from the stage's fault hook,
 which no ``except Exception`` can swallow, like kill -9), lets the queue redeliver the message,

@@ -1,4 +1,4 @@
-"""The idempotency key: exactly the ADR formula, a function of the slot identity only."""
+"""The idempotency key: exactly the documented formula, a function of the slot identity only."""
 
 from __future__ import annotations
 
