@@ -43,7 +43,10 @@ CONVERSATION = [
         latency_ms=580,
     ),
 ]
-NEXT_QUESTION = "Can you suggest a snack for my hike this weekend?"
+#: The first message of a later conversation: the context must bring back the allergy.
+NEXT_QUESTION = (
+    "It's Dana again: I'm hiking near Lisbon this weekend. Should I pack peanut butter sandwiches?"
+)
 
 
 def wait_until_extracted(
