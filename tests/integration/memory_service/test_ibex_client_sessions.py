@@ -1,11 +1,13 @@
 """IbexClient and AsyncIbexClient against the real sessions API in-process, over the real
 Postgres and Redis: open or find a session, append turns (replay, TURN_CONFLICT and TURN_GAP as
 typed errors), complete, abandon, get, list page by page, delete. One scenario runs through
-each client, so both parse exactly what the server sends."""
+each client, so both parse exactly what the server sends. The README's client example runs
+against the same service."""
 
 from __future__ import annotations
 
 import asyncio
+import re
 import uuid
 from collections.abc import AsyncIterator, Iterator
 from typing import Any, Protocol
@@ -13,6 +15,8 @@ from typing import Any, Protocol
 import httpx
 import pytest
 
+import memory_service.client
+from core.processes import ROOT
 from memory_service.client import (
     AsyncIbexClient,
     IbexClient,
@@ -185,3 +189,31 @@ def test_session_lifecycle_through_the_client(ibex: Driver, acme: Tenant) -> Non
         ibex("append_turns", opened.id, [turn(4)])
     assert opened.id not in {s.id for s in ibex.iter_sessions(agent_id=agent)}
     assert ibex("delete_session", uuid.uuid4()) is False
+
+
+def test_the_readme_client_example_runs_against_the_service(
+    app: Any, token: str, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    blocks = re.findall(r"```python\n(.*?)```", (ROOT / "README.md").read_text(), re.DOTALL)
+    assert len(blocks) == 1
+    code = blocks[0]
+    assert len(code.strip().splitlines()) == 10
+
+    class Local(IbexClient):
+        """The README's client, with the network swapped for the app in this process."""
+
+        def __init__(self, base_url: str, token: str, **kwargs: Any) -> None:
+            super().__init__(base_url, token, transport=httpx.WSGITransport(app=app), **kwargs)
+
+    monkeypatch.setattr(memory_service.client, "IbexClient", Local)
+    scope: dict[str, Any] = {"token": token}
+    exec(compile(code, "README.md", "exec"), scope)  # noqa: S102 (the README, as documentation)
+
+    session = scope["session"]
+    assert isinstance(session, Session) and session.external_id == "conv-42"
+    # Printed right after completing: nothing extracted yet (no pipeline runs here).
+    assert capsys.readouterr().out.strip() == str(Progress(done=0, pending=1, failed=0, pointer=0))
+    with Local(BASE_URL, token) as ibex:
+        stored = ibex.get_session(session.id)
+    assert (stored.status, stored.turn_count) == ("completed", 1)
+    assert scope["hits"] == () and scope["block"] == ""

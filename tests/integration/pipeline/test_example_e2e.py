@@ -68,7 +68,8 @@ def stack(env: dict[str, str], tmp_path: Path) -> Iterator[Launcher]:
 
 
 def app_token(env: dict[str, str]) -> str:
-    """An application's token, made as an operator makes it."""
+    """An application's token file, made as an operator makes it (the token alone on
+    standard output)."""
     made = subprocess.run(
         [
             *(str(BIN / "ibex"), "token", "create", "--org", "acme", "--create-org"),
@@ -81,7 +82,8 @@ def app_token(env: dict[str, str]) -> str:
         timeout=30,
     )
     assert made.returncode == 0, made.stderr
-    return made.stdout.strip().splitlines()[-1]
+    assert len(made.stdout.splitlines()) == 1, made.stdout
+    return made.stdout
 
 
 def test_the_example_feeds_a_conversation_and_gets_its_memories_back(
@@ -94,7 +96,7 @@ def test_the_example_feeds_a_conversation_and_gets_its_memories_back(
             *(sys.executable, str(EXAMPLE), env["MEMORY_SERVICE_URL"]),
             *("--timeout", "40", "--interval", "0.25"),
         ],
-        input=token + "\n",
+        input=token,
         env=env,
         cwd=ROOT,
         capture_output=True,
