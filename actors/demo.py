@@ -3,7 +3,10 @@
 Embedded Postgres and Redis when ``DATABASE_URL`` / ``REDIS_URL`` are unset (the ``embedded``
 extra), migrations, a service token, the sample sessions of ``examples/``, the Procfile's
 ``web`` (the memory service under gunicorn) and ``worker`` (``dramatiq``) processes, one
-scan, a progress bar until the backlog drains, then a summary and a few memories. Everything
+scan, a progress bar until the backlog drains, then a summary and a few memories, and the read
+path: a search and an assembled context for one sample agent, through the HTTP API with the
+demo's token, as an application asks for them (:class:`~memory_service.client.IbexClient`).
+Everything
 it started is stopped on the way out, Ctrl-C included. Data stays under ``~/.ibex/demo``
 (``--data-dir``), so a second run is fast; ``--fresh`` starts over.
 """
@@ -31,6 +34,11 @@ from core.progress import Progress
 
 #: Exit statuses of ``ibex demo``, as the command line defines them.
 EXIT_OK, EXIT_FAILURE = 0, 1
+
+#: The sample agent the read path is shown for, and what it is asked.
+RECALL_ORG, RECALL_AGENT = "acme", "support-bot"
+RECALL_QUERY = "Is the user allergic to anything, and what do they love?"
+RECALL_HITS, RECALL_TOKENS = 3, 120
 
 
 @dataclass
@@ -177,6 +185,8 @@ def _run_demo(args: argparse.Namespace, settings: Settings) -> int:
         print()
         _print_samples(db)
         print()
+        _print_recall(db, f"http://127.0.0.1:{port}", token)
+        print()
         print(f"logs                {logs}")
         if not drained:
             print(
@@ -275,3 +285,39 @@ def _print_samples(db: Any, limit: int = 8) -> None:
     print(f"{'ORG':<9} {'AGENT':<17} {'KIND':<11} MEMORY")
     for org, agent, kind, content in rows:
         print(f"{org:<9} {agent:<17} {kind:<11} {content}")
+
+
+def _print_recall(db: Any, url: str, token: str) -> None:
+    """Search one sample agent's memories and assemble its context, over HTTP."""
+    from core.db import operator_scope
+    from memory_service.client import IbexClient, IbexClientError
+
+    with operator_scope(db):
+        row = db.execute_sql(
+            "SELECT o.id, a.id FROM ibex_core.orgs o JOIN ibex_core.agents a ON a.org_id = o.id"
+            " WHERE o.slug = %s AND a.slug = %s",
+            (RECALL_ORG, RECALL_AGENT),
+        ).fetchone()
+    name = f"{RECALL_ORG}/{RECALL_AGENT}"
+    if row is None:
+        print(f"search              (no agent {name} in the samples)")
+        return
+    org_id, agent_id = row
+    # The demo's token is a service token: it names the org it acts for.
+    try:
+        with IbexClient(url, token, org_id=org_id) as ibex:
+            hits = ibex.search(RECALL_QUERY, agent_id=agent_id, limit=RECALL_HITS)
+            context = ibex.context(agent_id, query=RECALL_QUERY, max_tokens=RECALL_TOKENS)
+    except IbexClientError as exc:
+        raise ConfigError(f"the search through the memory service failed: {exc}") from exc
+    print(f"search              {name}: {RECALL_QUERY!r}")
+    if not hits:
+        print("(no matches)")
+    for hit in hits:
+        print(f"  {hit.score:.2f}  {hit.memory.content}")
+    print()
+    print(
+        f"context             {name}: {context.tokens} of {RECALL_TOKENS} tokens,"
+        f" {len(context.memories)} memories, {context.dropped} dropped"
+    )
+    print(context.context or "(no memories matched)")

@@ -43,7 +43,10 @@ CONVERSATION = [
         latency_ms=580,
     ),
 ]
-NEXT_QUESTION = "Can you suggest a snack for my hike this weekend?"
+#: The first message of a later conversation: the context must bring back the allergy.
+NEXT_QUESTION = (
+    "It's Dana again: I'm hiking near Lisbon this weekend. Should I pack peanut butter sandwiches?"
+)
 
 
 def wait_until_extracted(
@@ -55,9 +58,18 @@ def wait_until_extracted(
     sleep: Callable[[float], None] = time.sleep,
     clock: Callable[[], float] = time.monotonic,
 ) -> Session:
-    """Poll the session until the pipeline's pointer has reached its last turn."""
+    """Poll the session until the pipeline's pointer has reached its last turn.
+
+    A turn whose extraction failed (dead-lettered) stops the pointer until an operator replays
+    it (``ibex dlq replay``), so waiting longer would not help: that is an error at once.
+    """
     deadline = clock() + timeout
     while not session.extracted:
+        if session.progress.failed:
+            raise RuntimeError(
+                f"session {session.id}: {session.progress.failed} turns failed extraction; "
+                "see `ibex dlq list`"
+            )
         if clock() >= deadline:
             raise TimeoutError(
                 f"session {session.id}: {session.last_extracted_turn} of {session.turn_count} "
@@ -75,19 +87,22 @@ def run(
     timeout: float = 120.0,
     interval: float = 1.0,
     sleep: Callable[[float], None] = time.sleep,
-) -> Context:
-    """Feed the conversation, wait for extraction, and return the context for what comes next."""
+) -> tuple[Session, Context]:
+    """Feed the conversation, wait for extraction, and return the extracted session and the
+    context for what comes next."""
+    # The external id makes the create safe to retry: a repeat finds this session.
     session = ibex.create_session(
         agent, external_id=f"example-{uuid.uuid4()}", model="gpt-4o-mini", provider="openai"
     )
     ibex.append_turns(session.id, CONVERSATION)
     session = ibex.complete_session(session.id)
     session = wait_until_extracted(ibex, session, timeout=timeout, interval=interval, sleep=sleep)
-    return ibex.context(
+    context = ibex.context(
         session.agent_id,
         messages=[{"role": "user", "content": NEXT_QUESTION}],
         max_tokens=200,
     )
+    return session, context
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -95,12 +110,20 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("url", help="base URL of the IBEX web process")
     parser.add_argument("--agent", default="support-bot", help="agent slug (default: %(default)s)")
     parser.add_argument("--timeout", type=float, default=120.0, help="seconds to wait")
+    parser.add_argument(
+        "--interval", type=float, default=1.0, help="seconds between polls (default: 1)"
+    )
     args = parser.parse_args(argv)
     token = sys.stdin.readline().strip()
     if not token:
         parser.error("give the API token on standard input")
     with IbexClient(args.url, token) as ibex:
-        context = run(ibex, agent=args.agent, timeout=args.timeout)
+        session, context = run(ibex, agent=args.agent, timeout=args.timeout, interval=args.interval)
+    progress = session.progress
+    print(
+        f"session {session.id}: {progress.done} of {session.turn_count} turns extracted "
+        f"(pointer {progress.pointer}, {progress.failed} failed)"
+    )
     print(context.context or "(no memories matched)")
     print(f"{len(context.memories)} memories, {context.tokens} tokens, {context.dropped} dropped")
     return 0

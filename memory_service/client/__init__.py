@@ -42,10 +42,12 @@ from memory_service.client.types import (
     Memory,
     MemorySource,
     Page,
+    Progress,
     SearchHit,
     Session,
     Signals,
     Turn,
+    TurnsAppended,
 )
 from memory_service.client.worker import MemoryClient, WriteOutcome, classify_write
 
@@ -70,6 +72,7 @@ __all__ = [
     "Page",
     "PayloadTooLargeError",
     "PermissionDeniedError",
+    "Progress",
     "RateLimitedError",
     "RetryPolicy",
     "SearchHit",
@@ -79,6 +82,7 @@ __all__ = [
     "Turn",
     "TurnConflictError",
     "TurnGapError",
+    "TurnsAppended",
     "UnexpectedResponseError",
     "WriteOutcome",
     "canonical_body",

@@ -5,7 +5,9 @@ to the queue) and the public clients (which retry in process) classify an answer
 :func:`is_retryable`: 408, 429, every 5xx and 409 ``IDEMPOTENCY_IN_PROGRESS`` are worth another
 attempt; anything else is final. Repeating is safe for every call of the API: creates carry an
 idempotency key, turns carry their index, status changes and deletes are idempotent, searches
-are reads.
+are reads. The one exception is opening a session without an external id: each such request
+that reaches the server opens a session, so it is a :class:`Call` with ``repeatable=False``,
+sent again only when the connection was never made.
 
 The public clients also share request building and response parsing, here, so the sync and
 async clients differ only in how they send and sleep: a :class:`Call` describes one API call
@@ -136,7 +138,8 @@ class Call(Generic[T]):
     """One API call: the request, and how a 2xx answer becomes a value.
 
     ``on_404`` (when set) is the value a 404 stands for, for calls where "not there" is an
-    answer (a delete of something already gone) rather than an error.
+    answer (a delete of something already gone) rather than an error. A call that is not
+    ``repeatable`` is retried only when the connection could not be made (nothing was sent).
     """
 
     method: str
@@ -146,6 +149,7 @@ class Call(Generic[T]):
     body: bytes | None = None
     headers: Mapping[str, str] = field(default_factory=dict)
     on_404: Callable[[], T] | None = None
+    repeatable: bool = True
 
 
 @dataclass(frozen=True)
@@ -204,7 +208,11 @@ class ClientCore:
         body = parse_error(response)
         retry_after = parse_retry_after(response.headers.get("Retry-After"))
         error = error_for(status, body.code, body.message, body.details, retry_after)
-        if is_retryable(status, body.code) and attempt < self.retry.max_attempts:
+        if (
+            call.repeatable
+            and is_retryable(status, body.code)
+            and attempt < self.retry.max_attempts
+        ):
             return self._retry(
                 call, attempt, self.retry.delay(attempt, retry_after, self.rand), error
             )
@@ -218,9 +226,12 @@ class ClientCore:
             error = IbexTimeoutError(f"no answer in time: {type(exc).__name__}")
         else:
             error = IbexConnectionError(f"no answer: {type(exc).__name__}: {exc}")
-        retryable = isinstance(
-            exc, httpx.TimeoutException | httpx.NetworkError | httpx.RemoteProtocolError
-        )
+        if call.repeatable:
+            retryable = isinstance(
+                exc, httpx.TimeoutException | httpx.NetworkError | httpx.RemoteProtocolError
+            )
+        else:
+            retryable = isinstance(exc, httpx.ConnectError | httpx.ConnectTimeout)
         if not retryable or attempt >= self.retry.max_attempts:
             raise error from exc
         return self._retry(call, attempt, self.retry.delay(attempt, None, self.rand), error)

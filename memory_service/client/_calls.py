@@ -23,9 +23,9 @@ from memory_service.client.types import (
     SearchHit,
     Session,
     Turn,
+    TurnsAppended,
     memory_page,
     search_hits,
-    session_of,
     session_page,
 )
 
@@ -59,7 +59,7 @@ def _key(idempotency_key: str | None) -> dict[str, str]:
 
 
 def _session(response: httpx.Response) -> Session:
-    return session_of(_json(response))
+    return Session.from_json(_json(response))
 
 
 def _deleted(response: httpx.Response) -> bool:
@@ -79,7 +79,6 @@ def create_session(
     external_id: str | None,
     model: str | None,
     provider: str | None,
-    idempotency_key: str | None,
 ) -> Call[Session]:
     if (agent is None) == (agent_id is None):
         raise ValueError("give exactly one of agent (a slug) and agent_id")
@@ -92,23 +91,26 @@ def create_session(
     for name, value in (("external_id", external_id), ("model", model), ("provider", provider)):
         if value is not None:
             body[name] = value
+    # The external id is what makes a repeat find the session the first attempt opened; without
+    # one, every request that reaches the server opens a new session, so only a request that
+    # never reached it may be sent again.
     return Call(
         "POST",
         "/v1/sessions",
         _session,
         body=canonical_body(body),
-        headers=_key(idempotency_key),
+        repeatable=external_id is not None,
     )
 
 
-def append_turns(session_id: Id, turns: Sequence[Turn]) -> Call[Session]:
+def append_turns(session_id: Id, turns: Sequence[Turn]) -> Call[TurnsAppended]:
     if not turns:
         raise ValueError("give at least one turn")
     body = {"turns": [t.as_json() for t in turns]}
     return Call(
         "POST",
         f"/v1/sessions/{_id(session_id, 'session_id')}/turns",
-        _session,
+        lambda r: TurnsAppended.from_json(_json(r)),
         body=canonical_body(body),
     )
 

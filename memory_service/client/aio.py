@@ -27,6 +27,7 @@ from memory_service.client.types import (
     SearchHit,
     Session,
     Turn,
+    TurnsAppended,
 )
 
 T = TypeVar("T")
@@ -92,17 +93,16 @@ class AsyncIbexClient:
         external_id: str | None = None,
         model: str | None = None,
         provider: str | None = None,
-        idempotency_key: str | None = None,
     ) -> Session:
         """Start a session of ``agent`` (a slug, created when missing) or ``agent_id``; the
-        same ``external_id`` again returns the existing session."""
-        return await self._run(
-            _calls.create_session(agent, agent_id, external_id, model, provider, idempotency_key)
-        )
+        same ``external_id`` again returns the existing session. Without an external id every
+        call opens a new session, so the call is retried only when it could not connect."""
+        return await self._run(_calls.create_session(agent, agent_id, external_id, model, provider))
 
-    async def append_turns(self, session_id: Id, turns: Sequence[Turn]) -> Session:
-        """Append turns in order; turns already stored with the same content are no-ops.
-        Raises :class:`~memory_service.client.errors.TurnConflictError` or
+    async def append_turns(self, session_id: Id, turns: Sequence[Turn]) -> TurnsAppended:
+        """Append turns in order; turns already stored with the same content are no-ops
+        (``turns_added`` counts the others). Raises
+        :class:`~memory_service.client.errors.TurnConflictError` or
         :class:`~memory_service.client.errors.TurnGapError`."""
         return await self._run(_calls.append_turns(session_id, turns))
 

@@ -100,21 +100,27 @@ class DuplicateContentError(ConflictError):
             return None
 
 
+def _int_detail(details: Mapping[str, Any], key: str) -> int | None:
+    value = details.get(key)
+    return value if isinstance(value, int) and not isinstance(value, bool) else None
+
+
 class TurnConflictError(ConflictError):
-    """409 ``TURN_CONFLICT``: a turn of that index is stored with other content (turns are
+    """409 ``TURN_CONFLICT``: the turn ``turn_index`` is stored with other content (turns are
     immutable)."""
+
+    @property
+    def turn_index(self) -> int | None:
+        return _int_detail(self.details, "turn_index")
 
 
 class TurnGapError(ConflictError):
-    """409 ``TURN_GAP``: the first turn sent is past the next index the session expects."""
+    """409 ``TURN_GAP``: the first turn sent is past ``expected_turn_index``, the next index
+    the session expects (its turn_count + 1)."""
 
     @property
     def expected_turn_index(self) -> int | None:
-        for key in ("expected_turn_index", "expected_index", "expected"):
-            value = self.details.get(key)
-            if isinstance(value, int) and not isinstance(value, bool):
-                return value
-        return None
+        return _int_detail(self.details, "expected_turn_index")
 
 
 class PayloadTooLargeError(ApiError):

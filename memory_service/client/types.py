@@ -1,15 +1,15 @@
 """The values the public clients send and return: frozen dataclasses parsed from the JSON.
 
 Parsing is strict about the fields the API documents (a missing or mistyped one raises
-:class:`~memory_service.client.errors.UnexpectedResponseError`) and keeps any other field of a
-session in :attr:`Session.extra`, so a newer server's additions are not lost.
+:class:`~memory_service.client.errors.UnexpectedResponseError`) and ignores any other field, so
+a newer server's additions do not break an older client.
 """
 
 from __future__ import annotations
 
 import uuid
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from datetime import datetime
 from typing import Any, Generic, TypeVar
 
@@ -263,43 +263,61 @@ class Turn:
         return body
 
 
-_SESSION_FIELDS = frozenset(
-    {
-        "id",
-        "agent_id",
-        "external_id",
-        "status",
-        "turn_count",
-        "last_extracted_turn",
-        "model",
-        "provider",
-        "created_at",
-        "updated_at",
-        "completed_at",
-    }
-)
+def _opt_str(data: Mapping[str, Any], key: str, what: str) -> str | None:
+    value = _req(data, key, what)
+    return None if value is None else _str(value, f"{what}.{key}")
+
+
+def _req_int(data: Mapping[str, Any], key: str, what: str) -> int:
+    return _int(_req(data, key, what), f"{what}.{key}")
+
+
+@dataclass(frozen=True)
+class Progress:
+    """How far extraction has got through a session's turns: ``done`` (extracted),
+    ``pending`` (not yet extracted, nor failed), ``failed`` (dead-lettered: the pointer waits
+    until an operator replays them) and ``pointer`` (every turn up to it is extracted)."""
+
+    done: int
+    pending: int
+    failed: int
+    pointer: int
+
+    @classmethod
+    def from_json(cls, value: Any) -> Progress:
+        data = _obj(value, "session.progress")
+        what = "session.progress"
+        return cls(
+            done=_req_int(data, "done", what),
+            pending=_req_int(data, "pending", what),
+            failed=_req_int(data, "failed", what),
+            pointer=_req_int(data, "pointer", what),
+        )
 
 
 @dataclass(frozen=True)
 class Session:
     """A conversation and how far extraction has got through it.
 
-    ``last_extracted_turn`` is the pointer: every turn up to it is extracted. Any field the
-    server adds beyond these (such as per-turn extraction progress) is kept in ``extra``.
+    ``last_extracted_turn`` is the pointer: every turn up to it is extracted. ``progress``
+    counts the stored turns by extraction state (``done + pending + failed == turn_count``).
     """
 
     id: uuid.UUID
+    org_id: uuid.UUID
     agent_id: uuid.UUID
     external_id: str | None
     status: str
+    model: str | None
+    provider: str | None
     turn_count: int
     last_extracted_turn: int
-    model: str | None = None
-    provider: str | None = None
-    created_at: datetime | None = None
-    updated_at: datetime | None = None
-    completed_at: datetime | None = None
-    extra: Mapping[str, Any] = field(default_factory=dict)
+    prompt_tokens: int
+    completion_tokens: int
+    progress: Progress
+    created_at: datetime
+    updated_at: datetime
+    completed_at: datetime | None
 
     @property
     def extracted(self) -> bool:
@@ -309,33 +327,45 @@ class Session:
     @classmethod
     def from_json(cls, value: Any) -> Session:
         data = _obj(value, "session")
-        external_id = data.get("external_id")
-        model = data.get("model")
-        provider = data.get("provider")
+        what = "session"
         return cls(
-            id=_uuid(_req(data, "id", "session"), "session.id"),
-            agent_id=_uuid(_req(data, "agent_id", "session"), "session.agent_id"),
-            external_id=None if external_id is None else _str(external_id, "external_id"),
-            status=_str(_req(data, "status", "session"), "session.status"),
-            turn_count=_int(_req(data, "turn_count", "session"), "session.turn_count"),
-            last_extracted_turn=_int(
-                _req(data, "last_extracted_turn", "session"), "session.last_extracted_turn"
-            ),
-            model=None if model is None else _str(model, "session.model"),
-            provider=None if provider is None else _str(provider, "session.provider"),
-            created_at=_opt_time(data.get("created_at"), "session.created_at"),
-            updated_at=_opt_time(data.get("updated_at"), "session.updated_at"),
-            completed_at=_opt_time(data.get("completed_at"), "session.completed_at"),
-            extra={k: v for k, v in data.items() if k not in _SESSION_FIELDS},
+            id=_uuid(_req(data, "id", what), "session.id"),
+            org_id=_uuid(_req(data, "org_id", what), "session.org_id"),
+            agent_id=_uuid(_req(data, "agent_id", what), "session.agent_id"),
+            external_id=_opt_str(data, "external_id", what),
+            status=_str(_req(data, "status", what), "session.status"),
+            model=_opt_str(data, "model", what),
+            provider=_opt_str(data, "provider", what),
+            turn_count=_req_int(data, "turn_count", what),
+            last_extracted_turn=_req_int(data, "last_extracted_turn", what),
+            prompt_tokens=_req_int(data, "prompt_tokens", what),
+            completion_tokens=_req_int(data, "completion_tokens", what),
+            progress=Progress.from_json(_req(data, "progress", what)),
+            created_at=_time(_req(data, "created_at", what), "session.created_at"),
+            updated_at=_time(_req(data, "updated_at", what), "session.updated_at"),
+            completed_at=_opt_time(_req(data, "completed_at", what), "session.completed_at"),
         )
 
 
-def session_of(value: Any) -> Session:
-    """The session in an answer: the session object itself, or ``{"session": {...}}``."""
-    data = _obj(value, "session")
-    if "id" not in data and isinstance(data.get("session"), dict):
-        return Session.from_json(data["session"])
-    return Session.from_json(data)
+@dataclass(frozen=True)
+class TurnsAppended:
+    """The answer to appending turns: the session after the append, and how many turns were
+    stored by it (0 when every turn was already stored: a replay, nothing written)."""
+
+    session: Session
+    turns_added: int
+
+    @property
+    def replayed(self) -> bool:
+        return self.turns_added == 0
+
+    @classmethod
+    def from_json(cls, value: Any) -> TurnsAppended:
+        data = _obj(value, "turns appended")
+        return cls(
+            session=Session.from_json(_req(data, "session", "turns appended")),
+            turns_added=_req_int(data, "turns_added", "turns appended"),
+        )
 
 
 def session_page(value: Any) -> Page[Session]:
@@ -357,8 +387,10 @@ __all__ = [
     "Memory",
     "MemorySource",
     "Page",
+    "Progress",
     "SearchHit",
     "Session",
     "Signals",
     "Turn",
+    "TurnsAppended",
 ]

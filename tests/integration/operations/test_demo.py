@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -57,6 +58,31 @@ def _summary(out: str) -> dict[str, str]:
     return values
 
 
+def _assert_recall(out: str) -> None:
+    """The read path after the summary: a search of acme/support-bot's memories with its top
+    hits, best first, and the context assembled for the same question."""
+    lines = out.splitlines()
+    start = next(i for i, line in enumerate(lines) if line.startswith("search "))
+    assert "acme/support-bot" in lines[start]
+    hits = []
+    for line in lines[start + 1 :]:
+        found = re.fullmatch(r"  (\d\.\d\d)  (.+)", line)
+        if not found:
+            break
+        hits.append((float(found.group(1)), found.group(2)))
+    assert 0 < len(hits) <= 3 and hits == sorted(hits, key=lambda h: -h[0]), out
+    assert any("allergic to" in content for _, content in hits), out
+    header = next(i for i, line in enumerate(lines) if line.startswith("context "))
+    assert header > start
+    assert re.fullmatch(
+        r"context +acme/support-bot: (\d+) of 120 tokens, [1-9]\d* memories, \d+ dropped",
+        lines[header],
+    ), lines[header]
+    block = lines[header + 1 : lines.index("</memories>", header) + 1]
+    assert block[0] == "<memories>" and all(line.startswith("- ") for line in block[1:-1])
+    assert any(line.startswith("- The user is allergic to") for line in block), out
+
+
 def test_the_demo_extracts_the_samples_and_cleans_up(tmp_path: Path) -> None:
     data = tmp_path / "demo"
     started = time.monotonic()
@@ -76,6 +102,7 @@ def test_the_demo_extracts_the_samples_and_cleans_up(tmp_path: Path) -> None:
     assert summary["duplicates"] == "0" and summary["failed turns"] == "0"
     assert int(summary["memories"]) >= 100
     assert "The user's name is" in result.stdout  # the sample memories table
+    _assert_recall(result.stdout)
     assert _leftovers(str(data)) == []
 
     # A second run reuses the data: nothing new to import, extract or pay for.
@@ -91,6 +118,7 @@ def test_the_demo_extracts_the_samples_and_cleans_up(tmp_path: Path) -> None:
     assert "36 unchanged, 0 turns added" in again.stdout
     assert "0 turns sent" in again.stdout
     assert _summary(again.stdout) == summary
+    _assert_recall(again.stdout)
     assert _leftovers(str(data)) == []
     assert time.monotonic() - started < 200
 

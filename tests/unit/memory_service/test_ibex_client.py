@@ -26,6 +26,7 @@ from memory_service.client import (
     MemorySource,
     NotFoundError,
     PermissionDeniedError,
+    Progress,
     RateLimitedError,
     RetryPolicy,
     ServerError,
@@ -35,6 +36,7 @@ from memory_service.client import (
     TurnGapError,
     UnexpectedResponseError,
 )
+from schema.sessions import SessionSchema, TurnsAppendedSchema
 
 BASE = "http://ibex.test"
 TOKEN = "ibex_secret_token_value"
@@ -71,20 +73,32 @@ def hit_json(memory_id: uuid.UUID = MEMORY, score: float = 0.82) -> dict[str, An
 
 
 def session_json(**extra: Any) -> dict[str, Any]:
+    """A session as the server sends it (``schema.sessions.SessionSchema``)."""
+    turns = extra.get("turn_count", 0)
+    pointer = extra.get("last_extracted_turn", 0)
     return {
         "id": str(SESSION),
+        "org_id": str(ORG),
         "agent_id": str(AGENT),
         "external_id": "conv-42",
         "status": "active",
-        "turn_count": 0,
-        "last_extracted_turn": 0,
         "model": "gpt-4o-mini",
         "provider": "openai",
+        "turn_count": turns,
+        "last_extracted_turn": pointer,
+        "prompt_tokens": 0,
+        "completion_tokens": 0,
+        "progress": {"done": pointer, "pending": turns - pointer, "failed": 0, "pointer": pointer},
         "created_at": CREATED,
         "updated_at": CREATED,
         "completed_at": None,
         **extra,
     }
+
+
+def appended_json(turns_added: int, **session: Any) -> dict[str, Any]:
+    """The answer of ``POST /v1/sessions/{id}/turns`` (``TurnsAppendedSchema``)."""
+    return {"session": session_json(**session), "turns_added": turns_added}
 
 
 def error(status: int, code: str, message: str = "nope", headers=None, **extra: Any):
@@ -149,8 +163,17 @@ def test_every_request_carries_the_token_and_json_accept_and_the_org_when_given(
     assert "X-IBEX-Org-ID" not in rec2.last.headers
 
 
+def test_the_session_fixtures_are_what_the_server_sends():
+    assert SessionSchema().validate(session_json(turn_count=3, last_extracted_turn=1)) == {}
+    assert TurnsAppendedSchema().validate(appended_json(2, turn_count=2)) == {}
+
+
 def test_create_session_posts_the_slug_and_parses_the_session(sleeps):
-    rec = Recorder(httpx.Response(201, json=session_json(progress={"done": 0, "pending": 0})))
+    rec = Recorder(
+        httpx.Response(
+            201, json=session_json(prompt_tokens=21, completion_tokens=9, unknown_field=1)
+        )
+    )
     with client_for(rec, sleeps) as ibex:
         session = ibex.create_session(
             "support-bot", external_id="conv-42", model="gpt-4o-mini", provider="openai"
@@ -163,21 +186,60 @@ def test_create_session_posts_the_slug_and_parses_the_session(sleeps):
         "provider": "openai",
     }
     assert rec.last.headers["Content-Type"] == "application/json"
-    assert uuid.UUID(rec.last.headers["X-Idempotency-Key"])
+    # The session API has no idempotency key: the external id is what finds a repeat.
+    assert "X-Idempotency-Key" not in rec.last.headers
     assert session == Session(
         id=SESSION,
+        org_id=ORG,
         agent_id=AGENT,
         external_id="conv-42",
         status="active",
-        turn_count=0,
-        last_extracted_turn=0,
         model="gpt-4o-mini",
         provider="openai",
+        turn_count=0,
+        last_extracted_turn=0,
+        prompt_tokens=21,
+        completion_tokens=9,
+        progress=Progress(done=0, pending=0, failed=0, pointer=0),
         created_at=datetime(2026, 1, 2, 3, 4, 5, 123456, tzinfo=UTC),
         updated_at=datetime(2026, 1, 2, 3, 4, 5, 123456, tzinfo=UTC),
         completed_at=None,
-        extra={"progress": {"done": 0, "pending": 0}},
     )
+
+
+def test_a_session_without_its_progress_is_an_unexpected_response(sleeps):
+    body = session_json()
+    del body["progress"]
+    rec = Recorder(httpx.Response(200, json=body))
+    with client_for(rec, sleeps) as ibex, pytest.raises(UnexpectedResponseError, match="progress"):
+        ibex.get_session(SESSION)
+    wrapped = Recorder(httpx.Response(200, json={"session": session_json()}))
+    with client_for(wrapped, sleeps) as ibex, pytest.raises(UnexpectedResponseError):
+        ibex.complete_session(SESSION)
+    assert sleeps == []
+
+
+def test_create_session_without_an_external_id_is_not_repeated_once_sent(sleeps):
+    # Each such request that reaches the server opens a session: a lost answer must not
+    # become a second session.
+    rec = Recorder(error(503, "UNAVAILABLE"), httpx.Response(201, json=session_json()))
+    with client_for(rec, sleeps) as ibex, pytest.raises(ServerError):
+        ibex.create_session("support-bot")
+    assert len(rec.requests) == 1
+    timeout = Recorder(httpx.ReadTimeout("slow"), httpx.Response(201, json=session_json()))
+    with client_for(timeout, sleeps) as ibex, pytest.raises(IbexTimeoutError):
+        ibex.create_session("support-bot")
+    assert len(timeout.requests) == 1
+    # A connection that was never made sent nothing: that is retried.
+    refused = Recorder(httpx.ConnectError("refused"), httpx.Response(201, json=session_json()))
+    with client_for(refused, sleeps) as ibex:
+        assert ibex.create_session("support-bot").id == SESSION
+    assert len(refused.requests) == 2
+    # With an external id a repeat finds the session the first attempt opened.
+    named = Recorder(error(503, "UNAVAILABLE"), httpx.Response(200, json=session_json()))
+    with client_for(named, sleeps) as ibex:
+        assert ibex.create_session("support-bot", external_id="conv-42").id == SESSION
+    assert len(named.requests) == 2
 
 
 def test_create_session_by_agent_id_and_needs_exactly_one_agent(sleeps):
@@ -193,7 +255,7 @@ def test_create_session_by_agent_id_and_needs_exactly_one_agent(sleeps):
 
 
 def test_append_turns_posts_each_turn_with_its_index(sleeps):
-    rec = Recorder(httpx.Response(200, json=session_json(turn_count=2)))
+    rec = Recorder(httpx.Response(201, json=appended_json(2, turn_count=2)))
     turns = [
         Turn(
             1,
@@ -206,7 +268,7 @@ def test_append_turns_posts_each_turn_with_its_index(sleeps):
         Turn(2, [{"role": "user", "content": "I'm allergic to peanuts."}], None),
     ]
     with client_for(rec, sleeps) as ibex:
-        session = ibex.append_turns(SESSION, turns)
+        appended = ibex.append_turns(SESSION, turns)
     assert (rec.last.method, rec.last.url.path) == ("POST", f"/v1/sessions/{SESSION}/turns")
     assert rec.body() == {
         "turns": [
@@ -229,13 +291,25 @@ def test_append_turns_posts_each_turn_with_its_index(sleeps):
             },
         ]
     }
-    assert session.turn_count == 2
+    assert appended.session.turn_count == 2
+    assert appended.turns_added == 2 and not appended.replayed
+
+
+def test_append_turns_replayed_says_so(sleeps):
+    rec = Recorder(
+        httpx.Response(
+            200, json=appended_json(0, turn_count=1), headers={"Idempotent-Replayed": "true"}
+        )
+    )
+    with client_for(rec, sleeps) as ibex:
+        appended = ibex.append_turns(SESSION, [Turn(1, [{"role": "user", "content": "hi"}])])
+    assert appended.replayed and appended.session.turn_count == 1
 
 
 @pytest.mark.parametrize("action", ["complete", "abandon"])
 def test_status_changes_post_to_their_route(sleeps, action):
     status = "completed" if action == "complete" else "abandoned"
-    rec = Recorder(httpx.Response(200, json={"session": session_json(status=status)}))
+    rec = Recorder(httpx.Response(200, json=session_json(status=status)))
     with client_for(rec, sleeps) as ibex:
         session = getattr(ibex, f"{action}_session")(str(SESSION))
     assert (rec.last.method, rec.last.url.path) == ("POST", f"/v1/sessions/{SESSION}/{action}")
@@ -491,15 +565,16 @@ def test_duplicate_content_is_a_typed_error_naming_the_existing_memory(sleeps):
 
 def test_turn_conflict_and_gap_are_typed(sleeps):
     rec = Recorder(
-        error(409, "TURN_CONFLICT", "turn 1 differs"),
+        error(409, "TURN_CONFLICT", "turn 1 differs", turn_index=1),
         error(409, "TURN_GAP", "expected turn 3", expected_turn_index=3),
     )
     turn = Turn(5, [{"role": "user", "content": "hi"}])
     with client_for(rec, sleeps) as ibex:
-        with pytest.raises(TurnConflictError):
+        with pytest.raises(TurnConflictError) as conflict:
             ibex.append_turns(SESSION, [turn])
         with pytest.raises(TurnGapError) as gap:
             ibex.append_turns(SESSION, [turn])
+    assert conflict.value.turn_index == 1
     assert gap.value.expected_turn_index == 3
     assert len(rec.requests) == 2
 

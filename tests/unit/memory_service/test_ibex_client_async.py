@@ -21,6 +21,7 @@ from memory_service.client import (
     RetryPolicy,
     Session,
     Turn,
+    TurnsAppended,
 )
 from tests.unit.memory_service.test_ibex_client import (
     AGENT,
@@ -29,6 +30,7 @@ from tests.unit.memory_service.test_ibex_client import (
     ORG,
     SESSION,
     TOKEN,
+    appended_json,
     error,
     hit_json,
     memory_json,
@@ -67,7 +69,7 @@ def client_for(handler: AsyncHandler, sleeps: list[float], **kwargs: Any) -> Asy
 def test_sessions_turns_and_status_changes() -> None:
     rec = AsyncRecorder(
         httpx.Response(201, json=session_json()),
-        httpx.Response(200, json=session_json(turn_count=1)),
+        httpx.Response(201, json=appended_json(1, turn_count=1)),
         httpx.Response(200, json=session_json(turn_count=1, status="completed")),
         httpx.Response(200, json=session_json(status="abandoned")),
         httpx.Response(200, json=session_json(turn_count=1, last_extracted_turn=1)),
@@ -75,7 +77,7 @@ def test_sessions_turns_and_status_changes() -> None:
     )
     sleeps: list[float] = []
 
-    async def run() -> list[Session | bool]:
+    async def run() -> list[Session | TurnsAppended | bool]:
         async with client_for(rec, sleeps, org_id=ORG) as ibex:
             return [
                 await ibex.create_session("support-bot", external_id="conv-42"),
@@ -100,7 +102,8 @@ def test_sessions_turns_and_status_changes() -> None:
     assert rec.body(0) == {"agent": "support-bot", "external_id": "conv-42"}
     assert rec.body(1)["turns"][0]["turn_index"] == 1
     assert isinstance(created, Session) and created.status == "active"
-    assert isinstance(appended, Session) and appended.turn_count == 1
+    assert isinstance(appended, TurnsAppended) and appended.session.turn_count == 1
+    assert appended.turns_added == 1
     assert isinstance(completed, Session) and completed.status == "completed"
     assert isinstance(abandoned, Session) and abandoned.status == "abandoned"
     assert isinstance(fetched, Session) and fetched.extracted

@@ -33,14 +33,24 @@ class FakeService:
             s["external_id"] = body["external_id"]
             return httpx.Response(201, json=s)
         if path == f"/v1/sessions/{SESSION}/turns":
-            s["turn_count"] = max(s["turn_count"], *(t["turn_index"] for t in body["turns"]))
-            return httpx.Response(200, json=s)
+            before = s["turn_count"]
+            s["turn_count"] = max(before, *(t["turn_index"] for t in body["turns"]))
+            s["progress"]["pending"] = s["turn_count"] - s["last_extracted_turn"]
+            answer = {"session": s, "turns_added": s["turn_count"] - before}
+            return httpx.Response(201, json=answer)
         if path == f"/v1/sessions/{SESSION}/complete":
             s["status"] = "completed"
             return httpx.Response(200, json=s)
         if (request.method, path) == ("GET", f"/v1/sessions/{SESSION}"):
             if self.extracts and s["status"] == "completed":
                 s["last_extracted_turn"] = min(s["turn_count"], s["last_extracted_turn"] + 1)
+                done = s["last_extracted_turn"]
+                s["progress"] = {
+                    "done": done,
+                    "pending": s["turn_count"] - done,
+                    "failed": 0,
+                    "pointer": done,
+                }
             return httpx.Response(200, json=s)
         if path == "/v1/context":
             answer = {"context": BLOCK, "memories": [hit_json()], "tokens": 14, "dropped": 0}
@@ -52,7 +62,7 @@ def test_feeds_the_conversation_waits_for_extraction_and_asks_for_context() -> N
     fake = FakeService()
     waits: list[float] = []
     with IbexClient(BASE, "token", transport=httpx.MockTransport(fake)) as ibex:
-        context = run(ibex, interval=0.5, sleep=waits.append)
+        session, context = run(ibex, interval=0.5, sleep=waits.append)
     assert [(m, p) for m, p, _ in fake.calls] == [
         ("POST", "/v1/sessions"),
         ("POST", f"/v1/sessions/{SESSION}/turns"),
@@ -72,6 +82,7 @@ def test_feeds_the_conversation_waits_for_extraction_and_asks_for_context() -> N
     assert waits == [0.5, 0.5]
     assert context.context == BLOCK
     assert fake.session["last_extracted_turn"] == len(CONVERSATION)
+    assert session.extracted and session.progress.done == len(CONVERSATION)
 
 
 def test_gives_up_with_a_clear_message_when_nothing_extracts() -> None:
@@ -89,3 +100,15 @@ def test_gives_up_with_a_clear_message_when_nothing_extracts() -> None:
                 ibex, session, timeout=5, interval=1, sleep=sleep, clock=lambda: now[0]
             )
     assert len(fake.calls) == 5
+
+
+def test_a_failed_turn_stops_the_wait_at_once() -> None:
+    fake = FakeService(extracts=False)
+    fake.session.update(status="completed", turn_count=2)
+    fake.session["progress"] = {"done": 0, "pending": 1, "failed": 1, "pointer": 0}
+    waits: list[float] = []
+    with IbexClient(BASE, "token", transport=httpx.MockTransport(fake)) as ibex:
+        session = Session.from_json(fake.session)
+        with pytest.raises(RuntimeError, match="1 turns failed extraction"):
+            wait_until_extracted(ibex, session, timeout=60, interval=1, sleep=waits.append)
+    assert waits == [] and fake.calls == []
