@@ -339,14 +339,23 @@ class SessionStore:
             self._set_status(session_id, status)
 
     def _set_status(self, session_id: uuid.UUID, status: str) -> None:
+        # A session already in ``status`` is left untouched (updated_at included): repeating a
+        # status change is a no-op.
         updated = self.db.execute_sql(
             "UPDATE ibex_core.sessions SET status = %s,"
             " completed_at = CASE WHEN %s = 'completed' THEN COALESCE(completed_at, now())"
             "                     ELSE completed_at END"
-            " WHERE id = %s AND deleted_at IS NULL",
-            (status, status, str(session_id)),
+            " WHERE id = %s AND deleted_at IS NULL"
+            "   AND status IS DISTINCT FROM %s::ibex_core.session_status",
+            (status, status, str(session_id), status),
         ).rowcount
-        if not updated:
+        if updated:
+            return
+        exists = self.db.execute_sql(
+            "SELECT 1 FROM ibex_core.sessions WHERE id = %s AND deleted_at IS NULL",
+            (str(session_id),),
+        ).fetchone()
+        if exists is None:
             raise NotFoundError(f"session {session_id} not found")
 
     def complete_session(self, org_id: uuid.UUID, session_id: uuid.UUID) -> None:

@@ -203,6 +203,8 @@ def test_complete_and_abandon_are_idempotent(http: httpx.Client, acme_token: str
     assert first.status_code == again.status_code == 200
     assert first.json()["status"] == again.json()["status"] == "completed"
     assert first.json()["completed_at"] == again.json()["completed_at"] is not None
+    # Repeating the change changes nothing at all, updated_at included.
+    assert first.json()["updated_at"] == again.json()["updated_at"]
     other = open_session(http, acme_token, "conv-2")
     for _ in range(2):
         response = http.post(f"/v1/sessions/{other}/abandon", headers=auth(acme_token))
