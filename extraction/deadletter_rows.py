@@ -98,6 +98,16 @@ def open_rows(db: peewee.Database) -> list[tuple[Any, ...]]:
         )
 
 
+def open_by_queue(db: peewee.Database) -> dict[str, int]:
+    """How many rows are open (not replayed, not purged) per queue."""
+    with operator_scope(db):
+        rows = db.execute_sql(
+            "SELECT queue_name, count(*) FROM ibex_core.dead_letters"
+            " WHERE replayed_at IS NULL AND purged_at IS NULL GROUP BY queue_name"
+        ).fetchall()
+    return {str(queue): int(count) for queue, count in rows}
+
+
 def was_replayed(db: peewee.Database, ref: str) -> bool:
     """Whether a row named by mirror id, Redis message id or message id was replayed."""
     with operator_scope(db):
@@ -152,6 +162,7 @@ __all__ = [
     "claim_replay",
     "mark_purged",
     "mirror",
+    "open_by_queue",
     "open_rows",
     "was_replayed",
 ]
