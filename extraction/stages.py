@@ -1,4 +1,4 @@
-"""The pipeline's four stages as plain functions (DESIGN section 5).
+"""The pipeline's four stages as plain functions.
 
 Each stage does its work in Postgres transactions and *returns* the follow-up messages as data
 (:class:`Send`); the caller sends them only after the stage returned, i.e. after every
@@ -480,8 +480,8 @@ def write_memory(
 def complete_turn(
     deps: StageDeps, org_id: uuid.UUID | str, session_id: uuid.UUID | str, turn_index: int
 ) -> list[Send]:
-    """Mark the turn done (if every slot is recorded) and move the session pointer over every
-    turn done without a gap. Sends nothing."""
+    """The ``advance_pointer`` stage: mark the turn done (if every slot is recorded) and move
+    the session pointer over every turn done without a gap. Sends nothing."""
     ref = TurnRef.of(org_id, session_id, turn_index)
     outcome = deps.turns.complete_turn(ref, fault=deps.fault)
     if outcome.newly_done:
