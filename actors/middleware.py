@@ -39,9 +39,11 @@ from playhouse.postgres_ext import PooledPostgresqlExtDatabase
 from core.config import Settings
 from core.db import make_pool
 from core.errors import ConfigError, InvalidMessageError, PermanentError
+from extraction import deadletter_rows
+from extraction.deadletter_rows import DeadLetterRecord
 from extraction.dispatch import ROUTES
 from extraction.stages import StageDeps
-from extraction.state import DeadLetterRecord, ExtractionState, TurnRef
+from extraction.values import TurnRef
 from models.store import SessionStore
 from schema.messages import ActorName
 
@@ -293,8 +295,7 @@ class DeadLetterMirror(Middleware):
         if deps is None:
             log.error("no database in this process: dead letter %s not mirrored", record.message_id)
             return
-        state: ExtractionState = deps.state
-        state.mirror_dead_letter(record)
+        deadletter_rows.mirror(deps.store.db, record)
         if (
             record.actor_name in TURN_ACTORS
             and record.org_id
@@ -302,7 +303,7 @@ class DeadLetterMirror(Middleware):
             and record.turn_index
         ):
             ref = TurnRef(record.org_id, record.session_id, record.turn_index)
-            state.mark_failed(ref, f"{exc_type}: {exc_message}")
+            deps.turns.mark_failed(ref, f"{exc_type}: {exc_message}")
 
 
 def mirror_malformed(queue: str, redis_message_id: str, raw: bytes, reason: str) -> None:
@@ -337,7 +338,7 @@ def mirror_malformed(queue: str, redis_message_id: str, raw: bytes, reason: str)
         return
     db = deps.store.db
     try:
-        deps.state.mirror_dead_letter(record)
+        deadletter_rows.mirror(db, record)
     finally:
         # The consumer thread holds no message: give the pool its connection back at once.
         if not db.is_closed() and not db.in_transaction():

@@ -164,8 +164,8 @@ def scan_once(url: str, redis_url: str, args: argparse.Namespace) -> dict[str, A
     db = make_database(url)
     store = SessionStore(db)
     deps = StageDeps(store=store, settings=settings)
-    candidates = Timed(store, "extraction_candidates")
-    leases = Timed(deps.state, "lease_turns")
+    candidates = Timed(deps.scan_queries, "candidates")
+    leases = Timed(deps.scan_queries, "lease_turns")
     try:
         db.connect()
         started = time.perf_counter()
@@ -190,7 +190,7 @@ def scan_once(url: str, redis_url: str, args: argparse.Namespace) -> dict[str, A
 
 
 def explain(url: str, batch_size: int) -> str:
-    from models.store import CANDIDATES_SQL
+    from extraction.scan_queries import CANDIDATES_SQL
 
     conn = admin_connection(url)
     try:

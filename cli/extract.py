@@ -100,7 +100,7 @@ def drain_inline(deps: Any, first: Sequence[Any], report: InlineReport) -> None:
             queue.append((message, tries + 1, delivery))
             continue
         if message.actor_name == ActorName.POINTER:
-            status = deps.state.turn_status(_ref(message.kwargs))
+            status = deps.turns.turn_status(_ref(message.kwargs))
             if status is not None and status.state == "done":
                 report.turns_done += 1
         queue.extend((m, 0, Delivery()) for m in follow)
@@ -112,13 +112,13 @@ def _release(deps: Any, message: Any, exc: BaseException) -> None:
     if "turn_index" not in message.kwargs:
         return
     try:
-        deps.state.release_lease(_ref(message.kwargs), f"{type(exc).__name__}: {exc}")
+        deps.turns.release_lease(_ref(message.kwargs), f"{type(exc).__name__}: {exc}")
     except Exception:
         log.warning("could not release the lease of %s", message, exc_info=True)
 
 
 def _ref(kwargs: Mapping[str, Any]) -> Any:
-    from extraction.state import TurnRef
+    from extraction.values import TurnRef
 
     return TurnRef.of(kwargs["org_id"], kwargs["session_id"], kwargs["turn_index"])
 
@@ -152,7 +152,7 @@ def run(args: argparse.Namespace, settings: Settings) -> int:
     try:
         scanned = scan(deps, session_id=session_id)
         report.turns_sent = scanned.turns
-        retried = deps.state.last_errors([_ref(m.kwargs) for m in scanned.sent])
+        retried = deps.turns.last_errors([_ref(m.kwargs) for m in scanned.sent])
         if not args.json:
             for ref, error in retried.items():
                 print(

@@ -1,18 +1,71 @@
-"""The dead-letter mirror in Postgres (``ibex_core.dead_letters``), as ``ibex dlq`` reads and
-changes it: open rows, the replay claim that returns a failed turn to the pipeline, purging.
+"""The dead-letter mirror in Postgres (``ibex_core.dead_letters``): every statement on it. The
+worker writes a row per failed message (:func:`mirror`); ``ibex dlq`` reads the open rows,
+claims one for a replay (which returns its failed turn to the pipeline) or purges it.
 
-The rows are written by the worker (``ExtractionState.mirror_dead_letter``); what a dead
-message looks like in Redis, and how it is enqueued again, is the broker's side
+What a dead message looks like in Redis, and how it is enqueued again, is the broker's side
 (``actors.deadletters``).
 """
 
 from __future__ import annotations
 
+import json
+import uuid
+from dataclasses import dataclass
 from typing import Any
 
 import peewee
 
-from core.db import enter_tenant, operator_scope, transaction
+from core.db import operator_scope, transaction
+from extraction.turns import TurnStore
+from extraction.values import TurnRef
+
+
+@dataclass(frozen=True)
+class DeadLetterRecord:
+    """One failed message as the dead-letter mirror stores it."""
+
+    redis_message_id: str
+    message_id: str
+    queue_name: str
+    actor_name: str
+    payload: dict[str, Any]
+    exception_type: str | None
+    exception_message: str | None
+    traceback: str | None
+    attempts: int
+    org_id: uuid.UUID | None = None
+    session_id: uuid.UUID | None = None
+    turn_index: int | None = None
+    ordinal: int | None = None
+
+
+def mirror(db: peewee.Database, record: DeadLetterRecord) -> None:
+    """Insert one dead letter (owner role: operator data); a second copy of it is ignored."""
+    with transaction(db):
+        db.execute_sql(
+            "INSERT INTO ibex_core.dead_letters"
+            " (redis_message_id, message_id, queue_name, actor_name, org_id, session_id,"
+            "  turn_index, ordinal, payload, exception_type, exception_message, traceback,"
+            "  attempts)"
+            " VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s::jsonb, %s, %s, %s, %s)"
+            " ON CONFLICT (redis_message_id) DO NOTHING",
+            (
+                record.redis_message_id,
+                record.message_id,
+                record.queue_name,
+                record.actor_name,
+                str(record.org_id) if record.org_id else None,
+                str(record.session_id) if record.session_id else None,
+                record.turn_index,
+                record.ordinal,
+                json.dumps(record.payload, default=str),
+                record.exception_type,
+                record.exception_message,
+                record.traceback,
+                record.attempts,
+            ),
+        )
+
 
 #: The columns :func:`open_rows` returns, in order.
 COLUMNS = (
@@ -43,6 +96,16 @@ def open_rows(db: peewee.Database) -> list[tuple[Any, ...]]:
                 " WHERE replayed_at IS NULL AND purged_at IS NULL ORDER BY id"
             ).fetchall()
         )
+
+
+def open_by_queue(db: peewee.Database) -> dict[str, int]:
+    """How many rows are open (not replayed, not purged) per queue."""
+    with operator_scope(db):
+        rows = db.execute_sql(
+            "SELECT queue_name, count(*) FROM ibex_core.dead_letters"
+            " WHERE replayed_at IS NULL AND purged_at IS NULL GROUP BY queue_name"
+        ).fetchall()
+    return {str(queue): int(count) for queue, count in rows}
 
 
 def was_replayed(db: peewee.Database, ref: str) -> bool:
@@ -78,15 +141,8 @@ def claim_replay(
         if row is None:
             return False
         if org_id and session_id and turn_index is not None:
-            enter_tenant(db, org_id)
-            db.execute_sql(
-                "UPDATE ibex_core.extraction_turns"
-                " SET state = CASE WHEN result IS NULL THEN 'pending'::ibex_core.turn_state"
-                "                  ELSE 'extracted'::ibex_core.turn_state END,"
-                "     last_error = NULL, attempts = 0,"
-                "     lease_expires_at = now() + make_interval(secs => %s)"
-                " WHERE session_id = %s AND turn_index = %s AND state = 'failed'",
-                (lease_seconds, session_id, turn_index),
+            TurnStore(db).reopen_for_replay(
+                TurnRef.of(org_id, session_id, turn_index), lease_seconds
             )
         return True
 
@@ -100,4 +156,13 @@ def mark_purged(db: peewee.Database, mirror_id: int) -> None:
         )
 
 
-__all__ = ["COLUMNS", "claim_replay", "mark_purged", "open_rows", "was_replayed"]
+__all__ = [
+    "COLUMNS",
+    "DeadLetterRecord",
+    "claim_replay",
+    "mark_purged",
+    "mirror",
+    "open_by_queue",
+    "open_rows",
+    "was_replayed",
+]

@@ -65,7 +65,7 @@ def _write(deps: StageDeps, m: Mapping[str, Any], delivery: Delivery | None) -> 
 
 
 def _pointer(deps: StageDeps, m: Mapping[str, Any], delivery: Delivery | None) -> list[Send]:
-    return stages.advance_pointer(deps, m["org_id"], m["session_id"], m["turn_index"])
+    return stages.complete_turn(deps, m["org_id"], m["session_id"], m["turn_index"])
 
 
 def _route(actor: ActorName, queue: Queue, stage: StageCall) -> Route:

@@ -1,4 +1,4 @@
-"""The pipeline's four stages as plain functions (DESIGN section 5).
+"""The pipeline's four stages as plain functions.
 
 Each stage does its work in Postgres transactions and *returns* the follow-up messages as data
 (:class:`Send`); the caller sends them only after the stage returned, i.e. after every
@@ -6,11 +6,11 @@ transaction that recorded the stage has committed. The Dramatiq actors (``actors
 shells around these functions, and ``ibex extract`` runs the same functions inline.
 
 Every stage is safe to run any number of times, in any order, concurrently: what it does is
-decided by the per-turn state (:mod:`extraction.state`), never by the message or the broker.
+decided by the per-turn state (:mod:`extraction.turns`), never by the message or the broker.
 
 An LLM answer is never thrown away because the database is briefly unavailable: the stage
 persists it with bounded retries (each on a fresh connection), and when the outage outlasts
-them it keeps the answer in the process (:class:`~extraction.state.AnswerCache`) and records,
+them it keeps the answer in the process (:class:`~extraction.caches.AnswerCache`) and records,
 on its :class:`Delivery`, the claim it could not release; the message's own retry then takes
 that claim over at once and persists the kept answer without calling the LLM.
 
@@ -44,18 +44,20 @@ from core.errors import (
 from extraction.keys import idempotency_key
 from extraction.metrics import PipelineMetrics
 from extraction.result import ExtractionResult
-from extraction.state import (
+from extraction.scan_queries import ScanQueries
+from extraction.turns import TurnStore
+from extraction.values import (
     AlreadyDone,
     Answer,
     Busy,
+    Candidate,
     Claimed,
-    ExtractionState,
     GaveUp,
     Persisted,
     PersistedResult,
     TurnRef,
 )
-from models.store import Candidate, SessionStore, Turn
+from models.store import SessionStore, Turn
 from schema.messages import ActorName
 
 log = logging.getLogger(__name__)
@@ -131,10 +133,12 @@ class StageDeps:
     fault: Callable[[str], None] | None = None
     metrics: PipelineMetrics = field(default_factory=PipelineMetrics)
     persist_retry_seconds: float = PERSIST_RETRY_SECONDS
-    state: ExtractionState = field(init=False)
+    turns: TurnStore = field(init=False)
+    scan_queries: ScanQueries = field(init=False)
 
     def __post_init__(self) -> None:
-        self.state = ExtractionState(self.store)
+        self.turns = TurnStore(self.store.db)
+        self.scan_queries = ScanQueries(self.store.db)
 
     @property
     def max_attempts(self) -> int:
@@ -186,7 +190,7 @@ def scan(deps: StageDeps, *, session_id: uuid.UUID | str | None = None) -> ScanR
         live = {c.agent_id: budget[c.agent_id] for c in chunk if budget[c.agent_id] > 0}
         if not live:
             continue
-        leased = deps.state.lease_turns(chunk, live, settings.extraction_lease_seconds)
+        leased = deps.scan_queries.lease_turns(chunk, live, settings.extraction_lease_seconds)
         for ref in leased:
             budget[agent_of[ref.session_id]] -= 1
         report.sent.extend(Send(ActorName.EXTRACT, ref.as_message()) for ref in leased)
@@ -215,12 +219,12 @@ def _candidate_batches(
     deps: StageDeps, session_id: uuid.UUID | str | None
 ) -> Iterator[list[Candidate]]:
     if session_id is not None:
-        found = deps.state.find_candidate(session_id)
+        found = deps.scan_queries.find_candidate(session_id)
         yield [found] if found else []
         return
     after: tuple[uuid.UUID, uuid.UUID] | None = None
     while True:
-        batch = deps.store.extraction_candidates(deps.settings.scan_batch_size, after)
+        batch = deps.scan_queries.candidates(deps.settings.scan_batch_size, after)
         if not batch:
             return
         yield batch
@@ -258,9 +262,9 @@ def extract_turn(
     validated result (first wins), then fan out to the slots."""
     ref = TurnRef.of(org_id, session_id, turn_index)
     settings = deps.settings
-    kept = deps.state.answers.get(ref)
+    kept = deps.turns.answers.get(ref)
     claim_ends = time.monotonic() + settings.extraction_claim_seconds  # or later, never sooner
-    begun = deps.state.begin_extract(
+    begun = deps.turns.begin_extract(
         ref,
         claim_seconds=settings.extraction_claim_seconds,
         lease_seconds=settings.extraction_lease_seconds,
@@ -270,7 +274,7 @@ def extract_turn(
         call_llm=kept is None,
     )
     if isinstance(begun, AlreadyDone | Persisted):
-        deps.state.answers.discard(ref)
+        deps.turns.answers.discard(ref)
         return _fan_out(ref, begun) if isinstance(begun, Persisted) else []
     if isinstance(begun, Busy):
         raise TurnBusyError(
@@ -319,7 +323,7 @@ def _call_llm(deps: StageDeps, ref: TurnRef, begun: Claimed, delivery: Delivery 
     except Exception as exc:
         # Best effort: a failed call releases its claim so the retry need not wait for it.
         try:
-            deps.state.release_claim(ref, begun.token, _describe(exc))
+            deps.turns.release_claim(ref, begun.token, _describe(exc))
         except Exception:
             log.warning("could not release the claim on %s", ref, exc_info=True)
             if delivery is not None:
@@ -343,7 +347,7 @@ def _persist(
     pause, longest = PERSIST_BACKOFF_SECONDS
     while True:
         try:
-            stored = deps.state.persist_result(
+            stored = deps.turns.persist_result(
                 ref,
                 token,
                 answer.result,
@@ -355,7 +359,7 @@ def _persist(
             )
         except DatabaseUnavailableError as exc:
             if time.monotonic() + pause > deadline:
-                deps.state.answers.put(ref, answer)
+                deps.turns.answers.put(ref, answer)
                 if delivery is not None:
                     delivery.abandoned_claim = token
                 log.warning(
@@ -368,7 +372,7 @@ def _persist(
             time.sleep(pause)
             pause = min(pause * 2, longest)
             continue
-        deps.state.answers.discard(ref)
+        deps.turns.answers.discard(ref)
         return stored
 
 
@@ -424,12 +428,12 @@ def write_memory(
     # stored result and the agent are immutable. Should the slot be recorded already (two
     # deliveries at once), the POST is answered as a replay and record_slot keeps the first
     # record; a done turn's record_slot returns False, so advance_pointer is not sent again.
-    cached = deps.state.slot_cache.take(ref, ordinal)
+    cached = deps.turns.slot_cache.take(ref, ordinal)
     if cached is not None:
         agent_id, result = cached
         recorded = False
     else:
-        view = deps.state.load_slot(ref, ordinal)
+        view = deps.turns.load_slot(ref, ordinal)
         if view.state == "done":
             return []
         if view.result is None:
@@ -454,7 +458,7 @@ def write_memory(
                 # The retry is this message's job; without this, every lease expiry during a
                 # long outage would have the scan fan the turn's writes out once more.
                 try:
-                    deps.state.keep_leased(
+                    deps.turns.keep_leased(
                         ref, deps.settings.extraction_lease_seconds, _describe(exc)
                     )
                 except Exception:
@@ -463,7 +467,7 @@ def write_memory(
         deps.metrics.memory_write(outcome.status, outcome.code)
         deps.crash_point("after_post")
         memory_id, label = outcome.memory_id, _outcome_label(outcome)
-    complete = deps.state.record_slot(
+    complete = deps.turns.record_slot(
         ref, ordinal, idempotency_key=key, memory_id=memory_id, outcome=label
     )
     deps.crash_point("after_record_slot")
@@ -473,13 +477,13 @@ def write_memory(
 # -- advance_pointer -------------------------------------------------------------------------
 
 
-def advance_pointer(
+def complete_turn(
     deps: StageDeps, org_id: uuid.UUID | str, session_id: uuid.UUID | str, turn_index: int
 ) -> list[Send]:
-    """Mark the turn done (if every slot is recorded) and move the session pointer over every
-    turn done without a gap. Sends nothing."""
+    """The ``advance_pointer`` stage: mark the turn done (if every slot is recorded) and move
+    the session pointer over every turn done without a gap. Sends nothing."""
     ref = TurnRef.of(org_id, session_id, turn_index)
-    outcome = deps.state.complete_turn(ref, fault=deps.fault)
+    outcome = deps.turns.complete_turn(ref, fault=deps.fault)
     if outcome.newly_done:
         deps.metrics.turn_done()
     deps.crash_point("after_advance")
@@ -498,7 +502,7 @@ __all__ = [
     "ScanReport",
     "Send",
     "StageDeps",
-    "advance_pointer",
+    "complete_turn",
     "extract_turn",
     "memory_body",
     "scan",

@@ -25,13 +25,14 @@ from typing import Any
 import peewee
 
 from core.db import operator_scope
+from extraction import deadletter_rows
+from extraction.scan_queries import CANDIDATE_WHERE
 
-BACKLOG_SQL = """
+BACKLOG_SQL = f"""
 WITH candidates AS (
     SELECT s.id, s.org_id, s.last_extracted_turn, s.turn_count, s.completed_at, s.updated_at
       FROM ibex_core.sessions s
-     WHERE s.status = 'completed' AND s.deleted_at IS NULL
-       AND s.last_extracted_turn < s.turn_count
+     WHERE {CANDIDATE_WHERE}
 ), above AS (
     SELECT c.org_id, c.id AS session_id, t.state, t.lease_expires_at, t.created_at
       FROM candidates c
@@ -129,12 +130,7 @@ def collect(
     now = dt.datetime.now(dt.UTC)
     with operator_scope(db):
         rows = db.execute_sql(BACKLOG_SQL).fetchall()
-        mirror = dict(
-            db.execute_sql(
-                "SELECT queue_name, count(*) FROM ibex_core.dead_letters"
-                " WHERE replayed_at IS NULL AND purged_at IS NULL GROUP BY queue_name"
-            ).fetchall()
-        )
+    mirror = deadletter_rows.open_by_queue(db)
     orgs = []
     for (
         org_id,

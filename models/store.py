@@ -1,8 +1,8 @@
 """SessionStore: typed access to sessions and their turns, always under row-level security.
 
-Tenant operations open a :func:`core.db.tenant` transaction for the org they name; the one
-cross-org read, :meth:`SessionStore.extraction_candidates`, runs as the scan role and returns
-identities only.
+Tenant operations open a :func:`core.db.tenant` transaction for the org they name. Extraction
+progress is not here: the pointer (``sessions.last_extracted_turn``) is moved by
+``extraction.turns``, and the scan's cross-org reads are ``extraction.scan_queries``.
 """
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ from playhouse.postgres_ext import PostgresqlExtDatabase
 
 from core.canonical import canonical_json
 from core.config import Settings
-from core.db import db_errors, make_database, operator_scope, scan_scope, tenant, transaction
+from core.db import db_errors, make_database, operator_scope, tenant, transaction
 from core.errors import ConfigError, ImmutableTurnError, NotFoundError, TurnGapError
 from models.base import bind
 from models.pipeline import ExtractionTurn
@@ -64,17 +64,6 @@ class Turn:
     prompt_tokens: int
     completion_tokens: int
     latency_ms: int
-
-
-@dataclass(frozen=True)
-class Candidate:
-    """A session with unextracted turns: identities and progress only."""
-
-    org_id: uuid.UUID
-    agent_id: uuid.UUID
-    session_id: uuid.UUID
-    last_extracted_turn: int
-    turn_count: int
 
 
 @dataclass(frozen=True)
@@ -164,18 +153,6 @@ def select_org(db: peewee.Database, slug: str) -> uuid.UUID | None:
     """The id of the org with ``slug``, or None: never creates one."""
     row = db.execute_sql("SELECT id FROM ibex_core.orgs WHERE slug = %s", (slug,)).fetchone()
     return uuid.UUID(str(row[0])) if row else None
-
-
-CANDIDATES_SQL = """
-SELECT org_id, agent_id, id, last_extracted_turn, turn_count
-  FROM ibex_core.sessions
- WHERE status = 'completed' AND deleted_at IS NULL AND last_extracted_turn < turn_count
-   AND (agent_id, id) > (%s::uuid, %s::uuid)
- ORDER BY agent_id, id
- LIMIT %s
-"""
-
-_ZERO = "00000000-0000-0000-0000-000000000000"
 
 
 class SessionStore:
@@ -650,42 +627,6 @@ class SessionStore:
             raise NotFoundError(f"turn {turn_index} of session {session_id} not found")
         return turns[0]
 
-    # -- extraction ------------------------------------------------------------------------
-
-    def extraction_candidates(
-        self, limit: int, after: tuple[uuid.UUID, uuid.UUID] | None = None
-    ) -> list[Candidate]:
-        """Completed, undeleted sessions with unextracted turns, keyset-paginated by
-        (agent_id, session_id): the cross-org read, identities only."""
-        agent_after, session_after = (str(after[0]), str(after[1])) if after else (_ZERO, _ZERO)
-        with scan_scope(self.db):
-            rows = self.db.execute_sql(
-                CANDIDATES_SQL, (agent_after, session_after, limit)
-            ).fetchall()
-        return [
-            Candidate(
-                uuid.UUID(str(org)), uuid.UUID(str(agent)), uuid.UUID(str(sid)), int(p), int(n)
-            )
-            for org, agent, sid, p, n in rows
-        ]
-
-    def advance_pointer(self, org_id: uuid.UUID, session_id: uuid.UUID, turn: int) -> int:
-        """Move ``last_extracted_turn`` up to ``turn`` (never down, never past turn_count);
-        return the pointer now stored."""
-        with tenant(self.db, org_id):
-            return self.advance_pointer_in_txn(session_id, turn)
-
-    def advance_pointer_in_txn(self, session_id: uuid.UUID, turn: int) -> int:
-        row = self.db.execute_sql(
-            "UPDATE ibex_core.sessions"
-            " SET last_extracted_turn = GREATEST(last_extracted_turn, LEAST(%s, turn_count))"
-            " WHERE id = %s RETURNING last_extracted_turn",
-            (turn, str(session_id)),
-        ).fetchone()
-        if row is None:
-            raise NotFoundError(f"session {session_id} not found")
-        return int(row[0])
-
 
 @functools.cache
 def _idle_store(url: str) -> SessionStore:
@@ -703,7 +644,6 @@ def close_idle_sessions(settings: Settings) -> int:
 __all__ = [
     "IDLE_ACTIONS",
     "AppendResult",
-    "Candidate",
     "Progress",
     "SessionInfo",
     "SessionName",

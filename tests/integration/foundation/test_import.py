@@ -16,6 +16,8 @@ import pytest
 
 from cli import main
 from core.processes import free_port
+from extraction.scan_queries import ScanQueries
+from extraction.turns import TurnStore
 from models import Checkpoint, CheckpointPayload, Session
 from models.store import content_digest
 
@@ -116,7 +118,7 @@ def test_bad_lines_are_reported_and_good_lines_kept(db, run_import) -> None:
 def test_reimport_appends_only_new_turns_and_keeps_the_pointer(db, store, run_import) -> None:
     assert run_import(_line("conv-1", 2))[0] == 0
     session = _sessions(db)["conv-1"]
-    store.advance_pointer(session.org_id, session.id, 2)
+    TurnStore(store.db).advance_pointer(session.org_id, session.id, 2)
     code, out, _ = run_import(_line("conv-1", 4))
     assert code == 0
     assert "0 sessions created, 1 extended, 0 unchanged, 2 turns added" in out
@@ -141,7 +143,7 @@ def test_a_zero_turn_session_is_valid_and_is_not_a_candidate(db, store, run_impo
     code, out, _ = run_import(_line("empty", 0))
     assert code == 0 and "1 sessions created" in out and "0 turns added" in out
     assert _sessions(db)["empty"].turn_count == 0
-    assert store.extraction_candidates(limit=10) == []
+    assert ScanQueries(store.db).candidates(limit=10) == []
 
 
 def test_standard_input(db, run_import) -> None:

@@ -8,6 +8,7 @@ import peewee
 import pytest
 
 from core.db import tenant
+from extraction.scan_queries import ScanQueries
 from tests.integration.foundation.helpers import make_session
 
 
@@ -88,7 +89,7 @@ def test_the_tenant_role_cannot_delete_or_update_turns(db, two_orgs) -> None:
 
 
 def test_the_scan_role_reads_identities_across_orgs_but_no_content(db, store, two_orgs) -> None:
-    candidates = store.extraction_candidates(limit=10)
+    candidates = ScanQueries(store.db).candidates(limit=10)
     assert {c.org_id for c in candidates} == {two_orgs[0][0], two_orgs[1][0]}
     with pytest.raises(peewee.ProgrammingError, match="permission denied"), db.atomic():
         db.execute_sql("SET LOCAL ROLE ibex_scan")

@@ -9,6 +9,8 @@ import pytest
 
 from core.db import tenant
 from core.errors import ConfigError, ImmutableTurnError, NotFoundError
+from extraction.scan_queries import CANDIDATES_SQL, ScanQueries
+from extraction.turns import TurnStore
 from models.store import SessionStore
 from tests.integration.foundation.helpers import make_session, turn
 
@@ -111,9 +113,9 @@ def test_a_session_cannot_point_at_another_orgs_directive_version(db, store) -> 
 
 def test_the_pointer_never_moves_backwards_nor_past_turn_count(db, store) -> None:
     org_id, _, session_id = make_session(store, "acme", turns=5)
-    assert store.advance_pointer(org_id, session_id, 3) == 3
-    assert store.advance_pointer(org_id, session_id, 2) == 3
-    assert store.advance_pointer(org_id, session_id, 99) == 5
+    assert TurnStore(store.db).advance_pointer(org_id, session_id, 3) == 3
+    assert TurnStore(store.db).advance_pointer(org_id, session_id, 2) == 3
+    assert TurnStore(store.db).advance_pointer(org_id, session_id, 99) == 5
     assert store.get_session(org_id, session_id).last_extracted_turn == 5
     # Even a direct UPDATE cannot move it down or past the turn count.
     with pytest.raises(peewee.IntegrityError, match="backwards"), db.atomic():
@@ -130,7 +132,7 @@ def test_the_pointer_never_moves_backwards_nor_past_turn_count(db, store) -> Non
 
 def test_appending_turns_continues_the_index_and_keeps_the_pointer(store) -> None:
     org_id, _, session_id = make_session(store, "acme", turns=2)
-    store.advance_pointer(org_id, session_id, 2)
+    TurnStore(store.db).advance_pointer(org_id, session_id, 2)
     result = store.append_turns(org_id, session_id, [turn("three"), turn("four")])
     assert (result.turns_added, result.turn_count) == (2, 4)
     session = store.get_session(org_id, session_id)
@@ -147,14 +149,14 @@ def test_sync_refuses_a_changed_turn(db, store) -> None:
 
 def test_candidates_are_completed_undeleted_sessions_with_pending_turns(db, store) -> None:
     org_id, _agent_id, done = make_session(store, "acme", external_id="done", turns=2)
-    store.advance_pointer(org_id, done, 2)
+    TurnStore(store.db).advance_pointer(org_id, done, 2)
     _, _, pending = make_session(store, "acme", external_id="pending", turns=2)
     make_session(store, "acme", external_id="active", turns=2, status="active")
     _, _, deleted = make_session(store, "acme", external_id="deleted", turns=2)
     store.soft_delete_session(org_id, deleted)
     make_session(store, "acme", external_id="empty", turns=0)
     _org_b, _, other = make_session(store, "other", external_id="x", turns=1)
-    ids = {c.session_id for c in store.extraction_candidates(limit=100)}
+    ids = {c.session_id for c in ScanQueries(store.db).candidates(limit=100)}
     assert ids == {pending, other}
 
 
@@ -170,7 +172,7 @@ def test_candidates_paginate_by_keyset(store) -> None:
     seen: list = []
     after = None
     while True:
-        page = store.extraction_candidates(limit=4, after=after)
+        page = ScanQueries(store.db).candidates(limit=4, after=after)
         if not page:
             break
         seen.extend(c.session_id for c in page)
@@ -187,8 +189,6 @@ def test_the_candidate_query_uses_the_partial_index(db, store) -> None:
         (str(org_id), str(agent_id)),
     )
     db.execute_sql("ANALYZE ibex_core.sessions")
-    from models.store import CANDIDATES_SQL
-
     with db.atomic():
         db.execute_sql("SET LOCAL ROLE ibex_scan")
         plan = "\n".join(

@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 
 from extraction.stages import StageDeps, scan
-from extraction.state import TurnRef
+from extraction.values import TurnRef
 from tests.integration.pipeline.helpers import (
     PIPELINE_ENV,
     FakeMemoryService,
@@ -180,6 +180,6 @@ def test_release_lease_leaves_a_done_turn_alone(store: Any, db: Any, deps: Any) 
     session = make_session(store, 1)
     Harness(deps).drain(scan(deps).sent)
     ref = TurnRef.of(session.org_id, session.session_id, 1)
-    assert deps.state.turn_status(ref).state == "done"
-    assert deps.state.release_lease(ref, "late failure") is False
-    assert deps.state.turn_status(ref).last_error is None
+    assert deps.turns.turn_status(ref).state == "done"
+    assert deps.turns.release_lease(ref, "late failure") is False
+    assert deps.turns.turn_status(ref).last_error is None

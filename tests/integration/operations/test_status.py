@@ -8,6 +8,7 @@ import pytest
 
 from cli import main
 from core.db import tenant
+from extraction.turns import TurnStore
 from tests.integration.foundation.helpers import make_session
 
 
@@ -30,7 +31,7 @@ def known_state(db, store):
     # turn 5 never sent.
     org_a, _, s1 = make_session(store, "acme", external_id="s1", turns=5)
     _turn_state(db, org_a, s1, 1, "done")
-    store.advance_pointer(org_a, s1, 1)
+    TurnStore(store.db).advance_pointer(org_a, s1, 1)
     _turn_state(db, org_a, s1, 2, "pending", lease="now() + interval '5 minutes'")
     _turn_state(db, org_a, s1, 3, "failed", llm_calls=0)
     _turn_state(db, org_a, s1, 4, "done")
@@ -38,7 +39,7 @@ def known_state(db, store):
     _, _, s2 = make_session(store, "acme", external_id="s2", turns=2)
     _turn_state(db, org_a, s2, 1, "done")
     _turn_state(db, org_a, s2, 2, "done")
-    store.advance_pointer(org_a, s2, 2)
+    TurnStore(store.db).advance_pointer(org_a, s2, 2)
     # acme / s3: still active, not a candidate.
     make_session(store, "acme", external_id="s3", turns=3, status="active")
     # globex / g1: 3 turns, none sent; its lease on turn 1 expired (counts as pending).

@@ -12,7 +12,7 @@ from hypothesis import strategies as st
 
 from core.errors import TurnBusyError
 from extraction.dispatch import run_message
-from extraction.stages import Send, StageDeps, advance_pointer, scan, write_memory
+from extraction.stages import Send, StageDeps, complete_turn, scan, write_memory
 from schema.messages import ActorName
 from tests.conftest import truncate_all
 from tests.integration.pipeline.helpers import (
@@ -78,7 +78,7 @@ def test_two_turns_finishing_at_the_same_moment_move_the_pointer_to_the_later_on
         def finish(turn: int, ref: Any = ref, barrier: threading.Barrier = barrier) -> Any:
             def run() -> None:
                 barrier.wait()
-                advance_pointer(deps, ref.org_id, ref.session_id, turn)
+                complete_turn(deps, ref.org_id, ref.session_id, turn)
                 deps.store.db.close()
 
             return run

@@ -14,7 +14,7 @@ import redis
 from core.config import Settings
 from core.errors import MemoryRejectedError
 from extraction.stages import StageDeps, extract_turn, memory_body, scan, write_memory
-from extraction.state import TurnRef
+from extraction.values import TurnRef
 from memory_service.app import create_app, make_pool
 from memory_service.client import MemoryClient
 from memory_service.tokens import TokenStore
@@ -93,7 +93,7 @@ def test_409_idempotency_conflict_is_success(
     [message] = scan(real_deps).sent
     extract_turn(real_deps, ref.org_id, ref.session_id, 1)
     # Another wording was committed under this slot's key (an earlier, differently worded run).
-    view = real_deps.state.load_slot(TurnRef(ref.org_id, ref.session_id, 1), 0)
+    view = real_deps.turns.load_slot(TurnRef(ref.org_id, ref.session_id, 1), 0)
     assert view.result is not None
     body = memory_body(view.agent_id, TurnRef(ref.org_id, ref.session_id, 1), 0, view.result)
     first = client.create_memory(
@@ -118,7 +118,7 @@ def test_409_duplicate_content_is_success(
     ref = make_session(store, 1)
     scan(real_deps)
     extract_turn(real_deps, ref.org_id, ref.session_id, 1)
-    view = real_deps.state.load_slot(TurnRef(ref.org_id, ref.session_id, 1), 1)
+    view = real_deps.turns.load_slot(TurnRef(ref.org_id, ref.session_id, 1), 1)
     assert view.result is not None
     body = memory_body(view.agent_id, TurnRef(ref.org_id, ref.session_id, 1), 1, view.result)
     # The same content already stored for this agent under some other key.

@@ -24,7 +24,7 @@ from core.db import make_pool
 from core.errors import DatabaseUnavailableError, TurnBusyError
 from extraction.dispatch import run_message
 from extraction.stages import Delivery, Send, StageDeps, scan
-from extraction.state import TurnRef
+from extraction.values import TurnRef
 from models.store import SessionStore
 from schema.messages import ActorName
 from tests.integration.pipeline.helpers import (
@@ -99,10 +99,10 @@ class FailingPersist:
     """Make ``persist_result`` find the database unavailable for its first ``times`` calls."""
 
     def __init__(self, deps: StageDeps, times: int) -> None:
-        self.real = deps.state.persist_result
+        self.real = deps.turns.persist_result
         self.times = times
         self.calls = 0
-        deps.state.persist_result = self  # type: ignore[method-assign]
+        deps.turns.persist_result = self  # type: ignore[method-assign]
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         self.calls += 1
@@ -144,7 +144,7 @@ def test_a_backend_terminated_inside_the_persist_transaction_costs_no_llm_call(
     # stores the answer, the stage's backend is terminated. The transaction rolls back; the
     # stage persists the answer again on a fresh connection in the same delivery.
     ref = make_session(deps.store, TURNS)
-    real_sql = deps.state._sql
+    real_sql = deps.turns._sql
     killed: list[int] = []
 
     def sql(statement: str, params: Any = ()) -> Any:
@@ -159,7 +159,7 @@ def test_a_backend_terminated_inside_the_persist_transaction_costs_no_llm_call(
                     time.sleep(0.01)
         return real_sql(statement, params)
 
-    deps.state._sql = sql  # type: ignore[method-assign]
+    deps.turns._sql = sql  # type: ignore[method-assign]
     Harness(deps).drain(scan(deps).sent, max_retries=0)
     assert len(killed) == TURNS
     check_one_call_per_turn(db, ref, provider, memory)
@@ -175,7 +175,7 @@ def test_the_persist_retries_through_a_short_outage_in_the_same_delivery(
     harness = Harness(deps)
     harness.drain(scan(deps).sent, max_retries=0)
     assert failing.calls == 3 + TURNS
-    assert len(deps.state.answers) == 0
+    assert len(deps.turns.answers) == 0
     check_one_call_per_turn(db, ref, provider, memory)
 
 
@@ -195,9 +195,9 @@ def test_an_outage_longer_than_the_retries_keeps_the_answer_for_the_same_message
     assert failing.calls >= 2  # it did retry before giving up
     assert first.abandoned_claim is not None
     turn = TurnRef(ref.org_id, ref.session_id, 1)
-    status = deps.state.turn_status(turn)
+    status = deps.turns.turn_status(turn)
     assert status is not None and status.claim_live and status.memory_count is None
-    assert len(deps.state.answers) == 1
+    assert len(deps.turns.answers) == 1
 
     # The database is back. Another message for the same turn (another message id, no claim
     # carried) must still wait for the live claim: the lock is not weakened.
@@ -215,7 +215,7 @@ def test_an_outage_longer_than_the_retries_keeps_the_answer_for_the_same_message
     follow = run_message(deps, ActorName.EXTRACT, message.kwargs, delivery=retry)
     assert time.monotonic() - started < 5
     assert [s.actor_name for s in follow] == ["write_memory"] * MEMORIES
-    assert len(deps.state.answers) == 0
+    assert len(deps.turns.answers) == 0
     Harness(deps).drain(follow, max_retries=0)
     check_one_call_per_turn(db, ref, provider, memory)
     (row,) = turn_rows(db, ref.session_id).values()
@@ -339,5 +339,5 @@ def test_the_persist_retries_stop_before_the_claim_could_expire(
     with pytest.raises(DatabaseUnavailableError):
         run_message(deps, ActorName.EXTRACT, message.kwargs, delivery=delivery)
     assert time.monotonic() - started < 1.5
-    assert failing.calls >= 2 and len(deps.state.answers) == 1
+    assert failing.calls >= 2 and len(deps.turns.answers) == 1
     assert delivery.abandoned_claim is not None

@@ -7,7 +7,7 @@ from typing import Any
 
 from core.errors import LLMRejectedError, PermanentError
 from extraction.stages import Send, scan
-from extraction.state import TurnRef
+from extraction.values import TurnRef
 from tests.integration.pipeline.helpers import (
     FakeMemoryService,
     FakeProvider,
@@ -67,7 +67,7 @@ def test_a_dead_lettered_turn_holds_its_pointer_until_its_message_is_replayed(
         assert isinstance(exc, PermanentError)
         dead.append((message, exc))
         k = message.kwargs
-        deps.state.mark_failed(
+        deps.turns.mark_failed(
             TurnRef.of(k["org_id"], k["session_id"], k["turn_index"]),
             f"{type(exc).__name__}: {exc}",
         )

@@ -9,8 +9,9 @@ from typing import Any
 import pytest
 
 from core.errors import NotFoundError
+from extraction.caches import SlotCache
 from extraction.stages import extract_turn, scan, write_memory
-from extraction.state import PersistedResult, SlotCache, StoredMemory, TurnRef
+from extraction.values import PersistedResult, StoredMemory, TurnRef
 from schema.messages import ActorName
 from tests.integration.pipeline.helpers import (
     FakeMemoryService,
@@ -64,7 +65,7 @@ def test_the_first_write_of_each_slot_needs_no_read_and_later_deliveries_read_as
     scan(deps)
     writes = extract_turn(deps, ref.org_id, ref.session_id, 1)
     assert [w.actor_name for w in writes] == [ActorName.WRITE, ActorName.WRITE]
-    load_slot = Spy(monkeypatch, deps.state, "load_slot")
+    load_slot = Spy(monkeypatch, deps.turns, "load_slot")
     first = write_memory(deps, ref.org_id, ref.session_id, 1, 0)
     assert first == [] and load_slot.calls == 0
     # A redelivery of the written slot reads its state: recorded, so no second POST.
@@ -77,9 +78,9 @@ def test_the_first_write_of_each_slot_needs_no_read_and_later_deliveries_read_as
     # A replay after the turn is done: the done short-cut, no POST, no pointer step.
     for ordinal in (0, 1):
         assert write_memory(deps, ref.org_id, ref.session_id, 1, ordinal) == []
-    assert memory.posts == 2 and len(deps.state.slot_cache) == 0
+    assert memory.posts == 2 and len(deps.turns.slot_cache) == 0
     # The bodies were built from the stored result, identical to the uncached path's.
-    view = deps.state.load_slot(TurnRef(ref.org_id, ref.session_id, 1), 1)
+    view = deps.turns.load_slot(TurnRef(ref.org_id, ref.session_id, 1), 1)
     assert view.result is not None and view.agent_id == ref.agent_id
     assert turn_rows(db, ref.session_id)[1]["slots"] == 2
 
@@ -101,8 +102,8 @@ def test_the_cached_result_is_exactly_the_stored_one(store: Any, db: Any, deps: 
     scan(deps)
     extract_turn(deps, ref.org_id, ref.session_id, 1)
     turn = TurnRef(ref.org_id, ref.session_id, 1)
-    cached = deps.state.slot_cache.take(turn, 0)
-    stored = deps.state.load_slot(turn, 0)
+    cached = deps.turns.slot_cache.take(turn, 0)
+    stored = deps.turns.load_slot(turn, 0)
     assert cached == (stored.agent_id, stored.result)
 
 

@@ -23,9 +23,10 @@ from core.errors import (
     MemoryUnavailableError,
     TurnBusyError,
 )
-from extraction import stages
+from extraction import deadletter_rows, stages
+from extraction.deadletter_rows import DeadLetterRecord
 from extraction.stages import Send
-from extraction.state import DeadLetterRecord, TurnRef
+from extraction.values import TurnRef
 from tests.unit.actors.helpers import drain, stub_worker
 
 ORG, SESSION = str(uuid.uuid4()), str(uuid.uuid4())
@@ -58,12 +59,8 @@ class FakeDB:
 
 
 @dataclass
-class FakeState:
-    mirrored: list[DeadLetterRecord] = field(default_factory=list)
+class FakeTurns:
     failed: list[tuple[TurnRef, str]] = field(default_factory=list)
-
-    def mirror_dead_letter(self, record: DeadLetterRecord) -> None:
-        self.mirrored.append(record)
 
     def mark_failed(self, ref: TurnRef, error: str) -> bool:
         self.failed.append((ref, error))
@@ -79,7 +76,9 @@ class FakeStore:
 class FakeDeps:
     settings: Settings
     store: FakeStore = field(default_factory=FakeStore)
-    state: FakeState = field(default_factory=FakeState)
+    turns: FakeTurns = field(default_factory=FakeTurns)
+    #: What the dead-letter mirror was given (see the ``deps`` fixture).
+    mirrored: list[DeadLetterRecord] = field(default_factory=list)
 
 
 @pytest.fixture
@@ -94,9 +93,16 @@ def settings() -> Settings:
     )
 
 
+def fake_deps(settings: Settings, monkeypatch: pytest.MonkeyPatch) -> FakeDeps:
+    """Fake deps whose ``mirrored`` receives what the worker gives the dead-letter mirror."""
+    fake = FakeDeps(settings)
+    monkeypatch.setattr(deadletter_rows, "mirror", lambda db, record: fake.mirrored.append(record))
+    return fake
+
+
 @pytest.fixture
-def deps(settings: Settings) -> FakeDeps:
-    return FakeDeps(settings)
+def deps(settings: Settings, monkeypatch: pytest.MonkeyPatch) -> FakeDeps:
+    return fake_deps(settings, monkeypatch)
 
 
 class Calls:
@@ -131,7 +137,7 @@ def test_an_invalid_message_is_dead_lettered_at_once_and_mirrored(
     actor: str, kwargs: dict[str, Any], settings: Settings, deps: FakeDeps, monkeypatch: Any
 ) -> None:
     calls = Calls()
-    for name in ("scan", "extract_turn", "write_memory", "advance_pointer"):
+    for name in ("scan", "extract_turn", "write_memory", "complete_turn"):
         monkeypatch.setattr(stages, name, lambda *a, _n=name, **k: calls.hit(_n) and [])
     with stub_worker(settings, deps) as stub:
         stub.get_actor(actor).send_with_options(kwargs=kwargs)
@@ -139,7 +145,7 @@ def test_an_invalid_message_is_dead_lettered_at_once_and_mirrored(
         [dead] = stub.dead_letters
     assert sum(calls.counter.values()) == 0  # the stage never ran
     assert dead.options.get("retries", 0) == 0  # not retried
-    [record] = deps.state.mirrored
+    [record] = deps.mirrored
     assert record.actor_name == actor
     assert record.exception_type == "InvalidMessageError"
     assert record.exception_message and "invalid" in record.exception_message
@@ -161,7 +167,7 @@ def test_a_permanent_error_dead_letters_without_retrying_and_fails_the_turn(
         drain(stub)
         assert len(stub.dead_letters) == 1
     assert calls.counter["write"] == 1
-    [record] = deps.state.mirrored
+    [record] = deps.mirrored
     assert (record.exception_type, record.turn_index, record.ordinal) == (
         "MemoryRejectedError",
         3,
@@ -170,7 +176,7 @@ def test_a_permanent_error_dead_letters_without_retrying_and_fails_the_turn(
     assert record.org_id == uuid.UUID(ORG) and record.session_id == uuid.UUID(SESSION)
     assert record.queue_name == "write" and record.attempts == 1
     assert record.exception_message and "content too long" in record.exception_message
-    [(ref, error)] = deps.state.failed
+    [(ref, error)] = deps.turns.failed
     assert ref == TurnRef.of(ORG, SESSION, 3) and "MemoryRejectedError" in error
 
 
@@ -190,7 +196,7 @@ def test_a_transient_error_retries_with_backoff_then_dead_letters_when_exhausted
         [dead] = stub.dead_letters
     assert calls.counter["write"] == settings.max_retries + 1
     assert dead.options["retries"] == settings.max_retries + 1
-    [record] = deps.state.mirrored
+    [record] = deps.mirrored
     assert record.exception_type == "MemoryUnavailableError"
     assert record.traceback and "MemoryUnavailableError" in record.traceback
 
@@ -215,13 +221,13 @@ def test_a_transient_error_then_success_sends_the_follow_ups(
 
     monkeypatch.setattr(stages, "extract_turn", flaky_extract)
     monkeypatch.setattr(stages, "write_memory", write)
-    monkeypatch.setattr(stages, "advance_pointer", lambda *a, **k: calls.hit("pointer") and [])
+    monkeypatch.setattr(stages, "complete_turn", lambda *a, **k: calls.hit("pointer") and [])
     with stub_worker(settings, deps) as stub:
         stub.get_actor("extract_turn").send(ORG, SESSION, 2)
         drain(stub)
         assert stub.dead_letters == []
     assert calls.counter == Counter({"extract": 2, "write": 3, "pointer": 1})
-    assert deps.state.mirrored == []
+    assert deps.mirrored == []
     # One connection per message, always given back.
     assert deps.store.db.connects == 6 and deps.store.db.closes == 6
 
@@ -298,9 +304,9 @@ def test_a_message_for_an_unknown_actor_is_dead_lettered_and_mirrored(
         stub.enqueue(message)
         drain(stub)
         assert len(stub.dead_letters) == 1
-    [record] = deps.state.mirrored
+    [record] = deps.mirrored
     assert record.actor_name == "extract_turns" and record.exception_type == "ActorNotFound"
-    assert deps.state.failed == []  # not a pipeline actor: no turn to fail
+    assert deps.turns.failed == []  # not a pipeline actor: no turn to fail
 
 
 def test_invalid_message_error_is_permanent() -> None:

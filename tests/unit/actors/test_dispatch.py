@@ -16,12 +16,13 @@ from extraction.dispatch import ROUTES, Route, route_of, run_message
 from extraction.stages import Send
 from schema.messages import MESSAGE_SCHEMAS, ActorName, Queue
 from tests.unit.actors.helpers import drain, stub_worker
-from tests.unit.actors.test_actors import ORG, SESSION, FakeDeps
+from tests.unit.actors.test_actors import ORG, SESSION, FakeDeps, fake_deps
 
 
 @pytest.fixture
-def deps() -> FakeDeps:
-    return FakeDeps(Settings.from_env({"MAX_RETRIES": "2", "RETRY_MIN_BACKOFF_MS": "5"}))
+def deps(monkeypatch: pytest.MonkeyPatch) -> FakeDeps:
+    settings = Settings.from_env({"MAX_RETRIES": "2", "RETRY_MIN_BACKOFF_MS": "5"})
+    return fake_deps(settings, monkeypatch)
 
 
 def test_the_table_names_every_actor_once_and_every_queue_once() -> None:
@@ -88,7 +89,7 @@ def test_an_invalid_message_is_rejected_by_the_shape_check_before_the_actor_runs
         drain(stub)
         [dead] = stub.dead_letters
     assert ran == [] and dead.options.get("retries", 0) == 0
-    [record] = deps.state.mirrored
+    [record] = deps.mirrored
     assert record.exception_type == "InvalidMessageError"
     assert record.exception_message is not None
     assert record.exception_message.startswith("invalid write_memory message: ordinal")

@@ -10,7 +10,7 @@ from hypothesis import strategies as st
 
 from extraction.keys import idempotency_key, key_material
 from extraction.stages import memory_body
-from extraction.state import PersistedResult, StoredMemory, TurnRef
+from extraction.values import PersistedResult, StoredMemory, TurnRef
 
 ORG = uuid.UUID("6f1c3a52-9d0e-4b8e-a3f1-0c2d4e6f8a10")
 SESSION = uuid.UUID("0b7e2d94-5c61-4f3a-9e8d-7a6b5c4d3e21")

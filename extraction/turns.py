@@ -1,4 +1,7 @@
-"""The pipeline's per-turn state in Postgres: the single source of truth of extraction progress.
+"""The owner of the per-turn state in Postgres: every statement on ``extraction_turns``,
+``extraction_slots`` and the session pointer, as named transitions the stages, ``ibex extract``
+and ``ibex dlq replay`` call (the scan's batch record-and-lease is in
+:mod:`extraction.scan_queries`).
 
 Dramatiq delivers at least once, may run one message on two workers at once, and has paths that
 drop a retry silently, so nothing here trusts the broker. Every decision a stage takes is taken
@@ -8,8 +11,8 @@ in a transaction over these rows:
   when its message was dead-lettered), the scan's lease, the LLM claim, our own attempt and LLM
   call counters, and the first validated result (a trigger forbids changing it once written);
 - ``extraction_slots`` (one row per written memory slot);
-- ``sessions.last_extracted_turn``, moved only by :meth:`ExtractionState.complete_turn` under a
-  lock on the session row, and only ever upwards.
+- ``sessions.last_extracted_turn``, moved only by :meth:`TurnStore.advance_pointer`, under a
+  lock on the session row (:meth:`TurnStore.complete_turn`), and only ever upwards.
 
 Every tenant operation runs in :func:`core.db.tenant` (row-level security for that org). Lock
 order is always session row before turn row, never the reverse, so the stages cannot deadlock
@@ -19,241 +22,31 @@ on each other.
 from __future__ import annotations
 
 import json
-import threading
 import uuid
-from collections import OrderedDict
-from collections.abc import Callable, Iterable, Mapping, Sequence
-from dataclasses import dataclass
+from collections.abc import Callable, Sequence
 from typing import Any
 
-from playhouse.postgres_ext import PostgresqlExtDatabase
+import peewee
 
-from core.db import APP_ROLE, scan_scope, tenant, transaction
+from core.db import tenant
 from core.errors import NotFoundError
-from models.store import Candidate, SessionStore, Turn, select_turns
-
-UUIDLike = uuid.UUID | str
-
-
-def _u(value: UUIDLike) -> str:
-    return str(value if isinstance(value, uuid.UUID) else uuid.UUID(str(value)))
-
-
-@dataclass(frozen=True)
-class TurnRef:
-    """The identity of one turn: what every turn-level message carries."""
-
-    org_id: uuid.UUID
-    session_id: uuid.UUID
-    turn_index: int
-
-    @classmethod
-    def of(cls, org_id: UUIDLike, session_id: UUIDLike, turn_index: int) -> TurnRef:
-        return cls(uuid.UUID(_u(org_id)), uuid.UUID(_u(session_id)), int(turn_index))
-
-    def as_message(self) -> dict[str, Any]:
-        return {
-            "org_id": str(self.org_id),
-            "session_id": str(self.session_id),
-            "turn_index": self.turn_index,
-        }
-
-
-@dataclass(frozen=True)
-class StoredMemory:
-    content: str
-    kind: str
-
-
-@dataclass(frozen=True)
-class PersistedResult:
-    """The first validated result of a turn, exactly as stored: ordinals index ``memories``."""
-
-    memories: tuple[StoredMemory, ...]
-    provider: str | None
-    model: str | None
-    prompt_tokens: int
-    completion_tokens: int
-
-    @classmethod
-    def from_row(
-        cls,
-        result: Any,
-        provider: str | None,
-        model: str | None,
-        prompt_tokens: int,
-        completion_tokens: int,
-    ) -> PersistedResult:
-        data = result if isinstance(result, dict) else json.loads(result)
-        memories = tuple(StoredMemory(str(m["content"]), str(m["kind"])) for m in data["memories"])
-        return cls(memories, provider, model, int(prompt_tokens), int(completion_tokens))
-
-
-# -- what begin_extract found ----------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class AlreadyDone:
-    """The turn is done (or below the pointer): nothing left to do for it."""
-
-
-@dataclass(frozen=True)
-class Busy:
-    """Another delivery holds a live LLM claim; wait ``retry_after`` seconds."""
-
-    retry_after: float
-
-
-@dataclass(frozen=True)
-class Persisted:
-    """A result is stored: no LLM call; write the slots not yet written."""
-
-    result: PersistedResult
-    written: frozenset[int]
-
-
-@dataclass(frozen=True)
-class Claimed:
-    """This delivery holds the LLM claim and may call the LLM (attempt number ``attempt``)."""
-
-    token: uuid.UUID
-    attempt: int
-    #: The turn and up to ``context_turns`` turns before it, read in the claim's transaction.
-    turns: tuple[Turn, ...] = ()
-
-
-@dataclass(frozen=True)
-class GaveUp:
-    """The turn used up its attempts; ``last_error`` says why the last one failed."""
-
-    attempts: int
-    last_error: str | None
-
-
-BeginOutcome = AlreadyDone | Busy | Persisted | Claimed | GaveUp
-
-
-@dataclass(frozen=True)
-class SlotView:
-    """What ``write_memory`` needs about its slot, read in one transaction."""
-
-    state: str
-    agent_id: uuid.UUID
-    result: PersistedResult | None
-    recorded: bool
-
-
-@dataclass(frozen=True)
-class PointerOutcome:
-    """The effect of :meth:`ExtractionState.complete_turn`."""
-
-    completed: bool  # every slot was recorded and the turn is now done
-    newly_done: bool  # this call moved the turn to done
-    pointer_before: int
-    pointer_after: int
-
-
-@dataclass(frozen=True)
-class TurnStatus:
-    """A turn row, for inspection (CLI, tests)."""
-
-    state: str
-    attempts: int
-    llm_calls: int
-    memory_count: int | None
-    slots: int
-    last_error: str | None
-    lease_live: bool
-    claim_live: bool
-
-
-@dataclass(frozen=True)
-class DeadLetterRecord:
-    """One failed message as the dead-letter mirror stores it."""
-
-    redis_message_id: str
-    message_id: str
-    queue_name: str
-    actor_name: str
-    payload: dict[str, Any]
-    exception_type: str | None
-    exception_message: str | None
-    traceback: str | None
-    attempts: int
-    org_id: uuid.UUID | None = None
-    session_id: uuid.UUID | None = None
-    turn_index: int | None = None
-    ordinal: int | None = None
-
-
-# One statement per org and batch: record every unextracted turn of the org's candidate
-# sessions and lease, per agent, up to that agent's budget of the turns that are not done, not
-# failed and not leased, lowest turn first across the agent's sessions. New rows are inserted
-# carrying their lease (no UPDATE, no row triggers); rows recorded earlier whose lease is free
-# or expired are taken with SKIP LOCKED, so two scans never lease the same turn.
-_RECORD_AND_LEASE = """
-WITH budget AS (
-    SELECT b.agent_id, b.budget
-      FROM unnest(%(agents)s::uuid[], %(budgets)s::int[]) AS b(agent_id, budget)
-),
-sess AS (
-    SELECT s.id, s.org_id, s.agent_id, s.last_extracted_turn, s.turn_count,
-           (s.status = 'completed' AND s.deleted_at IS NULL) AS recordable
-      FROM ibex_core.sessions s
-     WHERE s.id = ANY(%(ids)s::uuid[])
-),
-free AS (
-    SELECT e.org_id, e.session_id, e.turn_index, s.agent_id
-      FROM ibex_core.extraction_turns e
-      JOIN sess s ON s.id = e.session_id
-     WHERE e.session_id = ANY(%(ids)s::uuid[])
-       AND e.state IN ('pending', 'extracted')
-       AND e.turn_index > s.last_extracted_turn
-       AND e.turn_index <= s.turn_count
-       -- A lease runs at most EXTRACTION_LEASE_SECONDS from now as currently set: lowering
-       -- the setting shortens the leases granted under the old one.
-       AND (e.lease_expires_at IS NULL OR e.lease_expires_at <= now()
-            OR e.lease_expires_at > now() + make_interval(secs => %(lease)s))
-       FOR UPDATE OF e SKIP LOCKED
-),
-missing AS (
-    SELECT s.org_id, s.id AS session_id, g AS turn_index, s.agent_id
-      FROM sess s
-     CROSS JOIN LATERAL generate_series(s.last_extracted_turn + 1, s.turn_count) AS g
-     WHERE s.recordable
-       AND NOT EXISTS (SELECT 1 FROM ibex_core.extraction_turns x
-                        WHERE x.session_id = s.id AND x.turn_index = g)
-),
-ranked AS (
-    SELECT c.org_id, c.session_id, c.turn_index, c.is_new,
-           row_number() OVER (PARTITION BY c.agent_id ORDER BY c.turn_index, c.session_id)
-               <= b.budget AS lease
-      FROM (SELECT org_id, session_id, turn_index, agent_id, false AS is_new FROM free
-            UNION ALL
-            SELECT org_id, session_id, turn_index, agent_id, true FROM missing) c
-      JOIN budget b ON b.agent_id = c.agent_id
-),
-inserted AS (
-    INSERT INTO ibex_core.extraction_turns (org_id, session_id, turn_index, lease_expires_at)
-    SELECT org_id, session_id, turn_index,
-           CASE WHEN lease THEN now() + make_interval(secs => %(lease)s) END
-      FROM ranked
-     WHERE is_new
-    ON CONFLICT DO NOTHING
-    RETURNING session_id, turn_index, lease_expires_at IS NOT NULL AS leased
-),
-updated AS (
-    UPDATE ibex_core.extraction_turns t
-       SET lease_expires_at = now() + make_interval(secs => %(lease)s)
-      FROM ranked r
-     WHERE NOT r.is_new AND r.lease
-       AND t.session_id = r.session_id AND t.turn_index = r.turn_index
-    RETURNING t.session_id, t.turn_index
+from extraction.caches import AnswerCache, SlotCache
+from extraction.values import (
+    AlreadyDone,
+    BeginOutcome,
+    Busy,
+    Claimed,
+    GaveUp,
+    Persisted,
+    PersistedResult,
+    PointerOutcome,
+    SlotView,
+    TurnRef,
+    TurnStatus,
+    UUIDLike,
+    uuid_text,
 )
-SELECT session_id, turn_index FROM inserted WHERE leased
-UNION ALL
-SELECT session_id, turn_index FROM updated
-"""
+from models.store import Turn, select_turns
 
 # w = the highest t such that every turn pointer+1..t is done (a missing row is not done).
 _WALK_POINTER = """
@@ -262,6 +55,18 @@ SELECT COALESCE(MIN(g), %(n)s + 1) - 1
   LEFT JOIN ibex_core.extraction_turns e ON e.session_id = %(s)s AND e.turn_index = g
  WHERE e.state IS DISTINCT FROM 'done'
 """
+
+# A failed turn returns to where its persisted state says: extracted when a result is stored.
+_REOPEN_STATE = (
+    "state = CASE WHEN result IS NULL THEN 'pending'::ibex_core.turn_state"
+    "             ELSE 'extracted'::ibex_core.turn_state END"
+)
+
+_ADVANCE_POINTER = (
+    "UPDATE ibex_core.sessions"
+    " SET last_extracted_turn = GREATEST(last_extracted_turn, LEAST(%s, turn_count))"
+    " WHERE id = %s RETURNING last_extracted_turn"
+)
 
 _TURN_COLUMNS = """
 state::text, result, memory_count, attempts, llm_calls, provider, model, prompt_tokens,
@@ -280,166 +85,17 @@ GREATEST(EXTRACT(EPOCH FROM e.claim_expires_at - now()), 0)
 """
 
 
-class SlotCache:
-    """What ``write_memory`` needs for the first delivery of each slot, kept in-process after
-    this process persisted the turn's result: the stored result and the session's agent (both
-    immutable once persisted). Each ordinal is handed out once (:meth:`take`); every later
-    delivery of a slot (a retry, a redelivery, a replay) misses and reads the database as
-    before. Bounded (least recently filled turns dropped first) and thread-safe."""
+class TurnStore:
+    """The per-turn state on ``db`` (shared with the :class:`~models.store.SessionStore`, and
+    its per-thread connections), with this process's caches of it."""
 
-    def __init__(self, max_turns: int = 4096) -> None:
-        self.max_turns = max_turns
-        self._lock = threading.Lock()
-        self._turns: OrderedDict[
-            tuple[uuid.UUID, uuid.UUID, int], tuple[uuid.UUID, PersistedResult, set[int]]
-        ] = OrderedDict()
-
-    def put(self, ref: TurnRef, agent_id: uuid.UUID, result: PersistedResult) -> None:
-        key = (ref.org_id, ref.session_id, ref.turn_index)
-        with self._lock:
-            self._turns[key] = (agent_id, result, set(range(len(result.memories))))
-            self._turns.move_to_end(key)
-            while len(self._turns) > self.max_turns:
-                self._turns.popitem(last=False)
-
-    def take(self, ref: TurnRef, ordinal: int) -> tuple[uuid.UUID, PersistedResult] | None:
-        key = (ref.org_id, ref.session_id, ref.turn_index)
-        with self._lock:
-            entry = self._turns.get(key)
-            if entry is None or ordinal not in entry[2]:
-                return None
-            entry[2].discard(ordinal)
-            if not entry[2]:
-                del self._turns[key]
-            return entry[0], entry[1]
-
-    def __len__(self) -> int:
-        with self._lock:
-            return len(self._turns)
-
-
-@dataclass(frozen=True)
-class Answer:
-    """A validated LLM answer for a turn, in its persisted form, not yet stored."""
-
-    result: dict[str, Any]
-    provider: str | None
-    model: str | None
-    prompt_tokens: int
-    completion_tokens: int
-
-
-class AnswerCache:
-    """LLM answers this process holds but could not persist (the database was unavailable
-    through the stage's bounded retries). The retry of the message that paid for an answer
-    persists it from here instead of calling the LLM again. Bounded (oldest dropped first),
-    thread-safe; an entry goes once its turn has a stored result."""
-
-    def __init__(self, max_turns: int = 1024) -> None:
-        self.max_turns = max_turns
-        self._lock = threading.Lock()
-        self._answers: OrderedDict[TurnRef, Answer] = OrderedDict()
-
-    def put(self, ref: TurnRef, answer: Answer) -> None:
-        with self._lock:
-            self._answers[ref] = answer
-            self._answers.move_to_end(ref)
-            while len(self._answers) > self.max_turns:
-                self._answers.popitem(last=False)
-
-    def get(self, ref: TurnRef) -> Answer | None:
-        with self._lock:
-            return self._answers.get(ref)
-
-    def discard(self, ref: TurnRef) -> None:
-        with self._lock:
-            self._answers.pop(ref, None)
-
-    def __len__(self) -> int:
-        with self._lock:
-            return len(self._answers)
-
-
-class ExtractionState:
-    """Per-turn extraction state. Shares the database (and its per-thread connections) of the
-    :class:`~models.store.SessionStore` it is built on."""
-
-    def __init__(self, store: SessionStore) -> None:
-        self.store = store
-        self.db: PostgresqlExtDatabase = store.db
+    def __init__(self, db: peewee.Database) -> None:
+        self.db = db
         self.slot_cache = SlotCache()
         self.answers = AnswerCache()
 
     def _sql(self, sql: str, params: Sequence[Any] | dict[str, Any] = ()) -> Any:
         return self.db.execute_sql(sql, params)
-
-    # -- scan ------------------------------------------------------------------------------
-
-    def find_candidate(self, session_id: UUIDLike) -> Candidate | None:
-        """One session's identities, across orgs (scan role), if it has unextracted turns."""
-        with scan_scope(self.db):
-            row = self._sql(
-                "SELECT org_id, agent_id, id, last_extracted_turn, turn_count"
-                "  FROM ibex_core.sessions"
-                " WHERE id = %s AND status = 'completed' AND deleted_at IS NULL"
-                "   AND last_extracted_turn < turn_count",
-                (_u(session_id),),
-            ).fetchone()
-        if row is None:
-            return None
-        org, agent, sid, pointer, count = row
-        return Candidate(
-            uuid.UUID(str(org)), uuid.UUID(str(agent)), uuid.UUID(str(sid)), pointer, count
-        )
-
-    def lease_turns(
-        self,
-        candidates: Sequence[Candidate],
-        budgets: Mapping[uuid.UUID, int],
-        lease_seconds: int,
-    ) -> list[TurnRef]:
-        """Record every unextracted turn of ``candidates`` (one scan batch, any orgs) and lease,
-        per agent, up to ``budgets[agent]`` of those that are not done, not failed and not
-        leased: the turns to send. Agents without a positive budget are left out altogether.
-
-        One transaction for the batch and one statement per org in it (row-level security
-        applies per statement, under that org's ``ibex.org_id``). The turns come back ordered
-        by the agent's first appearance in ``candidates``, then by turn and session."""
-        by_org: dict[uuid.UUID, list[Candidate]] = {}
-        agent_order: dict[uuid.UUID, int] = {}
-        for c in candidates:
-            if budgets.get(c.agent_id, 0) <= 0:
-                continue
-            by_org.setdefault(c.org_id, []).append(c)
-            agent_order.setdefault(c.agent_id, len(agent_order))
-        if not by_org:
-            return []
-        agent_of: dict[uuid.UUID, uuid.UUID] = {}
-        refs: list[TurnRef] = []
-        with transaction(self.db):
-            switch_role = f"SET LOCAL ROLE {APP_ROLE}; "
-            for org, group in by_org.items():
-                agents = sorted({c.agent_id for c in group}, key=agent_order.__getitem__)
-                for c in group:
-                    agent_of[c.session_id] = c.agent_id
-                rows = self._sql(
-                    switch_role
-                    + "SELECT set_config('ibex.org_id', %(org)s, true); "
-                    + _RECORD_AND_LEASE,
-                    {
-                        "org": str(org),
-                        "agents": [str(a) for a in agents],
-                        "budgets": [int(budgets[a]) for a in agents],
-                        "ids": [str(c.session_id) for c in group],
-                        "lease": lease_seconds,
-                    },
-                ).fetchall()
-                switch_role = ""
-                refs.extend(TurnRef(org, uuid.UUID(str(sid)), int(ti)) for sid, ti in rows)
-        return sorted(
-            refs,
-            key=lambda r: (agent_order[agent_of[r.session_id]], r.turn_index, str(r.session_id)),
-        )
 
     # -- extract_turn ----------------------------------------------------------------------
 
@@ -510,10 +166,7 @@ class ExtractionState:
                 # it): start a fresh series of attempts.
                 attempts = 0
                 self._sql(
-                    "UPDATE ibex_core.extraction_turns"
-                    "   SET state = CASE WHEN result IS NULL THEN 'pending'::ibex_core.turn_state"
-                    "                    ELSE 'extracted'::ibex_core.turn_state END,"
-                    "       attempts = 0"
+                    f"UPDATE ibex_core.extraction_turns SET {_REOPEN_STATE}, attempts = 0"
                     " WHERE session_id = %s AND turn_index = %s",
                     (str(ref.session_id), ref.turn_index),
                 )
@@ -687,14 +340,6 @@ class ExtractionState:
             stored = PersistedResult.from_row(row[1], row[5], row[6], row[7], row[8])
             return Persisted(stored, self._written(ref))
 
-    def gave_up(self, ref: TurnRef, error: str) -> None:
-        with tenant(self.db, ref.org_id):
-            self._sql(
-                "UPDATE ibex_core.extraction_turns SET last_error = %s"
-                " WHERE session_id = %s AND turn_index = %s",
-                (error[:2000], str(ref.session_id), ref.turn_index),
-            )
-
     # -- write_memory ----------------------------------------------------------------------
 
     def load_slot(self, ref: TurnRef, ordinal: int) -> SlotView:
@@ -819,8 +464,20 @@ class ExtractionState:
             ).fetchone()[0]
             after = pointer
             if int(walked) > pointer:
-                after = self.store.advance_pointer_in_txn(ref.session_id, int(walked))
+                after = self._advance_pointer(ref.session_id, int(walked))
             return PointerOutcome(True, newly_done, pointer, after)
+
+    def advance_pointer(self, org_id: UUIDLike, session_id: UUIDLike, turn: int) -> int:
+        """Move ``last_extracted_turn`` up to ``turn`` (never down, never past turn_count);
+        return the pointer now stored. The pipeline moves it only in :meth:`complete_turn`."""
+        with tenant(self.db, org_id):
+            return self._advance_pointer(session_id, turn)
+
+    def _advance_pointer(self, session_id: UUIDLike, turn: int) -> int:
+        row = self._sql(_ADVANCE_POINTER, (turn, uuid_text(session_id))).fetchone()
+        if row is None:
+            raise NotFoundError(f"session {session_id} not found")
+        return int(row[0])
 
     # -- failures --------------------------------------------------------------------------
 
@@ -838,32 +495,19 @@ class ExtractionState:
             ).rowcount
         return bool(updated)
 
-    def mirror_dead_letter(self, record: DeadLetterRecord) -> None:
-        """Insert one dead letter into ``ibex_core.dead_letters`` (owner role: operator data)."""
-        with transaction(self.db):
-            self._sql(
-                "INSERT INTO ibex_core.dead_letters"
-                " (redis_message_id, message_id, queue_name, actor_name, org_id, session_id,"
-                "  turn_index, ordinal, payload, exception_type, exception_message, traceback,"
-                "  attempts)"
-                " VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s::jsonb, %s, %s, %s, %s)"
-                " ON CONFLICT (redis_message_id) DO NOTHING",
-                (
-                    record.redis_message_id,
-                    record.message_id,
-                    record.queue_name,
-                    record.actor_name,
-                    str(record.org_id) if record.org_id else None,
-                    str(record.session_id) if record.session_id else None,
-                    record.turn_index,
-                    record.ordinal,
-                    json.dumps(record.payload, default=str),
-                    record.exception_type,
-                    record.exception_message,
-                    record.traceback,
-                    record.attempts,
-                ),
-            )
+    def reopen_for_replay(self, ref: TurnRef, lease_seconds: int) -> bool:
+        """An operator replays the turn's dead letter: a ``failed`` turn returns to where its
+        persisted state says, with a fresh series of attempts and a fresh lease (so the scan
+        does not send it as well). In the caller's transaction when there is one."""
+        with tenant(self.db, ref.org_id):
+            updated = self._sql(
+                f"UPDATE ibex_core.extraction_turns SET {_REOPEN_STATE},"
+                "     last_error = NULL, attempts = 0,"
+                "     lease_expires_at = now() + make_interval(secs => %s)"
+                " WHERE session_id = %s AND turn_index = %s AND state = 'failed'",
+                (lease_seconds, str(ref.session_id), ref.turn_index),
+            ).rowcount
+        return bool(updated)
 
     # -- inspection ------------------------------------------------------------------------
 
@@ -884,26 +528,5 @@ class ExtractionState:
         state, attempts, calls, count, error, lease, claim, slots = row
         return TurnStatus(state, attempts, calls, count, int(slots), error, lease, claim)
 
-    def llm_calls(self, refs: Iterable[TurnRef]) -> int:
-        return sum(s.llm_calls for r in refs if (s := self.turn_status(r)) is not None)
 
-
-__all__ = [
-    "AlreadyDone",
-    "Answer",
-    "AnswerCache",
-    "BeginOutcome",
-    "Busy",
-    "Claimed",
-    "DeadLetterRecord",
-    "ExtractionState",
-    "GaveUp",
-    "Persisted",
-    "PersistedResult",
-    "PointerOutcome",
-    "SlotCache",
-    "SlotView",
-    "StoredMemory",
-    "TurnRef",
-    "TurnStatus",
-]
+__all__ = ["TurnStore"]
