@@ -218,18 +218,7 @@ class SessionsResource:
     ) -> None:
         _, org_id = authenticate(self.api, req, SESSIONS_WRITE)
         body = load(TURNS_SCHEMA, parse_json(read_body(req, self.api.max_body_bytes)))
-        turns = [
-            TurnInput(
-                messages=t["messages"],
-                completion=t["completion"],
-                prompt_tokens=t["prompt_tokens"],
-                completion_tokens=t["completion_tokens"],
-                latency_ms=t["latency_ms"],
-                is_streaming=t["is_streaming"],
-                is_complete=t["is_complete"],
-            )
-            for t in body["turns"]
-        ]
+        turns = [TurnInput.from_loaded(t) for t in body["turns"]]
         try:
             result = self.sessions.append_turns_at(
                 org_id, session_id, body["turns"][0]["turn_index"], turns

@@ -12,7 +12,7 @@ import functools
 import hashlib
 import uuid
 from collections import defaultdict
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -43,6 +43,25 @@ class TurnInput:
     latency_ms: int = 0
     is_streaming: bool = False
     is_complete: bool = True
+
+    @classmethod
+    def from_loaded(cls, turn: Mapping[str, Any]) -> TurnInput:
+        """A turn as the import line and the sessions API load it (their schemas share these
+        field names); a field a schema does not have keeps its default."""
+        fields = {
+            name: turn[name]
+            for name in (
+                "messages",
+                "completion",
+                "prompt_tokens",
+                "completion_tokens",
+                "latency_ms",
+                "is_streaming",
+                "is_complete",
+            )
+            if name in turn
+        }
+        return cls(**fields)
 
     @property
     def messages_hash(self) -> str:

@@ -24,6 +24,7 @@ from cli.extract import InlineReport, drain_inline
 from core.config import Settings
 from core.processes import ROOT, Launcher
 from extraction.providers import make_provider
+from extraction.scan_queries import ScanQueries
 from extraction.stages import StageDeps, scan
 from memory_service.app import create_app, make_pool
 from memory_service.client import MemoryClient
@@ -219,7 +220,7 @@ def test_idle_active_sessions_are_closed(  # type: ignore[no-untyped-def]
     assert status_of(db, sessions["deleted"]) == ("active", False)
     # Nothing left to close; the scan sees the idle session only when it was completed.
     assert store.close_idle(1, action) == 0
-    candidates = {c.session_id for c in store.extraction_candidates(100)}
+    candidates = {c.session_id for c in ScanQueries(store.db).candidates(100)}
     assert (sessions["idle"] in candidates) == (closed == "completed")
     assert sessions["fresh"] not in candidates
 
