@@ -24,7 +24,8 @@ from core.errors import ImmutableTurnError, NotFoundError, TurnGapError
 from memory_service.cursor import InvalidCursorError, decode_cursor, encode_cursor
 from memory_service.errors import ApiError, dumps
 from memory_service.resources import Api, authenticate, cursor_error, load, parse_json, read_body
-from models.store import SessionInfo, SessionStore, TurnInput, UnknownOrgError
+from models.session_status import SessionInfo, SessionStatusStore
+from models.store import SessionStore, TurnInput, UnknownOrgError
 from schema import describe_errors
 from schema.sessions import (
     MAX_EXTERNAL_ID_CHARS,
@@ -122,10 +123,11 @@ class SessionsResource:
         self.db = db
         # The service's pool; the models stay bound to whatever the process bound them to.
         self.sessions = SessionStore(cast(PostgresqlExtDatabase, db), bind_models=False)
+        self.status = SessionStatusStore(db)
         self.memories = api.store
 
     def _info(self, org_id: uuid.UUID, session_id: uuid.UUID) -> SessionInfo:
-        infos = self.sessions.session_infos(org_id, session_id=session_id, limit=1)
+        infos = self.status.infos(org_id, session_id=session_id, limit=1)
         if not infos:
             raise _not_found()
         return infos[0]
@@ -176,7 +178,7 @@ class SessionsResource:
         after = decode_session_cursor(req.params["cursor"]) if "cursor" in req.params else None
         query = load(LIST_QUERY_SCHEMA, dict(req.params))
         limit = query["limit"]
-        infos = self.sessions.session_infos(
+        infos = self.status.infos(
             org_id,
             agent_id=query.get("agent_id"),
             external_id=query.get("external_id"),
