@@ -22,7 +22,11 @@ A message whose Redis copy was swept (the 7-day TTL) is replayed from the mirror
 
 A letter may hold anything (a producer's bug, a hand-made payload): reading never assumes its
 shape. One whose payload is not a runnable message (:func:`message_problem`) is marked
-``malformed`` with the reason; it can be listed, shown and purged, and replay refuses it.
+``malformed`` with the reason (:mod:`actors.envelope`); it can be listed, shown and purged,
+and replay refuses it.
+
+Over 400 lines but one idea: a dead letter's two copies (Redis and the mirror) read, replayed
+and purged together, since replay and purge must keep them in step.
 """
 
 from __future__ import annotations
@@ -38,6 +42,7 @@ from typing import Any
 import peewee
 import redis
 
+from actors.envelope import MALFORMED, decode_problem, message_problem, raw_text
 from actors.queue_stats import NAMESPACE, dead_key, queue_key
 from extraction import deadletter_rows
 
@@ -151,103 +156,6 @@ def _identity(payload: Any) -> dict[str, Any]:
         else:
             out[name] = str(value) if isinstance(value, str) and value else None
     return out
-
-
-#: Malformed letters: what ``exception_type`` says in the mirror.
-MALFORMED = "MalformedMessage"
-
-_FIELDS: dict[str, tuple[type, ...]] = {
-    "queue_name": (str,),
-    "actor_name": (str,),
-    "message_id": (str,),
-    "message_timestamp": (int,),
-    "args": (list,),
-    "kwargs": (dict,),
-    "options": (dict,),
-}
-# Options that Dramatiq's worker and middleware read and compute with: a wrong type there
-# raises inside the worker (a dead worker thread, a message never acked), not in the actor.
-_NUMBER = (int, float)
-_OPTIONS: dict[str, tuple[type, ...]] = {
-    "redis_message_id": (str,),
-    "retries": (int,),
-    "max_retries": (int,),
-    "min_backoff": _NUMBER,
-    "max_backoff": _NUMBER,
-    "time_limit": _NUMBER,
-    "max_age": _NUMBER,
-    "delay": _NUMBER,
-    "eta": _NUMBER,
-    "requeue_timestamp": _NUMBER,
-    "traceback": (str,),
-    "on_success": (str,),
-    "on_failure": (str,),
-    "on_retry_exhausted": (str,),
-    "pipe_target": (dict,),
-    "pipe_ignore": (bool,),
-    "notify_shutdown": (bool,),
-    "ibex_invalid": (str,),
-}
-
-
-def _type_name(value: Any) -> str:
-    return "null" if value is None else type(value).__name__
-
-
-def _is(value: Any, types: tuple[type, ...]) -> bool:
-    # JSON booleans are Python ints: never accept one where a number is meant.
-    if isinstance(value, bool):
-        return bool in types
-    return isinstance(value, types)
-
-
-def message_problem(payload: Any, *, queue: str | None = None) -> str | None:
-    """Why a decoded payload is not a message the worker can run safely, or None.
-
-    Checks the envelope only (fields and the options Dramatiq computes with); whether the
-    arguments bind to the actor and pass validation is the worker's job. With ``queue``, the
-    message must also name the queue it was fetched from (the worker routes its ack by it)."""
-    if not isinstance(payload, dict):
-        return f"the message is a JSON {_type_name(payload)}, not an object"
-    for name, types in _FIELDS.items():
-        if name not in payload:
-            return f"the message has no {name}"
-        if not _is(payload[name], types):
-            return f"{name} is a {_type_name(payload[name])}"
-    for name in ("queue_name", "actor_name", "message_id"):
-        if not payload[name]:
-            return f"{name} is empty"
-    extra = sorted(set(payload) - set(_FIELDS))
-    if extra:
-        return f"unexpected field {extra[0]!r}"
-    if queue is not None and payload["queue_name"] != queue:
-        return f"queue_name {payload['queue_name']!r} is not the queue it was sent to ({queue})"
-    options = payload["options"]
-    if options.get("throws") is not None:
-        return "option throws cannot be given in a message"
-    for name, types in _OPTIONS.items():
-        value = options.get(name)
-        if value is not None and not _is(value, types):
-            return f"option {name} is a {_type_name(value)}"
-    for name in ("retries", "max_retries"):
-        if options.get(name) is not None and options[name] < 0:
-            return f"option {name} is negative"
-    return None
-
-
-def decode_problem(raw: bytes | str) -> tuple[Any, str | None]:
-    """``raw`` decoded as JSON and why it is not a runnable message (None when it is)."""
-    try:
-        payload = json.loads(raw)
-    except (ValueError, TypeError) as exc:
-        return None, f"not valid JSON: {exc}"
-    return payload, message_problem(payload)
-
-
-def raw_text(raw: bytes | str, limit: int = 65536) -> str:
-    """A malformed payload as text Postgres can store (jsonb holds no NUL), cut at ``limit``."""
-    text = raw.decode("utf-8", errors="replace") if isinstance(raw, bytes) else str(raw)
-    return text.replace("\x00", "\ufffd")[:limit]
 
 
 def canonical_queue(name: str) -> str:

@@ -30,7 +30,7 @@ from dramatiq.brokers.redis import RedisBroker, _RedisConsumer
 from dramatiq.common import compute_backoff, current_millis, q_name
 from dramatiq.errors import ConnectionClosed
 
-from actors.deadletters import message_problem
+from actors.envelope import message_problem
 
 log = logging.getLogger(__name__)
 

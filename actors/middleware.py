@@ -36,6 +36,7 @@ from dramatiq.errors import ActorNotFound
 from dramatiq.middleware import Middleware, SkipMessage
 from playhouse.postgres_ext import PooledPostgresqlExtDatabase
 
+from actors.envelope import MALFORMED, raw_text
 from core.config import Settings
 from core.db import make_pool
 from core.errors import ConfigError, InvalidMessageError, PermanentError
@@ -310,8 +311,6 @@ def mirror_malformed(queue: str, redis_message_id: str, raw: bytes, reason: str)
     """Record a message the consumer could not deliver (see :mod:`actors.guard`) in
     ``ibex_core.dead_letters``, marked malformed with the reason. Its raw payload is kept as
     it is when it is a JSON object, else as text under ``raw``."""
-    from actors.deadletters import MALFORMED, raw_text
-
     try:
         decoded = json.loads(raw)
     except (ValueError, TypeError):

@@ -3,11 +3,13 @@ tables."""
 
 from __future__ import annotations
 
+import argparse
 import contextlib
 import json
 import os
 import platform
-from collections.abc import Sequence
+import sys
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -15,7 +17,9 @@ import psutil
 import psycopg2.extensions
 import redis
 
+from bench import BenchError
 from bench.dbadmin import scalar
+from bench.stack import terminate_on_sigterm
 
 
 def percentile(values: Sequence[float], p: float) -> float | None:
@@ -91,3 +95,25 @@ def _cell(value: Any) -> str:
             return f"{value:.1f}"
         return f"{value:.3g}" if abs(value) < 0.01 else f"{value:.2f}"
     return str(value)
+
+
+def run_and_print(
+    prog: str,
+    args: argparse.Namespace,
+    run: Callable[[argparse.Namespace], Any],
+    render: Callable[[Any], str],
+) -> int:
+    """A benchmark's ``main`` once its arguments are parsed: ``run`` (SIGTERM unwinds like
+    Ctrl-C, so every process it started is stopped), then its document as stable JSON with
+    ``--json``, else as text. Exit 130 when interrupted, 1 on a :class:`BenchError`."""
+    try:
+        with terminate_on_sigterm():
+            document = run(args)
+    except KeyboardInterrupt:
+        print("interrupted", file=sys.stderr)
+        return 130
+    except BenchError as exc:
+        print(f"{prog}: {exc}", file=sys.stderr)
+        return 1
+    print(dumps(document) if args.json else render(document))
+    return 0

@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import argparse
 import statistics
-import sys
 import time
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -40,8 +39,8 @@ from bench.dbadmin import (
     rows,
     scalar,
 )
-from bench.report import dumps, load_average, machine, table
-from bench.stack import DEFAULT_REDIS_URL, terminate_on_sigterm
+from bench.report import load_average, machine, run_and_print, table
+from bench.stack import DEFAULT_REDIS_URL
 
 DEFAULT_SCAN_DATABASE_URL = "postgresql://postgres@127.0.0.1:5432/ibex_bench_scan"
 
@@ -378,18 +377,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
-    try:
-        with terminate_on_sigterm():
-            document = run(args)
-    except KeyboardInterrupt:
-        print("interrupted", file=sys.stderr)
-        return 130
-    except BenchError as exc:
-        print(f"bench.scan: {exc}", file=sys.stderr)
-        return 1
-    print(dumps(document) if args.json else render(document))
-    return 0
+    return run_and_print("bench.scan", build_parser().parse_args(argv), run, render)
 
 
 if __name__ == "__main__":

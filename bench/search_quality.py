@@ -25,7 +25,6 @@ import argparse
 import math
 import random
 import re
-import sys
 import time
 from collections import Counter
 from collections.abc import Sequence
@@ -34,8 +33,7 @@ from typing import Any
 
 from bench import BenchError
 from bench.dbadmin import recreate_database
-from bench.report import dumps, table
-from bench.stack import terminate_on_sigterm
+from bench.report import run_and_print, table
 
 DEFAULT_QUALITY_DATABASE_URL = "postgresql://postgres@127.0.0.1:5432/ibex_bench_search_quality"
 K = 5
@@ -376,18 +374,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
-    try:
-        with terminate_on_sigterm():
-            document = run(args)
-    except KeyboardInterrupt:
-        print("interrupted", file=sys.stderr)
-        return 130
-    except BenchError as exc:
-        print(f"bench.search_quality: {exc}", file=sys.stderr)
-        return 1
-    print(dumps(document) if args.json else render(document))
-    return 0
+    return run_and_print("bench.search_quality", build_parser().parse_args(argv), run, render)
 
 
 if __name__ == "__main__":

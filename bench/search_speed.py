@@ -21,7 +21,6 @@ from __future__ import annotations
 import argparse
 import random
 import statistics
-import sys
 import time
 from collections.abc import Sequence
 from typing import Any
@@ -30,8 +29,7 @@ import psycopg2
 
 from bench import BenchError
 from bench.dbadmin import admin_connection, recreate_database, scalar
-from bench.report import dumps, load_average, percentile
-from bench.stack import terminate_on_sigterm
+from bench.report import load_average, percentile, run_and_print
 
 DEFAULT_SPEED_DATABASE_URL = "postgresql://postgres@127.0.0.1:5432/ibex_bench_search_speed"
 
@@ -273,18 +271,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
-    try:
-        with terminate_on_sigterm():
-            document = run(args)
-    except KeyboardInterrupt:
-        print("interrupted", file=sys.stderr)
-        return 130
-    except BenchError as exc:
-        print(f"bench.search_speed: {exc}", file=sys.stderr)
-        return 1
-    print(dumps(document) if args.json else render(document))
-    return 0
+    return run_and_print("bench.search_speed", build_parser().parse_args(argv), run, render)
 
 
 if __name__ == "__main__":

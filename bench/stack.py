@@ -22,7 +22,7 @@ import redis
 
 from bench import BenchError
 from core.config import DEFAULTS
-from core.processes import Launcher, Process, ProcessError, ProcessExited, free_port
+from core.processes import Launcher, Process, ProcessError, ProcessExited, free_port, http_ok
 
 DEFAULT_REDIS_URL = "redis://127.0.0.1:6379/9"
 
@@ -67,13 +67,7 @@ def wait(launcher: Launcher, ready: Callable[[], bool], what: str, timeout: floa
 
 
 def wait_http(url: str, launcher: Launcher, timeout: float = 30.0) -> None:
-    wait(launcher, lambda: _http_ok(url), f"{url} did not answer", timeout)
-
-
-def _http_ok(url: str) -> bool:
-    with contextlib.suppress(httpx.HTTPError):
-        return httpx.get(url, timeout=1.0).status_code == 200
-    return False
+    wait(launcher, lambda: http_ok(url), f"{url} did not answer", timeout)
 
 
 def wait_log(process: Process, launcher: Launcher, text: str, count: int, timeout: float) -> None:

@@ -7,13 +7,17 @@ can import it without loading the broker or the database drivers.
 from __future__ import annotations
 
 import argparse
+import json
 import uuid
-from typing import Any, Protocol
+from collections.abc import Callable, Sequence
+from typing import Any, Protocol, TypeVar
 
 from core.config import Settings
 from core.errors import NotFoundError
 
 EXIT_OK, EXIT_FAILURE, EXIT_USAGE = 0, 1, 2
+
+T = TypeVar("T")
 
 
 class Command(Protocol):
@@ -92,3 +96,17 @@ __all__ = [
     "resolve_session",
     "session_id_arg",
 ]
+
+
+def print_json_or_empty(
+    rows: Sequence[T], *, as_json: bool, to_json: Callable[[T], Any], empty: str
+) -> bool:
+    """The two answers a listing command gives before its table: every row as a JSON array
+    (with ``--json``), or ``empty`` when there is no row. True when it printed one of them."""
+    if as_json:
+        print(json.dumps([to_json(row) for row in rows], indent=2, sort_keys=True))
+        return True
+    if not rows:
+        print(empty)
+        return True
+    return False

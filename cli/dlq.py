@@ -7,7 +7,7 @@ import json
 import sys
 from typing import Any
 
-from cli.common import EXIT_FAILURE, EXIT_OK, EXIT_USAGE
+from cli.common import EXIT_FAILURE, EXIT_OK, EXIT_USAGE, print_json_or_empty
 from cli.status import database, redis_client
 from core.config import Settings
 
@@ -54,11 +54,9 @@ def run(args: argparse.Namespace, settings: Settings) -> int:
 
 def _dlq_list(store: Any, args: argparse.Namespace) -> int:
     letters = store.list(queue=args.queue, actor=args.actor)
-    if args.json:
-        print(json.dumps([letter.as_json() for letter in letters], indent=2, sort_keys=True))
-        return EXIT_OK
-    if not letters:
-        print("no dead letters")
+    if print_json_or_empty(
+        letters, as_json=args.json, to_json=lambda letter: letter.as_json(), empty="no dead letters"
+    ):
         return EXIT_OK
     print(f"{'ID':<8} {'QUEUE':<8} {'ACTOR':<16} {'FAILED AT':<20} {'TRIES':>5}  SLOT / ERROR")
     for letter in letters:

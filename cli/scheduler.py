@@ -23,7 +23,7 @@ def add_parser(sub: Any) -> None:
 
 def run(args: argparse.Namespace, settings: Settings) -> int:
     from actors import scan_sessions
-    from models.store import close_idle_sessions
+    from models.session_status import close_idle_sessions
 
     stop = threading.Event()
 

@@ -7,12 +7,11 @@ unknown org slug is an error (a typo must not create an org) unless ``--create-o
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 import uuid
 from typing import Any
 
-from cli.common import EXIT_FAILURE, EXIT_OK, EXIT_USAGE
+from cli.common import EXIT_FAILURE, EXIT_OK, EXIT_USAGE, print_json_or_empty
 from core.config import Settings
 from schema.memory import SCOPES
 
@@ -105,11 +104,9 @@ def _create(store: Any, args: argparse.Namespace) -> int:
 
 def _list(store: Any, args: argparse.Namespace) -> int:
     rows = store.list()
-    if args.json:
-        print(json.dumps([r.public() for r in rows], indent=2, sort_keys=True))
-        return EXIT_OK
-    if not rows:
-        print("no tokens")
+    if print_json_or_empty(
+        rows, as_json=args.json, to_json=lambda r: r.public(), empty="no tokens"
+    ):
         return EXIT_OK
     print(f"{'ID':36}  {'PREFIX':12}  {'OWNER':36}  {'SCOPES':25}  {'STATE':7}  NAME")
     for r in rows:

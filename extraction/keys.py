@@ -1,4 +1,4 @@
-"""The idempotency key of one memory slot (the ADR's formula, exactly).
+"""The idempotency key of one memory slot (the documented formula, exactly: docs/architecture.md).
 
 ``key_material = f"{org_id}:{session_id}:{turn_index}:{ordinal}"`` and the key is
 ``str(uuid5(NAMESPACE_DNS, sha256(key_material).hexdigest()))``. It depends on the slot identity

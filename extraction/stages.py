@@ -17,6 +17,9 @@ that claim over at once and persists the kept answer without calling the LLM.
 ``deps.fault`` is a test seam: it is called with the name of each crash point just after the
 step it names (``after_llm_call``, ``after_persist``, ``after_post``, ``after_record_slot``,
 ``after_mark_done``, ``after_advance``), so a test can kill a stage exactly there.
+
+Over 400 lines but one idea: the four stages side by side, since each is written against what
+the next one may assume (the persisted result, the slot identity, the pointer rule).
 """
 
 from __future__ import annotations

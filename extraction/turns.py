@@ -17,6 +17,9 @@ in a transaction over these rows:
 Every tenant operation runs in :func:`core.db.tenant` (row-level security for that org). Lock
 order is always session row before turn row, never the reverse, so the stages cannot deadlock
 on each other.
+
+Over 400 lines but one idea: the one owner of the per-turn state, whose transitions must sit
+together to keep one lock order and one name per transition.
 """
 
 from __future__ import annotations

@@ -11,6 +11,13 @@ from typing import Any
 from apispec import APISpec
 from apispec.ext.marshmallow import MarshmallowPlugin
 
+from memory_service.openapi_parts import (
+    ORG_HEADER,
+    RETRY_AFTER,
+    error,
+    with_org_errors,
+)
+from memory_service.openapi_sessions import document as document_sessions
 from schema.memory import (
     ERROR_CODES,
     MAX_IDEMPOTENCY_KEY_CHARS,
@@ -32,53 +39,6 @@ TITLE = "IBEX memory service"
 VERSION = "1.0.0"
 
 
-def _error(description: str, **headers: Any) -> dict[str, Any]:
-    response: dict[str, Any] = {
-        "description": description,
-        "content": {"application/json": {"schema": "Error"}},
-    }
-    if headers:
-        response["headers"] = headers
-    return response
-
-
-RETRY_AFTER = {
-    "Retry-After": {
-        "description": "Seconds to wait before retrying.",
-        "schema": {"type": "integer", "minimum": 0},
-    }
-}
-WWW_AUTHENTICATE = {"WWW-Authenticate": {"schema": {"type": "string"}}}
-
-AUTH_ERRORS = {
-    "401": _error("Missing, unknown or revoked token (UNAUTHORIZED).", **WWW_AUTHENTICATE),
-    "403": _error("The token lacks the scope (INSUFFICIENT_SCOPE) or the org (FORBIDDEN_ORG)."),
-}
-COMMON_ERRORS = {
-    "500": _error("Unexpected error (INTERNAL_ERROR)."),
-    "503": _error("Postgres unavailable (UNAVAILABLE).", **RETRY_AFTER),
-}
-
-
-def _with_org_errors(responses: dict[str, Any]) -> dict[str, Any]:
-    responses.setdefault(
-        "400",
-        _error(
-            "Malformed or empty X-IBEX-Org-ID (INVALID_HEADER) or none with a service token "
-            "(ORG_REQUIRED)."
-        ),
-    )
-    return {**responses, **AUTH_ERRORS, **COMMON_ERRORS}
-
-
-ORG_HEADER = {
-    "in": "header",
-    "name": "X-IBEX-Org-ID",
-    "required": False,
-    "description": "The org to act for: required with a service token; an org token may "
-    "only name its own org.",
-    "schema": {"type": "string", "format": "uuid"},
-}
 MEMORY_ID = {
     "in": "path",
     "name": "memory_id",
@@ -148,18 +108,18 @@ def build_spec(max_body_bytes: int) -> dict[str, Any]:
                     "description": f"At most {max_body_bytes} bytes.",
                     "content": {"application/json": {"schema": "MemoryCreate"}},
                 },
-                "responses": _with_org_errors(
+                "responses": with_org_errors(
                     {
                         "201": {
                             "description": "Stored (or replayed, see Idempotent-Replayed).",
                             "headers": {**location, **replayed},
                             "content": {"application/json": {"schema": "Memory"}},
                         },
-                        "400": _error(
+                        "400": error(
                             "Malformed JSON (MALFORMED_JSON) or header (INVALID_HEADER, "
                             "ORG_REQUIRED)."
                         ),
-                        "409": _error(
+                        "409": error(
                             "IDEMPOTENCY_CONFLICT (the key was used with another body), "
                             "IDEMPOTENCY_IN_PROGRESS (with Retry-After) or DUPLICATE_CONTENT "
                             "(with existing_id). A stored 409 is replayed with "
@@ -167,8 +127,8 @@ def build_spec(max_body_bytes: int) -> dict[str, Any]:
                             **RETRY_AFTER,
                             **replayed,
                         ),
-                        "413": _error(f"Body over {max_body_bytes} bytes (BODY_TOO_LARGE)."),
-                        "422": _error(
+                        "413": error(f"Body over {max_body_bytes} bytes (BODY_TOO_LARGE)."),
+                        "422": error(
                             "Validation failed, field by field (VALIDATION_FAILED); also an "
                             "agent_id or source.session_id that is not of this org."
                         ),
@@ -180,18 +140,18 @@ def build_spec(max_body_bytes: int) -> dict[str, Any]:
                 "summary": "List memories, newest first, with cursor pagination.",
                 "security": secured,
                 "parameters": [ORG_HEADER, {"in": "query", "schema": MemoryListQuerySchema}],
-                "responses": _with_org_errors(
+                "responses": with_org_errors(
                     {
                         "200": {
                             "description": "One page.",
                             "content": {"application/json": {"schema": "MemoryPage"}},
                         },
-                        "400": _error(
+                        "400": error(
                             "A cursor this service did not issue (INVALID_CURSOR), or a "
                             "malformed X-IBEX-Org-ID (INVALID_HEADER) or none with a service "
                             "token (ORG_REQUIRED)."
                         ),
-                        "422": _error("Invalid query parameter (VALIDATION_FAILED)."),
+                        "422": error("Invalid query parameter (VALIDATION_FAILED)."),
                     }
                 ),
             },
@@ -205,13 +165,13 @@ def build_spec(max_body_bytes: int) -> dict[str, Any]:
                 "summary": "One memory of the org.",
                 "security": secured,
                 "parameters": [MEMORY_ID, ORG_HEADER],
-                "responses": _with_org_errors(
+                "responses": with_org_errors(
                     {
                         "200": {
                             "description": "The memory.",
                             "content": {"application/json": {"schema": "Memory"}},
                         },
-                        "404": _error("No such memory in this org (NOT_FOUND)."),
+                        "404": error("No such memory in this org (NOT_FOUND)."),
                     }
                 ),
             },
@@ -220,18 +180,16 @@ def build_spec(max_body_bytes: int) -> dict[str, Any]:
                 "summary": "Soft-delete a memory; its content may be written again.",
                 "security": secured,
                 "parameters": [MEMORY_ID, ORG_HEADER],
-                "responses": _with_org_errors(
+                "responses": with_org_errors(
                     {
                         "204": {"description": "Deleted."},
-                        "404": _error("No such memory in this org (NOT_FOUND)."),
+                        "404": error("No such memory in this org (NOT_FOUND)."),
                     }
                 ),
             },
         },
     )
     _read_path(spec, secured, max_body_bytes)
-    from memory_service.sessions import document as document_sessions  # imports this module
-
     document_sessions(spec, secured, max_body_bytes)
     health = {"application/json": {"schema": "Health"}}
     spec.path(
@@ -335,18 +293,18 @@ def _read_path(spec: APISpec, secured: list[dict[str, list[str]]], max_body_byte
                         "description": f"At most {max_body_bytes} bytes.",
                         "content": {"application/json": {"schema": request}},
                     },
-                    "responses": _with_org_errors(
+                    "responses": with_org_errors(
                         {
                             "200": {
                                 "description": ok,
                                 "content": {"application/json": {"schema": result}},
                             },
-                            "400": _error(
+                            "400": error(
                                 "Malformed JSON (MALFORMED_JSON) or header (INVALID_HEADER, "
                                 "ORG_REQUIRED)."
                             ),
-                            "413": _error(f"Body over {max_body_bytes} bytes (BODY_TOO_LARGE)."),
-                            "422": _error("Validation failed, field by field (VALIDATION_FAILED)."),
+                            "413": error(f"Body over {max_body_bytes} bytes (BODY_TOO_LARGE)."),
+                            "422": error("Validation failed, field by field (VALIDATION_FAILED)."),
                         }
                     ),
                 }

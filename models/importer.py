@@ -156,17 +156,7 @@ def parse_line(raw: bytes | str, *, first: bool = False) -> dict[str, Any]:
 def import_session(store: SessionStore, record: dict[str, Any]) -> tuple[uuid.UUID, bool, int]:
     """Import one validated session in one transaction; return (session id, created, turns
     added)."""
-    turns = [
-        TurnInput(
-            messages=t["messages"],
-            completion=t["completion"],
-            prompt_tokens=t["prompt_tokens"],
-            completion_tokens=t["completion_tokens"],
-            latency_ms=t["latency_ms"],
-            is_streaming=t["is_streaming"],
-        )
-        for t in record["turns"]
-    ]
+    turns = [TurnInput.from_loaded(t) for t in record["turns"]]
     db = store.db
     with db_errors(), db.atomic():
         # The org is created by the owner role; everything else as the tenant, same transaction,

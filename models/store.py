@@ -2,17 +2,18 @@
 
 Tenant operations open a :func:`core.db.tenant` transaction for the org they name. Extraction
 progress is not here: the pointer (``sessions.last_extracted_turn``) is moved by
-``extraction.turns``, and the scan's cross-org reads are ``extraction.scan_queries``.
+``extraction.turns``, and the scan's cross-org reads are ``extraction.scan_queries``; the
+listing with progress and the idle closing are :mod:`models.session_status`.
+
+Over 400 lines but one idea: storing one session aggregate (its org, agent, session row and
+append-only turns), whose writes all take the same session-row lock and share its checks.
 """
 
 from __future__ import annotations
 
-import datetime as dt
-import functools
 import hashlib
 import uuid
-from collections import defaultdict
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -20,11 +21,9 @@ import peewee
 from playhouse.postgres_ext import PostgresqlExtDatabase
 
 from core.canonical import canonical_json
-from core.config import Settings
 from core.db import db_errors, make_database, operator_scope, tenant, transaction
 from core.errors import ConfigError, ImmutableTurnError, NotFoundError, TurnGapError
 from models.base import bind
-from models.pipeline import ExtractionTurn
 from models.sessions import Checkpoint, CheckpointPayload, Session
 
 
@@ -43,6 +42,25 @@ class TurnInput:
     latency_ms: int = 0
     is_streaming: bool = False
     is_complete: bool = True
+
+    @classmethod
+    def from_loaded(cls, turn: Mapping[str, Any]) -> TurnInput:
+        """A turn as the import line and the sessions API load it (their schemas share these
+        field names); a field a schema does not have keeps its default."""
+        fields = {
+            name: turn[name]
+            for name in (
+                "messages",
+                "completion",
+                "prompt_tokens",
+                "completion_tokens",
+                "latency_ms",
+                "is_streaming",
+                "is_complete",
+            )
+            if name in turn
+        }
+        return cls(**fields)
 
     @property
     def messages_hash(self) -> str:
@@ -87,32 +105,8 @@ class AppendResult:
     turn_count: int
 
 
-@dataclass(frozen=True)
-class Progress:
-    """How far extraction has got with a session's turns: ``done`` and ``failed`` turns (their
-    state in the pipeline), ``pending`` (every other turn: not yet scanned, queued, or in
-    flight), and the pointer (``last_extracted_turn``)."""
-
-    done: int
-    pending: int
-    failed: int
-    pointer: int
-
-
-@dataclass(frozen=True)
-class SessionInfo:
-    """A session with its extraction progress."""
-
-    session: Session
-    progress: Progress
-
-
 class UnknownOrgError(NotFoundError):
     """The org a tenant operation names does not exist."""
-
-
-#: What ``close_idle`` may do to an idle session, and the status it then has.
-IDLE_ACTIONS = {"complete": "completed", "abandon": "abandoned"}
 
 
 def select_turns(session_id: uuid.UUID, first: int, last: int) -> list[Turn]:
@@ -418,99 +412,6 @@ class SessionStore:
             )
         return True
 
-    def session_infos(
-        self,
-        org_id: uuid.UUID,
-        *,
-        session_id: uuid.UUID | None = None,
-        agent_id: uuid.UUID | None = None,
-        external_id: str | None = None,
-        status: str | None = None,
-        limit: int = 50,
-        after: tuple[dt.datetime, uuid.UUID] | None = None,
-    ) -> list[SessionInfo]:
-        """Live sessions of the org, newest first, with their progress; ``after`` is the
-        (created_at, id) of the last one already seen."""
-        query = Session.select().where(Session.deleted_at.is_null())
-        if session_id is not None:
-            query = query.where(Session.id == session_id)
-        if agent_id is not None:
-            query = query.where(Session.agent_id == agent_id)
-        if external_id is not None:
-            query = query.where(Session.external_id == external_id)
-        if status is not None:
-            query = query.where(Session.status == status)
-        if after is not None:
-            query = query.where(
-                peewee.Tuple(Session.created_at, Session.id) < peewee.Tuple(after[0], after[1])
-            )
-        query = query.order_by(Session.created_at.desc(), Session.id.desc()).limit(limit)
-        with tenant(self.db, org_id):
-            sessions = list(query.bind(self.db))
-            progress = self._progress(sessions)
-        return [SessionInfo(s, progress[s.id]) for s in sessions]
-
-    def _progress(self, sessions: Sequence[Session]) -> dict[uuid.UUID, Progress]:
-        """The progress of ``sessions``, from the pipeline's per-turn state (read only)."""
-        counts: dict[uuid.UUID, tuple[int, int]] = defaultdict(lambda: (0, 0))
-        if sessions:
-            turn = ExtractionTurn
-            rows: Any = (
-                turn.select(
-                    turn.session_id,
-                    peewee.fn.COUNT(turn.turn_index).filter(turn.state == "done"),
-                    peewee.fn.COUNT(turn.turn_index).filter(turn.state == "failed"),
-                )
-                .where(turn.session_id.in_([s.id for s in sessions]))
-                .group_by(turn.session_id)
-                .tuples()
-                .bind(self.db)
-            )
-            for sid, done, failed in rows:
-                counts[uuid.UUID(str(sid))] = (int(done), int(failed))
-        result = {}
-        for s in sessions:
-            done, failed = counts[uuid.UUID(str(s.id))]
-            pending = max(s.turn_count - done - failed, 0)
-            result[s.id] = Progress(done, pending, failed, s.last_extracted_turn)
-        return result
-
-    def close_idle(self, idle_seconds: int, action: str, *, batch: int = 500) -> int:
-        """Complete (or abandon, per ``action``) every ``active`` session with no turn and no
-        change for ``idle_seconds``; return how many were closed. Idle sessions are found
-        across orgs by the operator role (read only), then closed org by org under row-level
-        security, each re-checked in its UPDATE, so a turn appended meanwhile keeps its session
-        open."""
-        status = IDLE_ACTIONS[action]
-        closed = 0
-        while True:
-            with operator_scope(self.db):
-                rows = self.db.execute_sql(
-                    "SELECT org_id, id FROM ibex_core.sessions"
-                    " WHERE status = 'active' AND deleted_at IS NULL"
-                    "   AND updated_at < now() - make_interval(secs => %s)"
-                    " ORDER BY updated_at LIMIT %s",
-                    (idle_seconds, batch),
-                ).fetchall()
-            by_org: dict[str, list[str]] = defaultdict(list)
-            for org, sid in rows:
-                by_org[str(org)].append(str(sid))
-            closed_now = 0
-            for org, ids in by_org.items():
-                with tenant(self.db, org):
-                    closed_now += self.db.execute_sql(
-                        "UPDATE ibex_core.sessions SET status = %s,"
-                        " completed_at = CASE WHEN %s = 'completed'"
-                        "   THEN COALESCE(completed_at, now()) ELSE completed_at END"
-                        " WHERE id = ANY(%s::uuid[]) AND status = 'active'"
-                        "   AND deleted_at IS NULL"
-                        "   AND updated_at < now() - make_interval(secs => %s)",
-                        (status, status, ids, idle_seconds),
-                    ).rowcount
-            closed += closed_now
-            if len(rows) < batch or not closed_now:
-                return closed
-
     # -- turns -----------------------------------------------------------------------------
 
     def append_turns(
@@ -628,30 +529,13 @@ class SessionStore:
         return turns[0]
 
 
-@functools.cache
-def _idle_store(url: str) -> SessionStore:
-    return SessionStore(make_database(url), bind_models=False)
-
-
-def close_idle_sessions(settings: Settings) -> int:
-    """Close the sessions idle for ``SESSION_IDLE_SECONDS`` with ``SESSION_IDLE_ACTION``
-    (the scheduler's step before each scan); return how many were closed. One connection per
-    process, kept between calls."""
-    store = _idle_store(settings.require_database_url())
-    return store.close_idle(settings.session_idle_seconds, settings.session_idle_action)
-
-
 __all__ = [
-    "IDLE_ACTIONS",
     "AppendResult",
-    "Progress",
-    "SessionInfo",
     "SessionName",
     "SessionStore",
     "Turn",
     "TurnInput",
     "UnknownOrgError",
     "canonical_json",
-    "close_idle_sessions",
     "content_digest",
 ]

@@ -98,6 +98,33 @@ def _content_valid(text: str) -> None:
         raise ValidationError("must not be blank")
 
 
+# The paging fields every list route shares (memories, sessions): one definition each.
+
+
+def next_cursor_field() -> fields.String:
+    """``next_cursor`` of a page answer."""
+    return fields.String(
+        required=True,
+        allow_none=True,
+        metadata={"description": "Pass as `cursor` for the next page; null on the last page."},
+    )
+
+
+def page_limit_field() -> fields.Integer:
+    """``limit`` of a list query."""
+    return fields.Integer(
+        load_default=DEFAULT_PAGE_SIZE, validate=validate.Range(min=1, max=MAX_PAGE_SIZE)
+    )
+
+
+def page_cursor_field() -> fields.String:
+    """``cursor`` of a list query."""
+    return fields.String(
+        validate=validate.Length(min=1, max=MAX_CURSOR_CHARS),
+        metadata={"description": "Opaque; the `next_cursor` of the previous page."},
+    )
+
+
 class MemorySourceSchema(Schema):
     """Where the memory was extracted from: one ordinal of one turn of a session."""
 
@@ -167,11 +194,7 @@ class MemoryPageSchema(Schema):
         unknown = RAISE
 
     items = fields.List(fields.Nested(MemorySchema), required=True)
-    next_cursor = fields.String(
-        required=True,
-        allow_none=True,
-        metadata={"description": "Pass as `cursor` for the next page; null on the last page."},
-    )
+    next_cursor = next_cursor_field()
 
 
 class MemoryListQuerySchema(Schema):
@@ -182,13 +205,8 @@ class MemoryListQuerySchema(Schema):
 
     agent_id = fields.UUID()
     session_id = fields.UUID()
-    limit = fields.Integer(
-        load_default=DEFAULT_PAGE_SIZE, validate=validate.Range(min=1, max=MAX_PAGE_SIZE)
-    )
-    cursor = fields.String(
-        validate=validate.Length(min=1, max=MAX_CURSOR_CHARS),
-        metadata={"description": "Opaque; the `next_cursor` of the previous page."},
-    )
+    limit = page_limit_field()
+    cursor = page_cursor_field()
 
 
 class ErrorDetailSchema(Schema):

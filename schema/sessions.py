@@ -14,7 +14,7 @@ from marshmallow import RAISE, Schema, ValidationError, fields, validate, valida
 from core.errors import InvalidMessageError
 from schema.common import Slug, StrictInteger
 from schema.imports import MAX_DEPTH, MAX_INT32, SESSION_STATUSES, TurnSchema, check_strings
-from schema.memory import DEFAULT_PAGE_SIZE, MAX_CURSOR_CHARS, MAX_PAGE_SIZE
+from schema.memory import next_cursor_field, page_cursor_field, page_limit_field
 
 MAX_EXTERNAL_ID_CHARS = 255
 #: Turns in one append request.
@@ -175,11 +175,7 @@ class SessionPageSchema(Schema):
         unknown = RAISE
 
     items = fields.List(fields.Nested(SessionSchema), required=True)
-    next_cursor = fields.String(
-        required=True,
-        allow_none=True,
-        metadata={"description": "Pass as `cursor` for the next page; null on the last page."},
-    )
+    next_cursor = next_cursor_field()
 
 
 class SessionListQuerySchema(Schema):
@@ -193,13 +189,8 @@ class SessionListQuerySchema(Schema):
         validate=[validate.Length(min=1, max=MAX_EXTERNAL_ID_CHARS), _storable]
     )
     status = fields.String(validate=validate.OneOf(SESSION_STATUSES))
-    limit = fields.Integer(
-        load_default=DEFAULT_PAGE_SIZE, validate=validate.Range(min=1, max=MAX_PAGE_SIZE)
-    )
-    cursor = fields.String(
-        validate=validate.Length(min=1, max=MAX_CURSOR_CHARS),
-        metadata={"description": "Opaque; the `next_cursor` of the previous page."},
-    )
+    limit = page_limit_field()
+    cursor = page_cursor_field()
 
 
 __all__ = [

@@ -5,6 +5,11 @@ Every call is safe to repeat, so every call is retried on 408, 429, 5xx, 409
 ``IDEMPOTENCY_IN_PROGRESS``, timeouts and connection errors, honouring ``Retry-After``, up to
 the :class:`~memory_service.client._base.RetryPolicy`'s attempts; other errors are raised at
 once as typed :mod:`~memory_service.client.errors`. One pooled ``httpx.AsyncClient``.
+
+The signatures and the retry loop repeat :mod:`~memory_service.client.sync`'s but for
+``async``/``await``, which Python cannot share between the two; everything else (requests,
+answers, retry decisions) is built once in :mod:`~memory_service.client._calls` and
+:mod:`~memory_service.client._base`.
 """
 
 from __future__ import annotations

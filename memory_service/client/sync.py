@@ -4,6 +4,12 @@ Every call is safe to repeat, so every call is retried on 408, 429, 5xx, 409
 ``IDEMPOTENCY_IN_PROGRESS``, timeouts and connection errors, honouring ``Retry-After``, up to
 the :class:`~memory_service.client._base.RetryPolicy`'s attempts; other errors are raised at
 once as typed :mod:`~memory_service.client.errors`. Thread-safe (one pooled ``httpx.Client``).
+
+This file and :mod:`~memory_service.client.aio` mirror each other on purpose, as httpx's
+``Client`` and ``AsyncClient`` do: every request and every reading of an answer is built once
+in :mod:`~memory_service.client._calls` and every retry decision in
+:mod:`~memory_service.client._base`, so each method here is one line. What repeats between the
+two files is the public signatures and ``_run``'s loop, which differ only by ``async``/``await``.
 """
 
 from __future__ import annotations

@@ -8,7 +8,7 @@ a newer server's additions do not break an older client.
 from __future__ import annotations
 
 import uuid
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any, Generic, TypeVar
@@ -209,16 +209,21 @@ class Page(Generic[T]):
     next_cursor: str | None
 
 
-def memory_page(value: Any) -> Page[Memory]:
+def _page(value: Any, item: Callable[[Any], T]) -> Page[T]:
+    """A page answer of any list route, each item read by ``item``."""
     data = _obj(value, "page")
     items = _req(data, "items", "page")
     if not isinstance(items, list):
         raise UnexpectedResponseError("page.items: expected a list")
     cursor = data.get("next_cursor")
     return Page(
-        items=tuple(Memory.from_json(m) for m in items),
+        items=tuple(item(i) for i in items),
         next_cursor=None if cursor is None else _str(cursor, "page.next_cursor"),
     )
+
+
+def memory_page(value: Any) -> Page[Memory]:
+    return _page(value, Memory.from_json)
 
 
 def search_hits(value: Any) -> tuple[SearchHit, ...]:
@@ -369,15 +374,7 @@ class TurnsAppended:
 
 
 def session_page(value: Any) -> Page[Session]:
-    data = _obj(value, "page")
-    items = _req(data, "items", "page")
-    if not isinstance(items, list):
-        raise UnexpectedResponseError("page.items: expected a list")
-    cursor = data.get("next_cursor")
-    return Page(
-        items=tuple(Session.from_json(s) for s in items),
-        next_cursor=None if cursor is None else _str(cursor, "page.next_cursor"),
-    )
+    return _page(value, Session.from_json)
 
 
 __all__ = [

@@ -114,3 +114,32 @@ def test_the_operator_role_reads_every_org_and_writes_nothing(db, two_orgs) -> N
         db.execute_sql("UPDATE ibex_core.sessions SET status = 'error'")
     with pytest.raises(peewee.ProgrammingError, match="permission denied"), operator_scope(db):
         db.execute_sql("SELECT token_hash FROM ibex_memory.api_tokens")
+
+
+def done_result(state: str) -> tuple[str | None, int | None]:
+    """The (result, memory_count) a turn in ``state`` holds: a done turn has its result."""
+    return ('{"memories": []}', 0) if state == "done" else (None, None)
+
+
+def test_session_progress_counts_only_the_callers_org(db, two_orgs) -> None:
+    """ibex_core.session_progress runs as its caller: asked under org A for both orgs'
+    sessions, it counts A's turns only."""
+    (org_a, _, session_a), (org_b, _, session_b) = two_orgs
+    for org, session, states in (
+        (org_a, session_a, ("done", "failed")),
+        (org_b, session_b, ("done", "done", "done")),
+    ):
+        with tenant(db, org):
+            for index, state in enumerate(states, start=1):
+                db.execute_sql(
+                    "INSERT INTO ibex_core.extraction_turns"
+                    " (org_id, session_id, turn_index, state, result, memory_count)"
+                    " VALUES (%s, %s, %s, %s, %s, %s)",
+                    (str(org), str(session), index, state, *done_result(state)),
+                )
+    with tenant(db, org_a):
+        rows = db.execute_sql(
+            "SELECT session_id, done, failed FROM ibex_core.session_progress(%s::uuid[])",
+            ([str(session_a), str(session_b)],),
+        ).fetchall()
+    assert [(str(s), d, f) for s, d, f in rows] == [(str(session_a), 1, 1)]

@@ -100,15 +100,18 @@ SEARCH = {
     "ibex_memory.search_candidates(uuid,text[],text[],uuid,text[],integer,integer)",
 }
 
+#: A session's extraction progress for the sessions API, under the caller's row-level security.
+PROGRESS = "ibex_core.session_progress(uuid[])"
+
 #: case -> table -> privilege -> ALL or the columns; plus the functions it may execute.
 EXPECTED: dict[str, dict[str, Any]] = {
     "tenant": {
         "tables": TENANT_TABLES,
-        "functions": {POLICY_PREDICATE, TOKEN_LOOKUP, *SEARCH},
+        "functions": {POLICY_PREDICATE, TOKEN_LOOKUP, PROGRESS, *SEARCH},
     },
     "tenant without org": {
         "tables": {},
-        "functions": {POLICY_PREDICATE, TOKEN_LOOKUP, *SEARCH},
+        "functions": {POLICY_PREDICATE, TOKEN_LOOKUP, PROGRESS, *SEARCH},
     },
     "scan": {
         "tables": {"ibex_core.sessions": {"SELECT": SCAN_COLUMNS}},
@@ -135,6 +138,7 @@ KNOWN_FUNCTIONS = {
     "ibex_core.extraction_result_first_wins()",
     "ibex_memory.memory_of_deleted_session()",
     "ibex_memory.create_memory(uuid,uuid,uuid,integer,integer,text,text,text,jsonb,text,text)",
+    PROGRESS,
     *SEARCH,
 }
 

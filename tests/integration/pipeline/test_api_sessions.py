@@ -24,11 +24,13 @@ from cli.extract import InlineReport, drain_inline
 from core.config import Settings
 from core.processes import ROOT, Launcher
 from extraction.providers import make_provider
+from extraction.scan_queries import ScanQueries
 from extraction.stages import StageDeps, scan
 from memory_service.app import create_app, make_pool
 from memory_service.client import MemoryClient
 from memory_service.tokens import TokenStore
 from models.importer import import_lines
+from models.session_status import SessionStatusStore
 from models.store import SessionStore, TurnInput
 from tests.integration.pipeline.helpers import pipeline_settings
 
@@ -211,15 +213,16 @@ def test_idle_active_sessions_are_closed(  # type: ignore[no-untyped-def]
     for name in ("idle", "other-org", "done", "deleted"):
         backdate(db, sessions[name], 5)
     idle = Settings.from_env({"SESSION_IDLE_SECONDS": "1", "SESSION_IDLE_ACTION": action.upper()})
-    assert store.close_idle(idle.session_idle_seconds, idle.session_idle_action) == 2
+    statuses = SessionStatusStore(store.db)
+    assert statuses.close_idle(idle.session_idle_seconds, idle.session_idle_action) == 2
     assert status_of(db, sessions["idle"]) == (closed, closed == "completed")
     assert status_of(db, sessions["other-org"]) == (closed, closed == "completed")
     assert status_of(db, sessions["fresh"]) == ("active", False)
     assert status_of(db, sessions["done"]) == ("completed", True)
     assert status_of(db, sessions["deleted"]) == ("active", False)
     # Nothing left to close; the scan sees the idle session only when it was completed.
-    assert store.close_idle(1, action) == 0
-    candidates = {c.session_id for c in store.extraction_candidates(100)}
+    assert statuses.close_idle(1, action) == 0
+    candidates = {c.session_id for c in ScanQueries(store.db).candidates(100)}
     assert (sessions["idle"] in candidates) == (closed == "completed")
     assert sessions["fresh"] not in candidates
 

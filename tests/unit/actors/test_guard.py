@@ -12,7 +12,7 @@ import dramatiq
 import fakeredis
 import pytest
 
-from actors.deadletters import decode_problem, message_problem
+from actors.envelope import decode_problem, message_problem
 from actors.guard import GuardedRedisBroker
 
 
@@ -155,6 +155,6 @@ def test_the_envelope_check_knows_exactly_dramatiqs_message_fields() -> None:
     message in production."""
     import dataclasses
 
-    from actors.deadletters import _FIELDS
+    from actors.envelope import _FIELDS
 
     assert set(_FIELDS) == {f.name for f in dataclasses.fields(dramatiq.Message)}

@@ -50,6 +50,56 @@ def test_imports_flow_one_way() -> None:
     assert result.returncode == 0, result.stdout[-3000:]
 
 
+PACKAGES = ("cli", "actors", "extraction", "memory_service", "models", "schema", "core", "bench")
+
+
+def cycles(imports: dict[str, set[str]]) -> list[list[str]]:
+    """The groups of modules that import each other, directly or not (Tarjan's strongly
+    connected components of more than one module, or one that imports itself)."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    found: list[list[str]] = []
+
+    def visit(module: str) -> None:
+        index[module] = low[module] = len(index)
+        stack.append(module)
+        for other in imports.get(module, ()):
+            if other not in index:
+                visit(other)
+                low[module] = min(low[module], low[other])
+            elif other in stack:
+                low[module] = min(low[module], index[other])
+        if low[module] == index[module]:
+            group = []
+            while True:
+                other = stack.pop()
+                group.append(other)
+                if other == module:
+                    break
+            if len(group) > 1 or module in imports.get(module, ()):
+                found.append(sorted(group))
+
+    for module in sorted(imports):
+        if module not in index:
+            visit(module)
+    return found
+
+
+def test_the_cycle_check_finds_a_cycle_through_three_modules() -> None:
+    imports = {"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}
+    assert cycles(imports) == [["a", "b", "c"]]
+    assert cycles({"a": {"b"}, "b": set()}) == []
+
+
+def test_no_module_imports_itself_back() -> None:
+    # Imports inside functions count too: a cycle hidden in a function is still a cycle.
+    grimp = pytest.importorskip("grimp")
+    graph = grimp.build_graph(*PACKAGES, cache_dir=None)
+    imports = {m: set(graph.find_modules_directly_imported_by(m)) for m in graph.modules}
+    assert cycles(imports) == []
+
+
 @pytest.mark.slow
 def test_the_packages_type_check() -> None:
     import subprocess

@@ -1,0 +1,60 @@
+"""The pieces every route's OpenAPI description shares: error answers and the org header.
+
+:mod:`memory_service.openapi` (memories, search, health) and
+:mod:`memory_service.openapi_sessions` (the sessions API) both build on them.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+
+def error(description: str, **headers: Any) -> dict[str, Any]:
+    """An error answer: its description and the common error body."""
+    response: dict[str, Any] = {
+        "description": description,
+        "content": {"application/json": {"schema": "Error"}},
+    }
+    if headers:
+        response["headers"] = headers
+    return response
+
+
+RETRY_AFTER = {
+    "Retry-After": {
+        "description": "Seconds to wait before retrying.",
+        "schema": {"type": "integer", "minimum": 0},
+    }
+}
+WWW_AUTHENTICATE = {"WWW-Authenticate": {"schema": {"type": "string"}}}
+
+AUTH_ERRORS = {
+    "401": error("Missing, unknown or revoked token (UNAUTHORIZED).", **WWW_AUTHENTICATE),
+    "403": error("The token lacks the scope (INSUFFICIENT_SCOPE) or the org (FORBIDDEN_ORG)."),
+}
+COMMON_ERRORS = {
+    "500": error("Unexpected error (INTERNAL_ERROR)."),
+    "503": error("Postgres unavailable (UNAVAILABLE).", **RETRY_AFTER),
+}
+
+
+def with_org_errors(responses: dict[str, Any]) -> dict[str, Any]:
+    """``responses`` and the errors every authenticated route that takes an org can answer."""
+    responses.setdefault(
+        "400",
+        error(
+            "Malformed or empty X-IBEX-Org-ID (INVALID_HEADER) or none with a service token "
+            "(ORG_REQUIRED)."
+        ),
+    )
+    return {**responses, **AUTH_ERRORS, **COMMON_ERRORS}
+
+
+ORG_HEADER = {
+    "in": "header",
+    "name": "X-IBEX-Org-ID",
+    "required": False,
+    "description": "The org to act for: required with a service token; an org token may "
+    "only name its own org.",
+    "schema": {"type": "string", "format": "uuid"},
+}

@@ -1,0 +1,210 @@
+"""The OpenAPI description of the sessions API (:mod:`memory_service.sessions`): its schemas,
+routes, status codes and headers, added to the service's document by
+:func:`memory_service.openapi.build_spec`.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from apispec import APISpec
+
+from memory_service.openapi_parts import ORG_HEADER, error, with_org_errors
+from memory_service.sessions import SESSION_HEADER
+from schema.sessions import (
+    MAX_EXTERNAL_ID_CHARS,
+    SessionCreateSchema,
+    SessionListQuerySchema,
+    SessionPageSchema,
+    SessionSchema,
+    TurnsAppendedSchema,
+    TurnsAppendSchema,
+)
+
+SESSION_ID = {
+    "in": "path",
+    "name": "session_id",
+    "required": True,
+    "schema": {"type": "string", "format": "uuid"},
+}
+
+
+def document(spec: APISpec, secured: list[dict[str, list[str]]], max_body_bytes: int) -> None:
+    """Add the sessions API's schemas and routes to ``spec``."""
+    for name, schema in (
+        ("SessionCreate", SessionCreateSchema),
+        ("Session", SessionSchema),
+        ("SessionPage", SessionPageSchema),
+        ("TurnsAppend", TurnsAppendSchema),
+        ("TurnsAppended", TurnsAppendedSchema),
+    ):
+        spec.components.schema(name, schema=schema)
+
+    def body(schema: str) -> dict[str, Any]:
+        return {
+            "required": True,
+            "description": f"At most {max_body_bytes} bytes (MEMORY_MAX_BODY_BYTES).",
+            "content": {"application/json": {"schema": schema}},
+        }
+
+    def ok(description: str, schema: str, **headers: Any) -> dict[str, Any]:
+        answer: dict[str, Any] = {
+            "description": description,
+            "content": {"application/json": {"schema": schema}},
+        }
+        if headers:
+            answer["headers"] = headers
+        return answer
+
+    bad_body = {
+        "400": error("Malformed JSON (MALFORMED_JSON) or header (INVALID_HEADER, ORG_REQUIRED)."),
+        "413": error(f"Body over {max_body_bytes} bytes (BODY_TOO_LARGE)."),
+        "422": error("Validation failed, field by field (VALIDATION_FAILED)."),
+    }
+    missing = {"404": error("No such live session in this org (NOT_FOUND).")}
+    replayed = {
+        "Idempotent-Replayed": {
+            "description": "`true` when every turn was already stored (nothing was written).",
+            "schema": {"type": "string", "enum": ["true"]},
+        }
+    }
+    location = {"Location": {"description": "The session.", "schema": {"type": "string"}}}
+    spec.path(
+        path="/v1/sessions",
+        operations={
+            "post": {
+                "operationId": "openSession",
+                "summary": "Open a session, or find the one with this external id.",
+                "description": "The agent is a slug (created when missing) or an agent_id of "
+                "the org. The same (agent, external_id) again answers 200 with the existing "
+                "session; without an external id a new session is opened every time.",
+                "security": secured,
+                "parameters": [
+                    ORG_HEADER,
+                    {
+                        "in": "header",
+                        "name": SESSION_HEADER,
+                        "required": False,
+                        "description": "The external id, instead of (or equal to) the "
+                        "body's external_id.",
+                        "schema": {
+                            "type": "string",
+                            "minLength": 1,
+                            "maxLength": MAX_EXTERNAL_ID_CHARS,
+                        },
+                    },
+                ],
+                "requestBody": body("SessionCreate"),
+                "responses": with_org_errors(
+                    {
+                        "201": ok("Opened.", "Session", **location),
+                        "200": ok("The session with this external id.", "Session", **location),
+                        **bad_body,
+                        "409": error(
+                            "The session with this external id was deleted (SESSION_DELETED)."
+                        ),
+                        "422": error(
+                            "Validation failed, field by field (VALIDATION_FAILED); also an "
+                            "agent_id that is not of this org."
+                        ),
+                    }
+                ),
+            },
+            "get": {
+                "operationId": "listSessions",
+                "summary": "List live sessions with their progress, newest first, with cursor "
+                "pagination.",
+                "security": secured,
+                "parameters": [ORG_HEADER, {"in": "query", "schema": SessionListQuerySchema}],
+                "responses": with_org_errors(
+                    {
+                        "200": ok("One page.", "SessionPage"),
+                        "400": error(
+                            "A cursor this service did not issue (INVALID_CURSOR), or a "
+                            "malformed X-IBEX-Org-ID (INVALID_HEADER) or none with a service "
+                            "token (ORG_REQUIRED)."
+                        ),
+                        "422": error("Invalid query parameter (VALIDATION_FAILED)."),
+                    }
+                ),
+            },
+        },
+    )
+    one = "/v1/sessions/{session_id}"
+    spec.path(
+        path=one,
+        operations={
+            "get": {
+                "operationId": "getSession",
+                "summary": "One session with its extraction progress (turns done, pending, "
+                "failed; the pointer).",
+                "security": secured,
+                "parameters": [SESSION_ID, ORG_HEADER],
+                "responses": with_org_errors({"200": ok("The session.", "Session"), **missing}),
+            },
+            "delete": {
+                "operationId": "deleteSession",
+                "summary": "Soft-delete the session and every memory whose source it is, in "
+                "one transaction.",
+                "security": secured,
+                "parameters": [SESSION_ID, ORG_HEADER],
+                "responses": with_org_errors({"204": {"description": "Deleted."}, **missing}),
+            },
+        },
+    )
+    spec.path(
+        path=f"{one}/turns",
+        operations={
+            "post": {
+                "operationId": "appendTurns",
+                "summary": "Append consecutive turns in one transaction; safe to retry.",
+                "description": "Turns already stored with the same content are a no-op; "
+                "another content is TURN_CONFLICT (turns are immutable); a first turn_index "
+                "past turn_count + 1 is TURN_GAP with expected_turn_index.",
+                "security": secured,
+                "parameters": [SESSION_ID, ORG_HEADER],
+                "requestBody": body("TurnsAppend"),
+                "responses": with_org_errors(
+                    {
+                        "201": ok("Appended (turns_added > 0).", "TurnsAppended"),
+                        "200": ok(
+                            "Every turn was already stored: nothing written.",
+                            "TurnsAppended",
+                            **replayed,
+                        ),
+                        **bad_body,
+                        **missing,
+                        "409": error(
+                            "A turn differs from the stored one (TURN_CONFLICT, with "
+                            "turn_index), or turns would be skipped (TURN_GAP, with "
+                            "expected_turn_index)."
+                        ),
+                    }
+                ),
+            }
+        },
+    )
+    for action, operation_id, summary in (
+        (
+            "complete",
+            "completeSession",
+            "Mark the session completed (idempotent): the next scan extracts its turns.",
+        ),
+        (
+            "abandon",
+            "abandonSession",
+            "Mark the session abandoned (idempotent): it is never extracted.",
+        ),
+    ):
+        spec.path(
+            path=f"{one}/{action}",
+            operations={
+                "post": {
+                    "operationId": operation_id,
+                    "summary": summary,
+                    "security": secured,
+                    "parameters": [SESSION_ID, ORG_HEADER],
+                    "responses": with_org_errors({"200": ok("The session.", "Session"), **missing}),
+                }
+            },
+        )
