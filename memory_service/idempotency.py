@@ -208,11 +208,17 @@ class IdempotencyStore:
         return time.monotonic() >= self._down_until
 
     def _failed(self, exc: redis.RedisError) -> None:
+        """Any Redis error: unreachable, timed out, or refusing writes when out of memory
+        (``noeviction`` at ``maxmemory``; inside a script the OOM arrives as a plain
+        ResponseError). None of them can cost a guarantee, the Postgres keys decide alone."""
+        reason = type(exc).__name__
+        if isinstance(exc, redis.exceptions.OutOfMemoryError) or "OOM" in str(exc):
+            reason = "out of memory"
         with self._lock:
             if self._available():
                 log.warning(
                     "redis failed (%s); idempotency runs on the Postgres keys alone for %.0f s",
-                    type(exc).__name__,
+                    reason,
                     REDIS_BACKOFF_SECONDS,
                 )
             self._down_until = time.monotonic() + REDIS_BACKOFF_SECONDS
