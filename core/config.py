@@ -48,6 +48,7 @@ DEFAULTS: dict[str, str | None] = {
     "METRICS_PORT": None,  # unset: the worker exposes no metrics
     "SESSION_IDLE_SECONDS": "1800",
     "SESSION_IDLE_ACTION": "complete",
+    "PRUNE_DONE_AFTER_DAYS": None,  # unset: the scheduler prunes nothing
 }
 
 LLM_PROVIDERS = ("openai", "rules")
@@ -117,6 +118,8 @@ class Settings:
     session_idle_action: str = "complete"
     #: The memory service's idempotency records: REDIS_URL unless set apart.
     idempotency_redis_url: str = ""
+    #: The scheduler prunes the extraction state of turns done longer ago; None: never.
+    prune_done_after_days: int | None = None
     #: The variables that were set (non-empty) in the environment, defaults aside.
     explicit: frozenset[str] = frozenset()
 
@@ -179,6 +182,9 @@ class Settings:
             session_idle_seconds=_int(env, "SESSION_IDLE_SECONDS", 1),
             session_idle_action=idle_action,
             idempotency_redis_url=idempotency_redis_url,
+            prune_done_after_days=_int(env, "PRUNE_DONE_AFTER_DAYS", 1)
+            if _str(env, "PRUNE_DONE_AFTER_DAYS")
+            else None,
             explicit=frozenset(name for name in DEFAULTS if (env.get(name) or "").strip()),
         )
         if settings.retry_max_backoff_ms < settings.retry_min_backoff_ms:

@@ -49,6 +49,11 @@ def test_idempotency_records_follow_redis_url_unless_set_apart() -> None:
     )
 
 
+def test_the_scheduler_prunes_only_when_asked() -> None:
+    assert Settings.from_env({}).prune_done_after_days is None
+    assert Settings.from_env({"PRUNE_DONE_AFTER_DAYS": "30"}).prune_done_after_days == 30
+
+
 def test_llm_base_url_selects_the_openai_provider() -> None:
     settings = Settings.from_env({"LLM_BASE_URL": "http://127.0.0.1:9/v1/"})
     assert settings.llm_provider == "openai"
@@ -69,6 +74,8 @@ def test_llm_base_url_selects_the_openai_provider() -> None:
         ({"SESSION_IDLE_SECONDS": "0"}, "SESSION_IDLE_SECONDS"),
         ({"SESSION_IDLE_SECONDS": "soon"}, "SESSION_IDLE_SECONDS"),
         ({"SESSION_IDLE_ACTION": "delete"}, "SESSION_IDLE_ACTION"),
+        ({"PRUNE_DONE_AFTER_DAYS": "0"}, "PRUNE_DONE_AFTER_DAYS"),
+        ({"PRUNE_DONE_AFTER_DAYS": "a month"}, "PRUNE_DONE_AFTER_DAYS"),
     ],
 )
 def test_invalid_values_name_the_variable(env: dict[str, str], variable: str) -> None:
