@@ -16,7 +16,19 @@ import logging
 import sys
 from collections.abc import Sequence
 
-from cli import demo, dlq, extract, imports, migrate, scan, scheduler, search, status, tokens
+from cli import (
+    demo,
+    dlq,
+    extract,
+    imports,
+    migrate,
+    prune,
+    scan,
+    scheduler,
+    search,
+    status,
+    tokens,
+)
 from cli.common import EXIT_FAILURE, EXIT_OK, EXIT_USAGE, Command
 from core.config import Settings
 from core.errors import ConfigError, DatabaseUnavailableError, IbexError
@@ -39,6 +51,7 @@ COMMANDS: dict[str, Command] = {
     "scheduler": scheduler,
     "status": status,
     "dlq": dlq,
+    "prune": prune,
     "demo": demo,
 }
 

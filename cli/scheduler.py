@@ -1,10 +1,13 @@
 """``ibex scheduler`` (the Procfile line): send ``scan_sessions`` every
 ``SCAN_INTERVAL_SECONDS`` until SIGTERM or SIGINT. A thin trigger: the scan runs on a worker.
-Before each send it closes the sessions idle for ``SESSION_IDLE_SECONDS``."""
+Before each send it closes the sessions idle for ``SESSION_IDLE_SECONDS``. With
+``PRUNE_DONE_AFTER_DAYS`` it also prunes, once an hour and in a thread of its own (a long prune
+must not delay the scans), what ``ibex prune --done-older-than <N>d --yes`` would."""
 
 from __future__ import annotations
 
 import argparse
+import datetime as dt
 import signal
 import sys
 import threading
@@ -34,6 +37,12 @@ def run(args: argparse.Namespace, settings: Settings) -> int:
     signal.signal(signal.SIGINT, _stop)
     interval = settings.scan_interval_seconds
     print(f"ibex scheduler: sending scan_sessions every {interval}s", flush=True)
+    pruner = None
+    if settings.prune_done_after_days is not None:
+        pruner = threading.Thread(
+            target=prune_hourly, args=(settings, stop), name="prune", daemon=True
+        )
+        pruner.start()
     while not stop.is_set():
         try:  # idle sessions first, so this scan already sees the ones it completes
             close_idle_sessions(settings)
@@ -44,5 +53,33 @@ def run(args: argparse.Namespace, settings: Settings) -> int:
         except Exception as exc:  # a Redis blip must not end the schedule
             print(f"ibex scheduler: could not send scan_sessions: {exc}", file=sys.stderr)
         stop.wait(interval)
+    if pruner is not None:
+        pruner.join(timeout=5)  # stops between batches; a batch is a short transaction
     print("ibex scheduler: stopped", flush=True)
     return EXIT_OK
+
+
+#: Seconds between two prunes of the scheduler.
+PRUNE_EVERY_SECONDS = 3600
+
+
+def prune_hourly(settings: Settings, stop: threading.Event) -> None:
+    """Prune once now, then every :data:`PRUNE_EVERY_SECONDS`, until ``stop`` is set."""
+    from cli.status import database
+    from extraction.turns import TurnStore
+
+    assert settings.prune_done_after_days is not None
+    age = dt.timedelta(days=settings.prune_done_after_days)
+    db = None
+    while not stop.is_set():
+        try:
+            db = db or database(settings)
+            pruned = TurnStore(db).prune_done(dt.datetime.now(dt.UTC) - age, stop=stop.is_set)
+            print(
+                f"ibex scheduler: pruned the extraction state of {pruned.turns} done turns"
+                f" ({pruned.slots} slots) older than {settings.prune_done_after_days}d",
+                flush=True,
+            )
+        except Exception as exc:  # a database blip must not end the schedule
+            print(f"ibex scheduler: could not prune: {exc}", file=sys.stderr)
+        stop.wait(PRUNE_EVERY_SECONDS)

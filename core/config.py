@@ -19,6 +19,7 @@ from core.errors import ConfigError
 DEFAULTS: dict[str, str | None] = {
     "DATABASE_URL": None,
     "REDIS_URL": "redis://127.0.0.1:6379/0",
+    "IDEMPOTENCY_REDIS_URL": None,  # unset: REDIS_URL
     "MEMORY_SERVICE_URL": "http://127.0.0.1:8000",
     "MEMORY_SERVICE_TOKEN": None,
     "LLM_PROVIDER": None,  # "rules" when LLM_BASE_URL is unset, else "openai"
@@ -47,11 +48,19 @@ DEFAULTS: dict[str, str | None] = {
     "METRICS_PORT": None,  # unset: the worker exposes no metrics
     "SESSION_IDLE_SECONDS": "1800",
     "SESSION_IDLE_ACTION": "complete",
+    "PRUNE_DONE_AFTER_DAYS": None,  # unset: the scheduler prunes nothing
 }
 
 LLM_PROVIDERS = ("openai", "rules")
 #: What the scheduler does with a session idle for SESSION_IDLE_SECONDS.
 SESSION_IDLE_ACTIONS = ("complete", "abandon")
+
+
+def _redis_url(env: Mapping[str, str], name: str) -> str | None:
+    url = _str(env, name)
+    if url is not None and not url.startswith(("redis://", "rediss://", "unix://")):
+        raise ConfigError(f"{name} must be a redis:// URL", variable=name)
+    return url
 
 
 def _int(env: Mapping[str, str], name: str, minimum: int = 0) -> int:
@@ -107,6 +116,10 @@ class Settings:
     metrics_port: int | None
     session_idle_seconds: int = 1800
     session_idle_action: str = "complete"
+    #: The memory service's idempotency records: REDIS_URL unless set apart.
+    idempotency_redis_url: str = ""
+    #: The scheduler prunes the extraction state of turns done longer ago; None: never.
+    prune_done_after_days: int | None = None
     #: The variables that were set (non-empty) in the environment, defaults aside.
     explicit: frozenset[str] = frozenset()
 
@@ -134,10 +147,9 @@ class Settings:
             ("postgres://", "postgresql://")
         ):
             raise ConfigError("DATABASE_URL must be a postgresql:// URL", variable="DATABASE_URL")
-        redis_url = _str(env, "REDIS_URL")
+        redis_url = _redis_url(env, "REDIS_URL")
         assert redis_url is not None
-        if not redis_url.startswith(("redis://", "rediss://", "unix://")):
-            raise ConfigError("REDIS_URL must be a redis:// URL", variable="REDIS_URL")
+        idempotency_redis_url = _redis_url(env, "IDEMPOTENCY_REDIS_URL") or redis_url
         settings = cls(
             database_url=database_url,
             redis_url=redis_url,
@@ -169,6 +181,10 @@ class Settings:
             metrics_port=_int(env, "METRICS_PORT", 1) if _str(env, "METRICS_PORT") else None,
             session_idle_seconds=_int(env, "SESSION_IDLE_SECONDS", 1),
             session_idle_action=idle_action,
+            idempotency_redis_url=idempotency_redis_url,
+            prune_done_after_days=_int(env, "PRUNE_DONE_AFTER_DAYS", 1)
+            if _str(env, "PRUNE_DONE_AFTER_DAYS")
+            else None,
             explicit=frozenset(name for name in DEFAULTS if (env.get(name) or "").strip()),
         )
         if settings.retry_max_backoff_ms < settings.retry_min_backoff_ms:

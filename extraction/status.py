@@ -8,7 +8,8 @@ of completed sessions (everything above each session's pointer):
 - ``waiting``: done, but above an earlier turn that is not done yet (the pointer waits);
 - ``failed``: dead-lettered, blocking its session's pointer until replayed.
 
-``done`` counts every turn the pipeline has finished; ``pointer_lag`` is the number of turns
+``done`` counts every turn the pipeline has finished whose state ``ibex prune`` has not
+deleted; ``pointer_lag`` is the number of turns
 above the pointers, i.e. the sum of the four above.
 
 The queues' own counts come from the broker's side (``actors.queue_stats``), passed in as a

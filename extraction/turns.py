@@ -14,6 +14,10 @@ in a transaction over these rows:
 - ``sessions.last_extracted_turn``, moved only by :meth:`TurnStore.advance_pointer`, under a
   lock on the session row (:meth:`TurnStore.complete_turn`), and only ever upwards.
 
+Once the pointer has passed a turn nothing reads its rows for correctness (a turn at or below
+the pointer is done, with or without a row: :meth:`TurnStore.begin_extract` says so, the scan
+and the pointer walk look only above it), so :meth:`TurnStore.prune_done` may delete them.
+
 Every tenant operation runs in :func:`core.db.tenant` (row-level security for that org). Lock
 order is always session row before turn row, never the reverse, so the stages cannot deadlock
 on each other.
@@ -24,15 +28,17 @@ together to keep one lock order and one name per transition.
 
 from __future__ import annotations
 
+import datetime as dt
 import json
 import uuid
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import peewee
 
-from core.db import tenant
-from core.errors import NotFoundError
+from core.db import tenant, transaction
+from core.errors import ConfigError, NotFoundError
 from extraction.caches import AnswerCache, SlotCache
 from extraction.values import (
     AlreadyDone,
@@ -70,6 +76,62 @@ _ADVANCE_POINTER = (
     " SET last_extracted_turn = GREATEST(last_extracted_turn, LEAST(%s, turn_count))"
     " WHERE id = %s RETURNING last_extracted_turn"
 )
+
+# The turns prune_done may delete: done, passed by their session's pointer, done before the
+# cutoff. Keyset order on the primary key, so each batch resumes where the last one ended.
+_PRUNABLE = """
+  FROM ibex_core.extraction_turns e
+  JOIN ibex_core.sessions s ON s.id = e.session_id
+ WHERE e.state = 'done' AND e.turn_index <= s.last_extracted_turn
+   AND COALESCE(e.done_at, e.updated_at) < %(cutoff)s
+"""
+
+_COUNT_PRUNABLE = f"""
+SELECT count(*),
+       COALESCE(sum((SELECT count(*) FROM ibex_core.extraction_slots x
+                      WHERE x.session_id = e.session_id AND x.turn_index = e.turn_index)), 0)
+{_PRUNABLE}
+"""
+
+# One batch in one statement: lock the batch's turns (skipping any a late message holds), delete
+# their slots and them (the slots' foreign key is checked at the end of the statement, when
+# both are gone), and report what went and where the batch ended.
+_PRUNE_BATCH = f"""
+WITH batch AS (
+    SELECT e.session_id, e.turn_index
+    {_PRUNABLE}
+       AND (e.session_id, e.turn_index) > (%(after_session)s::uuid, %(after_turn)s)
+     ORDER BY e.session_id, e.turn_index
+     LIMIT %(limit)s
+       FOR UPDATE OF e SKIP LOCKED
+), slots AS (
+    DELETE FROM ibex_core.extraction_slots x USING batch b
+     WHERE x.session_id = b.session_id AND x.turn_index = b.turn_index
+    RETURNING 1
+), turns AS (
+    DELETE FROM ibex_core.extraction_turns e USING batch b
+     WHERE e.session_id = b.session_id AND e.turn_index = b.turn_index
+    RETURNING 1
+), last AS (
+    SELECT session_id, turn_index FROM batch ORDER BY session_id DESC, turn_index DESC LIMIT 1
+)
+SELECT (SELECT count(*) FROM turns), (SELECT count(*) FROM slots),
+       (SELECT session_id FROM last), (SELECT turn_index FROM last)
+"""
+
+_NIL_UUID = "00000000-0000-0000-0000-000000000000"
+
+
+@dataclass(frozen=True)
+class Pruned:
+    """Rows of per-turn state deleted (or, in a dry run, that would be)."""
+
+    turns: int = 0
+    slots: int = 0
+
+    def __add__(self, other: Pruned) -> Pruned:
+        return Pruned(self.turns + other.turns, self.slots + other.slots)
+
 
 _TURN_COLUMNS = """
 state::text, result, memory_count, attempts, llm_calls, provider, model, prompt_tokens,
@@ -512,6 +574,70 @@ class TurnStore:
             ).rowcount
         return bool(updated)
 
+    # -- pruning ---------------------------------------------------------------------------
+
+    def _check_can_prune(self) -> None:
+        # Across every org, as the connecting role: row-level security would show it no rows
+        # (and the delete would silently do nothing) unless it bypasses RLS.
+        allowed = self._sql(
+            "SELECT rolsuper OR rolbypassrls FROM pg_roles WHERE rolname = current_user"
+        ).fetchone()
+        if not (allowed and allowed[0]):
+            raise ConfigError(
+                "pruning needs the role that runs `ibex migrate` (a superuser or a role with"
+                " BYPASSRLS) in DATABASE_URL",
+                variable="DATABASE_URL",
+            )
+
+    def count_prunable(self, cutoff: dt.datetime) -> Pruned:
+        """The rows :meth:`prune_done` would delete for ``cutoff`` now, across every org."""
+        with transaction(self.db):
+            self._check_can_prune()
+            turns, slots = self._sql(_COUNT_PRUNABLE, {"cutoff": cutoff}).fetchone()
+        return Pruned(int(turns), int(slots))
+
+    def prune_done(
+        self,
+        cutoff: dt.datetime,
+        *,
+        batch_size: int = 1000,
+        progress: Callable[[Pruned], None] | None = None,
+        stop: Callable[[], bool] | None = None,
+    ) -> Pruned:
+        """Delete the ``extraction_turns`` and ``extraction_slots`` rows of every turn that is
+        done, passed by its session's pointer, and was done before ``cutoff``, across every
+        org; return what went.
+
+        In batches of ``batch_size`` turns, each its own short transaction (row locks on one
+        batch only, never a table lock), walking the primary key so no batch rescans what an
+        earlier one kept. A turn a late message holds locked is skipped (the next prune takes
+        it). ``stop`` is asked before each batch: True ends the prune there (a later one
+        resumes, nothing is half done). Safe to run while the pipeline runs: a redelivered
+        message of a pruned turn finds it below the pointer and answers "already done"; a
+        session that grows later gets new rows above the pointer only."""
+        with transaction(self.db):
+            self._check_can_prune()
+        total = Pruned()
+        after: tuple[str, int] = (_NIL_UUID, 0)
+        while stop is None or not stop():
+            with transaction(self.db):
+                turns, slots, last_session, last_turn = self._sql(
+                    _PRUNE_BATCH,
+                    {
+                        "cutoff": cutoff,
+                        "after_session": after[0],
+                        "after_turn": after[1],
+                        "limit": batch_size,
+                    },
+                ).fetchone()
+            if last_session is None:
+                return total
+            total += Pruned(int(turns), int(slots))
+            after = (str(last_session), int(last_turn))
+            if progress is not None:
+                progress(total)
+        return total
+
     # -- inspection ------------------------------------------------------------------------
 
     def turn_status(self, ref: TurnRef) -> TurnStatus | None:
@@ -532,4 +658,4 @@ class TurnStore:
         return TurnStatus(state, attempts, calls, count, int(slots), error, lease, claim)
 
 
-__all__ = ["TurnStore"]
+__all__ = ["Pruned", "TurnStore"]

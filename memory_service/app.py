@@ -102,7 +102,7 @@ def create_app(
     if db is None:
         db = make_pool(settings.database_url)
     if redis_client is None:
-        redis_client = make_redis(settings.redis_url)
+        redis_client = make_redis(settings.idempotency_redis_url or settings.redis_url)
     store = MemoryStore(db)
     metrics = Metrics(settings.prometheus_multiproc_dir)
     idempotency = IdempotencyStore(

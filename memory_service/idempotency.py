@@ -1,20 +1,36 @@
 """Idempotency records in Redis: claim, complete and release, each one atomic Lua script.
 
-A record is a hash at ``ibex:idem:<org_id>:<key>`` holding the request fingerprint, a state
-(``running`` or ``done``), the owner token of the request that runs it, the lease deadline in
-milliseconds of *Redis server time* (``TIME`` inside the script, so clock skew between web
-processes cannot shorten or stretch a lease), and once done the status, body and Location of the
-response. It lives for the idempotency TTL.
+A record is a small hash at :func:`record_key` (a fixed-size digest of the org and the key, so a
+255-character key costs no more than a short one) holding only what the claim and the replay
+decision need:
+
+- ``fp``: the first 128 bits of a hash of the request fingerprint (enough to tell the same
+  request from another under one key);
+- ``state``: ``running`` or ``done``;
+- ``owner``: the random token of the request that runs the key (8 bytes);
+- ``lease_until``: while running, the lease deadline in milliseconds of *Redis server time*
+  (``TIME`` inside the script, so clock skew between web processes cannot shorten or stretch a
+  lease);
+- once done, ``id`` (the memory's 16-byte UUID) and ``status`` (:class:`Answer`: which response
+  the key gives).
+
+The response itself is not stored: a replay of a created memory is rebuilt from the Postgres row
+found by the key, which is the response first given byte for byte (the row is immutable but for
+``deleted_at``, which the response does not show). A record thus takes under 200 bytes of Redis
+memory (``MEMORY USAGE``) for the idempotency TTL.
 
 This record is an optimisation and the "in progress" signal, not the source of truth: the row in
 Postgres (``UNIQUE(org_id, idempotency_key)`` and the live-content index) is. Losing the record
 (TTL, FLUSHALL, eviction, failover) can therefore never produce a duplicate; it only means the
-next request with that key is answered from Postgres instead.
+next request with that key is answered from Postgres instead. Any Redis error, an out-of-memory
+refusal included, is handled the same way as an unreachable Redis.
 """
 
 from __future__ import annotations
 
+import base64
 import enum
+import hashlib
 import logging
 import secrets
 import threading
@@ -41,7 +57,7 @@ CLAIM_LUA = """
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 local lease_until = string.format('%.0f', now + tonumber(ARGV[3]))
-local rec = redis.call('HMGET', KEYS[1], 'fp', 'state', 'lease_until', 'status', 'body', 'location')
+local rec = redis.call('HMGET', KEYS[1], 'fp', 'state', 'lease_until', 'status', 'id')
 if not rec[1] then
   redis.call('HSET', KEYS[1], 'fp', ARGV[1], 'state', 'running', 'owner', ARGV[2],
              'lease_until', lease_until)
@@ -52,7 +68,7 @@ if rec[1] ~= ARGV[1] then
   return {'conflict'}
 end
 if rec[2] == 'done' then
-  return {'done', rec[4] or '', rec[5] or '', rec[6] or ''}
+  return {'done', rec[4] or '', rec[5] or ''}
 end
 local left = tonumber(rec[3] or '0') - now
 if left > 0 then
@@ -69,10 +85,9 @@ COMPLETE_LUA = """
 if redis.call('HGET', KEYS[1], 'owner') ~= ARGV[1] then
   return 0
 end
-redis.call('HSET', KEYS[1], 'state', 'done', 'status', ARGV[2], 'body', ARGV[3],
-           'location', ARGV[4])
+redis.call('HSET', KEYS[1], 'state', 'done', 'status', ARGV[2], 'id', ARGV[3])
 redis.call('HDEL', KEYS[1], 'lease_until')
-redis.call('EXPIRE', KEYS[1], tonumber(ARGV[5]))
+redis.call('EXPIRE', KEYS[1], tonumber(ARGV[4]))
 return 1
 """
 
@@ -96,20 +111,32 @@ class ClaimState(enum.StrEnum):
     UNAVAILABLE = "unavailable"
 
 
+class Answer(enum.StrEnum):
+    """What a finished key answers, besides the memory it names."""
+
+    #: The memory created under this key: replay it, rebuilt from its row.
+    CREATED = "201"
+    #: 409 ``DUPLICATE_CONTENT``: a live memory with the same content existed.
+    DUPLICATE = "dup"
+    #: 409 ``IDEMPOTENCY_CONFLICT``: the key's row holds another request.
+    CONFLICT = "key"
+
+
 @dataclass(frozen=True)
-class StoredResponse:
-    status: int
-    body: bytes
-    location: str | None
+class StoredAnswer:
+    """A finished key's record: its answer and the memory that answer names."""
+
+    answer: Answer
+    memory_id: uuid.UUID
 
 
 @dataclass(frozen=True)
 class Claim:
     state: ClaimState
     key: str
-    owner: str
+    owner: bytes
     retry_after_ms: int = 0
-    response: StoredResponse | None = None
+    stored: StoredAnswer | None = None
 
     @property
     def owned(self) -> bool:
@@ -118,7 +145,16 @@ class Claim:
 
 
 def record_key(org_id: uuid.UUID | str, idempotency_key: str) -> str:
-    return f"{KEY_PREFIX}{org_id}:{idempotency_key}"
+    """``ibex:idem:`` + 22 characters: a 128-bit digest of the org and the key, so records
+    have one small size whatever the key's length, and keys of different orgs never meet."""
+    digest = hashlib.blake2b(f"{org_id}:{idempotency_key}".encode(), digest_size=16).digest()
+    return KEY_PREFIX + base64.urlsafe_b64encode(digest).rstrip(b"=").decode("ascii")
+
+
+def compact_fingerprint(fingerprint: str) -> bytes:
+    """The 16 bytes a record keeps of a request fingerprint: they only need to tell requests
+    under the same key apart."""
+    return hashlib.blake2b(fingerprint.encode(), digest_size=16).digest()
 
 
 def _evalsha(conn: ConnectionInterface, script: Script, keys: list[str], args: list[Any]) -> Any:
@@ -172,23 +208,31 @@ class IdempotencyStore:
         return time.monotonic() >= self._down_until
 
     def _failed(self, exc: redis.RedisError) -> None:
+        """Any Redis error: unreachable, timed out, or refusing writes when out of memory
+        (``noeviction`` at ``maxmemory``; inside a script the OOM arrives as a plain
+        ResponseError). None of them can cost a guarantee, the Postgres keys decide alone."""
+        reason = type(exc).__name__
+        if isinstance(exc, redis.exceptions.OutOfMemoryError) or "OOM" in str(exc):
+            reason = "out of memory"
         with self._lock:
             if self._available():
                 log.warning(
                     "redis failed (%s); idempotency runs on the Postgres keys alone for %.0f s",
-                    type(exc).__name__,
+                    reason,
                     REDIS_BACKOFF_SECONDS,
                 )
             self._down_until = time.monotonic() + REDIS_BACKOFF_SECONDS
 
     def claim(self, org_id: uuid.UUID | str, idempotency_key: str, fingerprint: str) -> Claim:
         key = record_key(org_id, idempotency_key)
-        owner = secrets.token_hex(16)
+        owner = secrets.token_bytes(8)
         if not self._available():
             return Claim(ClaimState.UNAVAILABLE, key, owner)
         try:
             reply = self._eval(
-                self._claim, [key], [fingerprint, owner, self.lease_ms, self.ttl_seconds]
+                self._claim,
+                [key],
+                [compact_fingerprint(fingerprint), owner, self.lease_ms, self.ttl_seconds],
             )
         except redis.RedisError as exc:
             self._failed(exc)
@@ -197,28 +241,17 @@ class IdempotencyStore:
         if state is ClaimState.RUNNING:
             return Claim(state, key, owner, retry_after_ms=int(_text(reply[1])))
         if state is ClaimState.DONE:
-            status, body, location = reply[1], reply[2], _text(reply[3])
-            stored = StoredResponse(
-                int(_text(status)),
-                body if isinstance(body, bytes) else str(body).encode("utf-8"),
-                location or None,
-            )
-            return Claim(state, key, owner, response=stored)
+            stored = StoredAnswer(Answer(_text(reply[1])), uuid.UUID(bytes=bytes(reply[2])))
+            return Claim(state, key, owner, stored=stored)
         return Claim(state, key, owner)
 
-    def complete(self, claim: Claim, response: StoredResponse) -> bool:
-        """Store the response under the key; False if another request owns it now."""
+    def complete(self, claim: Claim, stored: StoredAnswer) -> bool:
+        """Store the answer under the key; False if another request owns it now."""
         try:
             done = self._eval(
                 self._complete,
                 [claim.key],
-                [
-                    claim.owner,
-                    response.status,
-                    response.body,
-                    response.location or "",
-                    self.ttl_seconds,
-                ],
+                [claim.owner, stored.answer.value, stored.memory_id.bytes, self.ttl_seconds],
             )
         except redis.RedisError as exc:
             self._failed(exc)

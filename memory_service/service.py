@@ -6,18 +6,21 @@ body; so a document that fails validation never claims, and never consumes, its 
 
 With a key, the Redis record (:mod:`memory_service.idempotency`) is claimed first:
 
-- another fingerprint under the key is a conflict; a finished record replays its stored
-  response; a live lease answers "in progress" with a retry-after;
+- another fingerprint under the key is a conflict; a finished record answers as it records
+  (a created memory is replayed from its row, read by key from Postgres; a 409 is rebuilt
+  from the memory id it names); a live lease answers "in progress" with a retry-after;
 - otherwise this request runs the write. After a takeover (the previous owner died or stalled
   past its lease, and may have committed) the row holding the key is read first and answers
   when there is one. The decided answer is stored under the key (``complete``) when it is one
-  the key keeps, else the key is freed (``release``), and freed as well when the write raised,
+  the key keeps (its :class:`~memory_service.idempotency.StoredAnswer`), else the key is
+  freed (``release``), and freed as well when the write raised,
   so a 5xx never consumes a key;
 - when Redis is unavailable the write runs on the Postgres keys alone: the unique constraints
   still allow one row per key and per content, so a repeat is answered from the row.
 
-Every outcome knows its response (status, body, headers) byte for byte, since a response kept
-by the key is replayed as stored, and is counted in the service's metrics here, once.
+Every outcome knows its response (status, body, headers) byte for byte, and a replay gives the
+response first given: the row and the memory id determine it. Outcomes are counted in the
+service's metrics here, once.
 """
 
 from __future__ import annotations
@@ -27,13 +30,19 @@ import math
 import uuid
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any, ClassVar, TypeAlias
+from typing import Any, TypeAlias
 
 from marshmallow import ValidationError
 
 from memory_service.canonical import canonical_request, content_hash, fingerprint_digest
 from memory_service.errors import dumps, error_body
-from memory_service.idempotency import Claim, ClaimState, IdempotencyStore, StoredResponse
+from memory_service.idempotency import (
+    Answer,
+    Claim,
+    ClaimState,
+    IdempotencyStore,
+    StoredAnswer,
+)
 from memory_service.memories import MemoryRow, MemoryStore, NewMemory, WriteOutcome
 from memory_service.metrics import Metrics
 from memory_service.validation import quick_load_create
@@ -59,7 +68,6 @@ class Response:
 
 @dataclass(frozen=True)
 class Created:
-    storable: ClassVar[bool] = True
     row: MemoryRow
 
     def response(self) -> Response:
@@ -67,26 +75,9 @@ class Created:
 
 
 @dataclass(frozen=True)
-class Replayed:
-    """The response first given for this key: from the Redis record, or rebuilt from the row
-    that holds the key in Postgres."""
-
-    storable: ClassVar[bool] = True
-    stored: StoredResponse
-    source: str  # "redis" or "postgres", the metric's label
-
-    def response(self) -> Response:
-        stored = self.stored
-        return Response(
-            stored.status, stored.body, stored.location, headers={REPLAYED_HEADER: "true"}
-        )
-
-
-@dataclass(frozen=True)
 class KeyConflict:
     """The key was used with another body; ``existing_id`` when a row holds it."""
 
-    storable: ClassVar[bool] = True
     existing_id: uuid.UUID | None = None
 
     def response(self) -> Response:
@@ -102,7 +93,6 @@ class KeyConflict:
 class DuplicateContent:
     """A live memory of this org and agent holds the same normalised content."""
 
-    storable: ClassVar[bool] = True
     existing_id: uuid.UUID
 
     def response(self) -> Response:
@@ -117,11 +107,22 @@ class DuplicateContent:
 
 
 @dataclass(frozen=True)
+class Replayed:
+    """The response first given for this key, rebuilt byte for byte: a created memory from
+    the row that holds the key, a 409 from the memory id the key's record names."""
+
+    first: Created | DuplicateContent | KeyConflict
+    source: str  # "redis" (a finished record) or "postgres" (the row alone), the metric's label
+
+    def response(self) -> Response:
+        first = self.first.response()
+        return Response(first.status, first.body, first.location, headers={REPLAYED_HEADER: "true"})
+
+
+@dataclass(frozen=True)
 class InProgress:
     """Another request holds a live lease on the key; retry after ``retry_after`` seconds."""
 
-    #: Never stored: the key is not this request's.
-    storable: ClassVar[bool] = False
     retry_after: int
 
     def response(self) -> Response:
@@ -137,7 +138,6 @@ class InProgress:
 class Invalid:
     """The document is not a valid memory, or names an agent or session the org lacks."""
 
-    storable: ClassVar[bool] = False
     fields: Any
 
     def response(self) -> Response:
@@ -147,14 +147,12 @@ class Invalid:
 
 @dataclass(frozen=True)
 class UnknownOrg:
-    storable: ClassVar[bool] = False
-
     def response(self) -> Response:
         return Response(403, error_body("FORBIDDEN_ORG", "no such org"))
 
 
-#: What ``create`` decided. Each says what it answers (``response``) and whether the
-#: idempotency key keeps that answer (``storable``).
+#: What ``create`` decided. Each says what it answers (``response``); :func:`stored_answer`
+#: says what the idempotency key keeps of it.
 Outcome: TypeAlias = (
     Created | Replayed | KeyConflict | DuplicateContent | InProgress | Invalid | UnknownOrg
 )
@@ -164,16 +162,24 @@ def location_of(row: MemoryRow) -> str:
     return f"/v1/memories/{row.id}"
 
 
-def replay_of(row: MemoryRow) -> StoredResponse:
-    """The response a row answers its key with: the one its first request was given."""
-    return StoredResponse(201, dumps(row.as_json()), location_of(row))
-
-
-def for_key_row(row: MemoryRow, fingerprint: str) -> Outcome:
+def for_key_row(row: MemoryRow, fingerprint: str, source: str = "postgres") -> Outcome:
     """A committed row already holds this key: the same request replays, another conflicts."""
     if row.request_fingerprint == fingerprint:
-        return Replayed(replay_of(row), "postgres")
+        return Replayed(Created(row), source)
     return KeyConflict(row.id)
+
+
+def stored_answer(outcome: Outcome) -> StoredAnswer | None:
+    """What the key's record keeps of an outcome; None when the key keeps nothing."""
+    if isinstance(outcome, Replayed):
+        return stored_answer(outcome.first)
+    if isinstance(outcome, Created):
+        return StoredAnswer(Answer.CREATED, outcome.row.id)
+    if isinstance(outcome, DuplicateContent):
+        return StoredAnswer(Answer.DUPLICATE, outcome.existing_id)
+    if isinstance(outcome, KeyConflict) and outcome.existing_id is not None:
+        return StoredAnswer(Answer.CONFLICT, outcome.existing_id)
+    return None
 
 
 def new_memory(validated: dict[str, Any], key: str | None) -> NewMemory:
@@ -226,11 +232,24 @@ class MemoryService:
         if claim.state is ClaimState.RUNNING:
             return InProgress(max(1, math.ceil(claim.retry_after_ms / 1000)))
         if claim.state is ClaimState.DONE:
-            assert claim.response is not None
-            return Replayed(claim.response, "redis")
+            assert claim.stored is not None
+            return self._answer(org_id, key, new, claim.stored)
         if claim.state is ClaimState.UNAVAILABLE:
             self.metrics.idempotency_unavailable.inc()
         return self._run_claimed(org_id, key, new, claim)
+
+    def _answer(self, org_id: uuid.UUID, key: str, new: NewMemory, stored: StoredAnswer) -> Outcome:
+        """The answer a finished record gives (its fingerprint matched this request's)."""
+        if stored.answer is Answer.DUPLICATE:
+            return Replayed(DuplicateContent(stored.memory_id), "redis")
+        if stored.answer is Answer.CONFLICT:
+            return Replayed(KeyConflict(stored.memory_id), "redis")
+        row = self.store.find_by_key(org_id, key)
+        if row is None:
+            # The row is gone (an org or session purge): the write decides on Postgres alone,
+            # as when the record is lost.
+            return self._write(org_id, new)
+        return for_key_row(row, new.fingerprint, "redis")
 
     def _run_claimed(self, org_id: uuid.UUID, key: str, new: NewMemory, claim: Claim) -> Outcome:
         try:
@@ -248,9 +267,8 @@ class MemoryService:
                 self.idempotency.release(claim)
             raise
         if claim.owned:
-            if outcome.storable:
-                response = outcome.response()
-                stored = StoredResponse(response.status, response.body, response.location)
+            stored = stored_answer(outcome)
+            if stored is not None:
                 if not self.idempotency.complete(claim, stored):
                     log.info("idempotency record of %s was taken over; not completing", claim.key)
             else:

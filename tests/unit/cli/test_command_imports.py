@@ -52,6 +52,7 @@ def test_every_command_is_a_module_of_the_cli_package() -> None:
         "scheduler",
         "status",
         "dlq",
+        "prune",
         "demo",
     ]
     for name, module in COMMANDS.items():

@@ -18,6 +18,7 @@ def test_defaults_need_nothing_but_leave_the_database_unset() -> None:
     assert settings.database_url is None
     assert settings.llm_provider == "rules"
     assert settings.redis_url == "redis://127.0.0.1:6379/0"
+    assert settings.idempotency_redis_url == settings.redis_url
     assert settings.worker_threads == 8
     with pytest.raises(ConfigError, match="DATABASE_URL is not set") as info:
         settings.require_database_url()
@@ -36,6 +37,23 @@ def test_idle_sessions_default_to_half_an_hour_then_complete() -> None:
     assert (settings.session_idle_seconds, settings.session_idle_action) == (5, "abandon")
 
 
+def test_idempotency_records_follow_redis_url_unless_set_apart() -> None:
+    shared = Settings.from_env({"REDIS_URL": "redis://broker:6379/0"})
+    assert shared.idempotency_redis_url == "redis://broker:6379/0"
+    apart = Settings.from_env(
+        {"REDIS_URL": "redis://broker:6379/0", "IDEMPOTENCY_REDIS_URL": " redis://cache:6379/1 "}
+    )
+    assert (apart.redis_url, apart.idempotency_redis_url) == (
+        "redis://broker:6379/0",
+        "redis://cache:6379/1",
+    )
+
+
+def test_the_scheduler_prunes_only_when_asked() -> None:
+    assert Settings.from_env({}).prune_done_after_days is None
+    assert Settings.from_env({"PRUNE_DONE_AFTER_DAYS": "30"}).prune_done_after_days == 30
+
+
 def test_llm_base_url_selects_the_openai_provider() -> None:
     settings = Settings.from_env({"LLM_BASE_URL": "http://127.0.0.1:9/v1/"})
     assert settings.llm_provider == "openai"
@@ -51,10 +69,13 @@ def test_llm_base_url_selects_the_openai_provider() -> None:
         ({"LLM_PROVIDER": "openai"}, "LLM_BASE_URL"),
         ({"DATABASE_URL": "mysql://x"}, "DATABASE_URL"),
         ({"REDIS_URL": "http://x"}, "REDIS_URL"),
+        ({"IDEMPOTENCY_REDIS_URL": "memcached://x"}, "IDEMPOTENCY_REDIS_URL"),
         ({"RETRY_MIN_BACKOFF_MS": "500", "RETRY_MAX_BACKOFF_MS": "100"}, "RETRY_MAX_BACKOFF_MS"),
         ({"SESSION_IDLE_SECONDS": "0"}, "SESSION_IDLE_SECONDS"),
         ({"SESSION_IDLE_SECONDS": "soon"}, "SESSION_IDLE_SECONDS"),
         ({"SESSION_IDLE_ACTION": "delete"}, "SESSION_IDLE_ACTION"),
+        ({"PRUNE_DONE_AFTER_DAYS": "0"}, "PRUNE_DONE_AFTER_DAYS"),
+        ({"PRUNE_DONE_AFTER_DAYS": "a month"}, "PRUNE_DONE_AFTER_DAYS"),
     ],
 )
 def test_invalid_values_name_the_variable(env: dict[str, str], variable: str) -> None:

@@ -6,17 +6,23 @@ with TIME, so this is the only clock a test needs to move.
 
 from __future__ import annotations
 
+import uuid
+
 import fakeredis
 import pytest
 
 from memory_service.idempotency import (
+    Answer,
     ClaimState,
     IdempotencyStore,
-    StoredResponse,
+    StoredAnswer,
+    compact_fingerprint,
     record_key,
 )
 
 ORG = "11111111-1111-4111-8111-111111111111"
+MEMORY = uuid.UUID("44444444-4444-4444-8444-444444444444")
+CREATED = StoredAnswer(Answer.CREATED, MEMORY)
 
 
 @pytest.fixture
@@ -38,7 +44,8 @@ def test_first_claim_runs_and_sets_ttl_and_lease(idem, client) -> None:
     assert claim.state is ClaimState.CLAIMED and claim.owned
     record = client.hgetall(record_key(ORG, "k"))
     assert record[b"state"] == b"running"
-    assert record[b"owner"] == claim.owner.encode()
+    assert record[b"owner"] == claim.owner
+    assert record[b"fp"] == compact_fingerprint("fp")
     assert int(record[b"lease_until"]) > 0
     assert 590 < client.ttl(record_key(ORG, "k")) <= 600
 
@@ -53,24 +60,34 @@ def test_same_fingerprint_while_running_is_in_progress(idem) -> None:
 def test_conflict_is_checked_before_in_progress_and_after_done(idem) -> None:
     first = idem.claim(ORG, "k", "fp")
     assert idem.claim(ORG, "k", "other").state is ClaimState.CONFLICT
-    idem.complete(first, StoredResponse(201, b"{}", "/v1/memories/x"))
+    idem.complete(first, CREATED)
     assert idem.claim(ORG, "k", "other").state is ClaimState.CONFLICT
 
 
-def test_done_replays_the_stored_response(idem) -> None:
+def test_done_answers_with_the_stored_answer_and_memory(idem, client) -> None:
     first = idem.claim(ORG, "k", "fp")
-    body = '{"id":"x","content":"é"}'.encode()
-    assert idem.complete(first, StoredResponse(201, body, "/v1/memories/x"))
+    assert idem.complete(first, CREATED)
     replay = idem.claim(ORG, "k", "fp")
     assert replay.state is ClaimState.DONE
-    assert replay.response == StoredResponse(201, body, "/v1/memories/x")
-    assert idem.complete(first, StoredResponse(201, body, None))  # the owner may rewrite it
+    assert replay.stored == CREATED
+    record = client.hgetall(record_key(ORG, "k"))
+    assert set(record) == {b"fp", b"state", b"owner", b"id", b"status"}  # the lease is gone
+    duplicate = StoredAnswer(Answer.DUPLICATE, uuid.uuid4())
+    assert idem.complete(first, duplicate)  # the owner may rewrite it
+    assert idem.claim(ORG, "k", "fp").stored == duplicate
 
 
-def test_a_stored_409_has_no_location(idem) -> None:
+@pytest.mark.parametrize("answer", list(Answer))
+def test_every_answer_round_trips(idem, answer: Answer) -> None:
     first = idem.claim(ORG, "k", "fp")
-    idem.complete(first, StoredResponse(409, b'{"error":{}}', None))
-    assert idem.claim(ORG, "k", "fp").response == StoredResponse(409, b'{"error":{}}', None)
+    idem.complete(first, StoredAnswer(answer, MEMORY))
+    assert idem.claim(ORG, "k", "fp").stored == StoredAnswer(answer, MEMORY)
+
+
+def test_a_record_key_has_one_size_whatever_the_key(idem) -> None:
+    short, long = record_key(ORG, "k"), record_key(ORG, "x" * 255)
+    assert len(short) == len(long) == len("ibex:idem:") + 22
+    assert short != long != record_key("22222222-2222-4222-8222-222222222222", "k")
 
 
 def test_expired_lease_is_taken_over_and_the_old_owner_cannot_complete(idem, client) -> None:
@@ -80,10 +97,11 @@ def test_expired_lease_is_taken_over_and_the_old_owner_cannot_complete(idem, cli
     assert takeover.state is ClaimState.TAKEOVER and takeover.owned
     assert takeover.owner != original.owner
     assert idem.claim(ORG, "k", "fp").state is ClaimState.RUNNING  # the new lease is live
-    assert not idem.complete(original, StoredResponse(201, b"late", None))
+    late = StoredAnswer(Answer.CREATED, uuid.uuid4())
+    assert not idem.complete(original, late)
     assert not idem.release(original)
-    assert idem.complete(takeover, StoredResponse(201, b"new", None))
-    assert idem.claim(ORG, "k", "fp").response == StoredResponse(201, b"new", None)
+    assert idem.complete(takeover, CREATED)
+    assert idem.claim(ORG, "k", "fp").stored == CREATED
 
 
 def test_release_frees_the_key_only_for_its_owner(idem, client) -> None:
@@ -97,7 +115,7 @@ def test_release_frees_the_key_only_for_its_owner(idem, client) -> None:
 
 def test_a_done_record_is_never_released(idem, client) -> None:
     claim = idem.claim(ORG, "k", "fp")
-    idem.complete(claim, StoredResponse(201, b"{}", None))
+    idem.complete(claim, CREATED)
     assert not idem.release(claim)
     assert client.exists(record_key(ORG, "k"))
 
@@ -105,7 +123,7 @@ def test_a_done_record_is_never_released(idem, client) -> None:
 def test_completion_does_not_recreate_a_lost_record(idem, client) -> None:
     claim = idem.claim(ORG, "k", "fp")
     client.flushall()
-    assert not idem.complete(claim, StoredResponse(201, b"{}", None))
+    assert not idem.complete(claim, CREATED)
     assert not client.exists(record_key(ORG, "k"))
 
 

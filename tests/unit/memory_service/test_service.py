@@ -16,7 +16,12 @@ import fakeredis
 import pytest
 
 from core.errors import DatabaseUnavailableError
-from memory_service.idempotency import ClaimState, IdempotencyStore, record_key
+from memory_service.idempotency import (
+    ClaimState,
+    IdempotencyStore,
+    compact_fingerprint,
+    record_key,
+)
 from memory_service.memories import CreateResult, MemoryRow, NewMemory, WriteOutcome
 from memory_service.metrics import Metrics
 from memory_service.service import (
@@ -159,7 +164,8 @@ def test_a_new_memory_is_created_and_its_response_kept_by_the_key(
     assert json.loads(response.body)["id"] == str(outcome.row.id)
     assert dict(response.headers) == {}
     stored = record(redis_client, "k1")
-    assert stored[b"state"] == b"done" and stored[b"body"] == response.body
+    assert stored[b"state"] == b"done" and stored[b"status"] == b"201"
+    assert uuid.UUID(bytes=stored[b"id"]) == outcome.row.id
     assert conflicts(metrics, "DUPLICATE_CONTENT") == replays(metrics, "redis") == 0
 
 
@@ -215,7 +221,7 @@ def fingerprint_of(body: dict[str, Any]) -> str:
 
 
 def test_the_same_content_under_another_key_is_a_duplicate_the_key_keeps(
-    service: MemoryService, redis_client, metrics: Metrics
+    service: MemoryService, memories: FakeMemories, redis_client, metrics: Metrics
 ) -> None:
     created = service.create(ORG, "k1", document())
     assert isinstance(created, Created)
@@ -227,8 +233,13 @@ def test_the_same_content_under_another_key_is_a_duplicate_the_key_keeps(
         "message": "a memory with the same content exists for this agent",
         "existing_id": str(created.row.id),
     }
-    assert record(redis_client, "k2")[b"status"] == b"409"
+    assert record(redis_client, "k2")[b"status"] == b"dup"
+    assert uuid.UUID(bytes=record(redis_client, "k2")[b"id"]) == created.row.id
     assert conflicts(metrics, "DUPLICATE_CONTENT") == 1
+    again = service.create(ORG, "k2", document())  # answered by the record
+    assert again == Replayed(outcome, "redis")
+    assert again.response().body == outcome.response().body
+    assert memories.creates == 2
 
 
 def test_an_invalid_document_is_refused_before_its_key_is_claimed(
@@ -307,7 +318,12 @@ def test_a_takeover_whose_row_holds_another_body_is_a_conflict_naming_it(
     fingerprint = fingerprint_of(other)
     redis_client.hset(
         record_key(ORG, "k1"),
-        mapping={"fp": fingerprint, "state": "running", "owner": "dead", "lease_until": 0},
+        mapping={
+            "fp": compact_fingerprint(fingerprint),
+            "state": "running",
+            "owner": "dead",
+            "lease_until": 0,
+        },
     )
     outcome = service.create(ORG, "k1", other)
     assert outcome == KeyConflict(created.row.id)
@@ -345,3 +361,16 @@ def test_a_write_that_raises_frees_the_key_for_the_retry(
     retry = service.create(ORG, "k1", document())
     assert isinstance(retry, Created)
     assert len(memories.rows) == 1
+
+
+def test_a_replay_whose_row_is_gone_is_decided_by_a_new_write(
+    service: MemoryService, memories: FakeMemories, redis_client
+) -> None:
+    # The record says "created", but the row was removed since (a purge): the write decides.
+    first = service.create(ORG, "k1", document())
+    assert isinstance(first, Created)
+    memories.rows.clear()
+    again = service.create(ORG, "k1", document())
+    assert isinstance(again, Created) and again.row.id != first.row.id
+    assert memories.creates == 2
+    assert record(redis_client, "k1")[b"state"] == b"done"
