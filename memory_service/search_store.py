@@ -64,6 +64,8 @@ HEADLINE_OPTIONS = (
 )
 
 _WORD = re.compile(r"[^\W_]+")
+#: The rows a plan node returned, from its ``EXPLAIN ANALYZE`` line.
+_ACTUAL_ROWS = re.compile(r"actual time=\S+ rows=(\d+)")
 #: Words that carry no meaning on their own; kept out of the trigram side (the full-text side
 #: has Postgres's own english stop words).
 _STOP_WORDS = """
@@ -77,9 +79,11 @@ who whom why will with would you your yours yourself yourselves tell know rememb
 """
 STOP_WORDS = frozenset(_STOP_WORDS.split())
 
+#: The trigram index: per agent where btree_gin is installed (migration 000009), else org-wide.
 TRIGRAM_AVAILABLE_SQL = """
 SELECT to_regprocedure('word_similarity(text,text)') IS NOT NULL
-   AND to_regclass('ibex_memory.idx_memories_trgm') IS NOT NULL
+   AND (to_regclass('ibex_memory.idx_memories_trgm_agent') IS NOT NULL
+        OR to_regclass('ibex_memory.idx_memories_trgm') IS NOT NULL)
 """
 
 
@@ -298,21 +302,34 @@ class SearchStore:
                 f" {WORD_CANDIDATES}, {TRIGRAM_CANDIDATES})",
                 params,
             ).fetchall()
+            matched: set[str] = set()
             for word, kind, statement in branches:
+                if kind == "trigram" and word in matched:
+                    plans.append(
+                        f"-- candidate branch: {kind} {word!r}: not run (the full-text branch"
+                        " found the word as such)"
+                    )
+                    continue
                 plans.append(f"-- candidate branch: {kind} {word!r}")
                 # No parameters, but the driver formats every statement: keep '%' literal.
                 explain = "EXPLAIN (ANALYZE, BUFFERS) " + statement.replace("%", "%%")
-                rows = self.db.execute_sql(explain).fetchall()
-                plans.extend(r[0] for r in rows)
+                rows = [r[0] for r in self.db.execute_sql(explain).fetchall()]
+                plans.extend(rows)
+                found = _ACTUAL_ROWS.search(rows[0]) if rows else None
+                if kind == "fts" and found and int(found.group(1)) > 0:
+                    matched.add(word)
         return "\n".join(plans)
 
     def _run(self, org_id: uuid.UUID, trigram: bool, sql: str, params: dict[str, Any]) -> list[Any]:
         with tenant(self.db, org_id):
             if trigram:
-                self.db.execute_sql(
-                    "SELECT set_config('pg_trgm.word_similarity_threshold', %s, true)",
-                    (str(TRIGRAM_THRESHOLD),),
+                # The threshold for this transaction only, sent with the statement (one round
+                # trip); the rows are the last statement's.
+                sql = (
+                    "SELECT set_config('pg_trgm.word_similarity_threshold', %(threshold)s, true);"
+                    + sql
                 )
+                params = {**params, "threshold": str(TRIGRAM_THRESHOLD)}
             return list(self.db.execute_sql(sql, params).fetchall())
 
     def find_agent(self, org_id: uuid.UUID, slug: str) -> uuid.UUID | None:
