@@ -3,13 +3,17 @@
 A query runs in one tenant transaction (:func:`core.db.tenant`) and one statement:
 
 1. **Candidates**, ids only, from ``ibex_memory.search_candidates`` (migration 000006, which
-   says why it is a function): one capped branch per significant word of the query, the
-   newest :data:`WORD_CANDIDATES` memories whose ``content_tsv`` matches the word (GIN on the
-   generated tsvector, or the agent index in recency order for a word most memories contain),
-   and, where ``pg_trgm`` is installed, for a word no memory contains as such, the
-   :data:`TRIGRAM_CANDIDATES` most similar to it (``content %> word``, GIN
-   trigram index). So the work is bounded however common a word is, and a rare word is never
-   crowded out by a common one. The rows themselves are then read under row-level security.
+   says why it is a function; 000009 adds what follows on speed): one capped branch per
+   significant word of the query, the newest :data:`WORD_CANDIDATES` memories whose
+   ``content_tsv`` matches the word (GIN on the generated tsvector, or the agent index in
+   recency order for a word most memories contain); for two words or more, the newest
+   :data:`WORD_CANDIDATES` that contain all of them, however old; and, where ``pg_trgm`` is
+   installed, for a word whose full-text branch found nothing (a typo), the
+   :data:`TRIGRAM_CANDIDATES` most similar to it (``content %> word``, GIN trigram index).
+   Where ``btree_gin`` is installed both GIN indexes hold the agent as a key, so they return
+   the agent's rows only. So the work is bounded however common a word is or however large
+   the org, and a rare word is never crowded out by a common one. The rows themselves are then
+   read under row-level security.
 2. **Signals**, all in ``[0, 1]`` and higher-is-better:
 
    - ``text``: full-text rank. ``0.8 * coverage + 0.2 * r / (r + 1)``, where ``r`` is
@@ -44,8 +48,9 @@ import peewee
 from core.db import db_errors, tenant
 from memory_service.memories import COLUMNS, MemoryRow
 
-#: Rows taken from each index before ranking; bounds the work of a search.
-WORD_CANDIDATES = 100
+#: Rows taken from each index before ranking; bounds the work of a search. The branch of all
+#: the query's words finds a memory with every word beyond the per-word cap.
+WORD_CANDIDATES = 50
 TRIGRAM_CANDIDATES = 50
 #: Words of the query used at most (a pasted page must not become a 1,000-branch query).
 MAX_QUERY_WORDS = 32

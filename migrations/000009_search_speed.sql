@@ -82,3 +82,52 @@ BEGIN
     END LOOP;
 END
 $$;
+
+-- Branches as in 000006, plus one: for a query of two words or more, the newest memories that
+-- contain all of them. The per-word branches take the newest memories of each word, so a
+-- memory with every word of the query, older than those, was found by none; this branch finds
+-- it whatever its age (through the per-agent GIN index the words' posting lists intersect
+-- there), which lets the per-word cap stay small.
+CREATE OR REPLACE FUNCTION ibex_memory.search_branches(
+    p_agent_id uuid, p_words text[], p_trigram_words text[], p_session_id uuid,
+    p_kinds text[], p_per_word integer, p_per_trigram_word integer)
+RETURNS TABLE (word text, kind text, statement text)
+LANGUAGE plpgsql STABLE
+SET search_path = pg_catalog, public
+AS $$
+DECLARE
+    v_org uuid := NULLIF(current_setting('ibex.org_id', true), '')::uuid;
+    v_scope text;
+BEGIN
+    IF v_org IS NULL OR p_agent_id IS NULL THEN
+        RETURN;
+    END IF;
+    v_scope := format('m.org_id = %L AND m.agent_id = %L AND m.deleted_at IS NULL',
+                      v_org, p_agent_id);
+    IF p_session_id IS NOT NULL THEN
+        v_scope := v_scope || format(' AND m.session_id = %L', p_session_id);
+    END IF;
+    IF p_kinds IS NOT NULL THEN
+        v_scope := v_scope || format(' AND m.kind = ANY(%L::text[])', p_kinds);
+    END IF;
+    IF cardinality(p_words) >= 2 THEN
+        RETURN QUERY SELECT array_to_string(p_words, ' & '), 'all', format(
+            'SELECT m.id FROM ibex_memory.memories m WHERE %s'
+            ' AND m.content_tsv @@ to_tsquery(''english'', %L)'
+            ' ORDER BY m.created_at DESC LIMIT %s',
+            v_scope, array_to_string(p_words, ' & '), p_per_word);
+    END IF;
+    RETURN QUERY
+    SELECT w, 'fts', format(
+               'SELECT m.id FROM ibex_memory.memories m WHERE %s'
+               ' AND m.content_tsv @@ to_tsquery(''english'', %L)'
+               ' ORDER BY m.created_at DESC LIMIT %s', v_scope, w, p_per_word)
+      FROM unnest(coalesce(p_words, '{}')) WITH ORDINALITY AS t (w, n) ORDER BY n;
+    RETURN QUERY
+    SELECT w, 'trigram', format(
+               'SELECT m.id FROM ibex_memory.memories m WHERE %s AND m.content %%> %L'
+               ' ORDER BY word_similarity(%L, m.content) DESC, m.id LIMIT %s',
+               v_scope, w, w, p_per_trigram_word)
+      FROM unnest(coalesce(p_trigram_words, '{}')) WITH ORDINALITY AS t (w, n) ORDER BY n;
+END
+$$;

@@ -8,7 +8,7 @@ from typing import Any
 import httpx
 import pytest
 
-from memory_service.search_store import SearchStore
+from memory_service.search_store import WORD_CANDIDATES, SearchStore
 from schema.search import SearchResultSchema
 from tests.integration.memory_service.helpers import Tenant, memory_body
 
@@ -189,6 +189,34 @@ def test_soft_deleted_memories_are_never_returned(
     assert {h["id"] for h in search(http, acme, "Tomas")} == {gone, kept}
     assert http.delete(f"/v1/memories/{gone}", headers=acme.headers()).status_code == 204
     assert [h["id"] for h in search(http, acme, "Tomas vegetarian")] == [kept]
+
+
+def test_a_memory_with_every_word_is_found_beyond_the_per_word_cap(
+    db, acme: Tenant, session_id: uuid.UUID
+) -> None:  # type: ignore[no-untyped-def]
+    """Each word's branch takes only its newest matches (WORD_CANDIDATES); a memory holding
+    every word of the query but older than all of those is still a candidate (the branch of
+    all the words) and, matching both words, ranks first."""
+    newer = WORD_CANDIDATES + 20
+    db.execute_sql(
+        """
+        INSERT INTO ibex_memory.memories
+            (org_id, agent_id, session_id, content, content_hash, created_at)
+        SELECT %(org)s, %(agent)s, %(session)s, c.content, md5(c.content), c.at
+          FROM (SELECT 'Walrus note ' || g AS content, now() - make_interval(mins => g) AS at
+                  FROM generate_series(1, %(newer)s) g
+                UNION ALL
+                SELECT 'Harbour note ' || g, now() - make_interval(mins => g)
+                  FROM generate_series(1, %(newer)s) g
+                UNION ALL
+                SELECT 'The walrus sleeps by the harbour.', now() - interval '30 days') c
+        """,
+        {"org": str(acme.org_id), "agent": str(acme.agent_id), "session": str(session_id),
+         "newer": newer},
+    )  # fmt: skip
+    hits = SearchStore(db).search(acme.org_id, acme.agent_id, "walrus harbour", limit=5)
+    assert hits[0].row.content == "The walrus sleeps by the harbour.", [h.row.content for h in hits]
+    assert hits[0].text > hits[1].text
 
 
 def _has_index(db, name: str) -> bool:  # type: ignore[no-untyped-def]
