@@ -307,6 +307,8 @@ class SearchStore:
                 f" {WORD_CANDIDATES}, {TRIGRAM_CANDIDATES})",
                 params,
             ).fetchall()
+            # What search_candidates skips at run time is marked, not run.
+            searched: set[str] = set()
             matched: set[str] = set()
             for word, kind, statement in branches:
                 if kind == "trigram" and word in matched:
@@ -315,14 +317,21 @@ class SearchStore:
                         " found the word as such)"
                     )
                     continue
+                if kind == "all" and matched != searched:
+                    plans.append(
+                        f"-- candidate branch: {kind} {word!r}: not run (a word found nothing)"
+                    )
+                    continue
                 plans.append(f"-- candidate branch: {kind} {word!r}")
                 # No parameters, but the driver formats every statement: keep '%' literal.
                 explain = "EXPLAIN (ANALYZE, BUFFERS) " + statement.replace("%", "%%")
                 rows = [r[0] for r in self.db.execute_sql(explain).fetchall()]
                 plans.extend(rows)
                 found = _ACTUAL_ROWS.search(rows[0]) if rows else None
-                if kind == "fts" and found and int(found.group(1)) > 0:
-                    matched.add(word)
+                if kind == "fts":
+                    searched.add(word)
+                    if found and int(found.group(1)) > 0:
+                        matched.add(word)
         return "\n".join(plans)
 
     def _run(self, org_id: uuid.UUID, trigram: bool, sql: str, params: dict[str, Any]) -> list[Any]:

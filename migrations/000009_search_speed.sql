@@ -62,6 +62,8 @@ BEGIN
             p_agent_id, p_words, p_trigram_words, p_session_id, p_kinds, p_per_word,
             p_per_trigram_word)
     LOOP
+        -- No memory has every word when one word alone found none.
+        CONTINUE WHEN v_branch.kind = 'all' AND cardinality(v_matched) < cardinality(v_searched);
         IF v_branch.kind = 'trigram' THEN
             CONTINUE WHEN v_branch.word = ANY(v_matched);
             IF NOT v_branch.word = ANY(v_searched) THEN
@@ -87,7 +89,8 @@ $$;
 -- contain all of them. The per-word branches take the newest memories of each word, so a
 -- memory with every word of the query, older than those, was found by none; this branch finds
 -- it whatever its age (through the per-agent GIN index the words' posting lists intersect
--- there), which lets the per-word cap stay small.
+-- there), which lets the per-word cap stay small. It comes after the per-word branches, and
+-- search_candidates skips it when one of the words found nothing (then no memory has them all).
 CREATE OR REPLACE FUNCTION ibex_memory.search_branches(
     p_agent_id uuid, p_words text[], p_trigram_words text[], p_session_id uuid,
     p_kinds text[], p_per_word integer, p_per_trigram_word integer)
@@ -110,6 +113,12 @@ BEGIN
     IF p_kinds IS NOT NULL THEN
         v_scope := v_scope || format(' AND m.kind = ANY(%L::text[])', p_kinds);
     END IF;
+    RETURN QUERY
+    SELECT w, 'fts', format(
+               'SELECT m.id FROM ibex_memory.memories m WHERE %s'
+               ' AND m.content_tsv @@ to_tsquery(''english'', %L)'
+               ' ORDER BY m.created_at DESC LIMIT %s', v_scope, w, p_per_word)
+      FROM unnest(coalesce(p_words, '{}')) WITH ORDINALITY AS t (w, n) ORDER BY n;
     IF cardinality(p_words) >= 2 THEN
         RETURN QUERY SELECT array_to_string(p_words, ' & '), 'all', format(
             'SELECT m.id FROM ibex_memory.memories m WHERE %s'
@@ -117,12 +126,6 @@ BEGIN
             ' ORDER BY m.created_at DESC LIMIT %s',
             v_scope, array_to_string(p_words, ' & '), p_per_word);
     END IF;
-    RETURN QUERY
-    SELECT w, 'fts', format(
-               'SELECT m.id FROM ibex_memory.memories m WHERE %s'
-               ' AND m.content_tsv @@ to_tsquery(''english'', %L)'
-               ' ORDER BY m.created_at DESC LIMIT %s', v_scope, w, p_per_word)
-      FROM unnest(coalesce(p_words, '{}')) WITH ORDINALITY AS t (w, n) ORDER BY n;
     RETURN QUERY
     SELECT w, 'trigram', format(
                'SELECT m.id FROM ibex_memory.memories m WHERE %s AND m.content %%> %L'

@@ -269,13 +269,12 @@ def test_the_plan_uses_the_indexes(db, acme: Tenant, session_id: uuid.UUID) -> N
     assert sum("zebra" in h.row.content for h in hits[:3]) == 3, [h.row.content for h in hits]
 
 
-def test_a_misspelt_word_reads_only_the_agents_trigrams(
-    db, acme: Tenant, session_id: uuid.UUID
-) -> None:  # type: ignore[no-untyped-def]
+def test_a_typo_reads_only_the_agents_trigrams(db, acme: Tenant, session_id: uuid.UUID) -> None:  # type: ignore[no-untyped-def]
     """A word the full-text branch found as such runs no trigram branch; a misspelt word's
-    does, and finds only the agent's memories. Where btree_gin is installed the trigram index
-    holds the agent as a key: the index itself returns only the agent's 20 rows, none of the
-    other agent's 2,000 (no row is read from the table and then dropped)."""
+    does, and finds only the agent's memories; the branch of all the words does not run.
+    Where btree_gin is installed the trigram index holds the agent as a key: the index itself
+    returns only the agent's 20 rows, none of the other agent's 2,000 (no row is read from the
+    table and then dropped)."""
     searches = SearchStore(db)
     if not searches.trigram_available():
         pytest.skip("pg_trgm is not installed on this server")
@@ -298,6 +297,8 @@ def test_a_misspelt_word_reads_only_the_agents_trigrams(
     plan = searches.explain(acme.org_id, acme.agent_id, "Priyanca tennis")
     assert "-- candidate branch: trigram 'priyanca'\n" in plan, plan
     assert "-- candidate branch: trigram 'tennis': not run" in plan, plan
+    # No memory holds both words when one of them alone is in none.
+    assert "-- candidate branch: all 'priyanca & tennis': not run" in plan, plan
     hits = searches.search(acme.org_id, acme.agent_id, "Priyanca", limit=50)
     assert len(hits) == 20
     assert all(h.row.agent_id == acme.agent_id for h in hits)
