@@ -3,13 +3,17 @@
 A query runs in one tenant transaction (:func:`core.db.tenant`) and one statement:
 
 1. **Candidates**, ids only, from ``ibex_memory.search_candidates`` (migration 000006, which
-   says why it is a function): one capped branch per significant word of the query, the
-   newest :data:`WORD_CANDIDATES` memories whose ``content_tsv`` matches the word (GIN on the
-   generated tsvector, or the agent index in recency order for a word most memories contain),
-   and, where ``pg_trgm`` is installed, for a word no memory contains as such, the
-   :data:`TRIGRAM_CANDIDATES` most similar to it (``content %> word``, GIN
-   trigram index). So the work is bounded however common a word is, and a rare word is never
-   crowded out by a common one. The rows themselves are then read under row-level security.
+   says why it is a function; 000009 adds what follows on speed): one capped branch per
+   significant word of the query, the newest :data:`WORD_CANDIDATES` memories whose
+   ``content_tsv`` matches the word (GIN on the generated tsvector, or the agent index in
+   recency order for a word most memories contain); for two words or more, the newest
+   :data:`WORD_CANDIDATES` that contain all of them, however old; and, where ``pg_trgm`` is
+   installed, for a word whose full-text branch found nothing (a typo), the
+   :data:`TRIGRAM_CANDIDATES` most similar to it (``content %> word``, GIN trigram index).
+   Where ``btree_gin`` is installed both GIN indexes hold the agent as a key, so they return
+   the agent's rows only. So the work is bounded however common a word is or however large
+   the org, and a rare word is never crowded out by a common one. The rows themselves are then
+   read under row-level security.
 2. **Signals**, all in ``[0, 1]`` and higher-is-better:
 
    - ``text``: full-text rank. ``0.8 * coverage + 0.2 * r / (r + 1)``, where ``r`` is
@@ -44,8 +48,9 @@ import peewee
 from core.db import db_errors, tenant
 from memory_service.memories import COLUMNS, MemoryRow
 
-#: Rows taken from each index before ranking; bounds the work of a search.
-WORD_CANDIDATES = 100
+#: Rows taken from each index before ranking; bounds the work of a search. The branch of all
+#: the query's words finds a memory with every word beyond the per-word cap.
+WORD_CANDIDATES = 50
 TRIGRAM_CANDIDATES = 50
 #: Words of the query used at most (a pasted page must not become a 1,000-branch query).
 MAX_QUERY_WORDS = 32
@@ -64,6 +69,8 @@ HEADLINE_OPTIONS = (
 )
 
 _WORD = re.compile(r"[^\W_]+")
+#: The rows a plan node returned, from its ``EXPLAIN ANALYZE`` line.
+_ACTUAL_ROWS = re.compile(r"actual time=\S+ rows=(\d+)")
 #: Words that carry no meaning on their own; kept out of the trigram side (the full-text side
 #: has Postgres's own english stop words).
 _STOP_WORDS = """
@@ -77,9 +84,11 @@ who whom why will with would you your yours yourself yourselves tell know rememb
 """
 STOP_WORDS = frozenset(_STOP_WORDS.split())
 
+#: The trigram index: per agent where btree_gin is installed (migration 000009), else org-wide.
 TRIGRAM_AVAILABLE_SQL = """
 SELECT to_regprocedure('word_similarity(text,text)') IS NOT NULL
-   AND to_regclass('ibex_memory.idx_memories_trgm') IS NOT NULL
+   AND (to_regclass('ibex_memory.idx_memories_trgm_agent') IS NOT NULL
+        OR to_regclass('ibex_memory.idx_memories_trgm') IS NOT NULL)
 """
 
 
@@ -298,21 +307,43 @@ class SearchStore:
                 f" {WORD_CANDIDATES}, {TRIGRAM_CANDIDATES})",
                 params,
             ).fetchall()
+            # What search_candidates skips at run time is marked, not run.
+            searched: set[str] = set()
+            matched: set[str] = set()
             for word, kind, statement in branches:
+                if kind == "trigram" and word in matched:
+                    plans.append(
+                        f"-- candidate branch: {kind} {word!r}: not run (the full-text branch"
+                        " found the word as such)"
+                    )
+                    continue
+                if kind == "all" and matched != searched:
+                    plans.append(
+                        f"-- candidate branch: {kind} {word!r}: not run (a word found nothing)"
+                    )
+                    continue
                 plans.append(f"-- candidate branch: {kind} {word!r}")
                 # No parameters, but the driver formats every statement: keep '%' literal.
                 explain = "EXPLAIN (ANALYZE, BUFFERS) " + statement.replace("%", "%%")
-                rows = self.db.execute_sql(explain).fetchall()
-                plans.extend(r[0] for r in rows)
+                rows = [r[0] for r in self.db.execute_sql(explain).fetchall()]
+                plans.extend(rows)
+                found = _ACTUAL_ROWS.search(rows[0]) if rows else None
+                if kind == "fts":
+                    searched.add(word)
+                    if found and int(found.group(1)) > 0:
+                        matched.add(word)
         return "\n".join(plans)
 
     def _run(self, org_id: uuid.UUID, trigram: bool, sql: str, params: dict[str, Any]) -> list[Any]:
         with tenant(self.db, org_id):
             if trigram:
-                self.db.execute_sql(
-                    "SELECT set_config('pg_trgm.word_similarity_threshold', %s, true)",
-                    (str(TRIGRAM_THRESHOLD),),
+                # The threshold for this transaction only, sent with the statement (one round
+                # trip); the rows are the last statement's.
+                sql = (
+                    "SELECT set_config('pg_trgm.word_similarity_threshold', %(threshold)s, true);"
+                    + sql
                 )
+                params = {**params, "threshold": str(TRIGRAM_THRESHOLD)}
             return list(self.db.execute_sql(sql, params).fetchall())
 
     def find_agent(self, org_id: uuid.UUID, slug: str) -> uuid.UUID | None:
