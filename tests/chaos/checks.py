@@ -86,21 +86,29 @@ def longest_wait(
     since: float,
     until: float,
 ) -> tuple[float, Any]:
-    """How long the slowest session waited, after ``since``, for its pointer's next step.
+    """The longest time, after ``since``, that a session not yet complete went without a
+    pointer step.
 
-    Every session not complete at ``since`` (its last sampled pointer then is below its turn
-    count) is waiting from ``since`` until the first sample that shows its pointer higher; one
-    that never moves again waits until ``until``. Returns (seconds, session); (0.0, None) when
-    no session was waiting. Sampling adds up to one sampling interval."""
+    For every session, the waits are the gaps between ``since`` (if it was not complete then),
+    each sampled step of its pointer, and ``until`` (if it never completed); the longest of
+    all sessions is returned with that session, or (0.0, None) when none was waiting. Sampling
+    adds up to one sampling interval."""
     worst: tuple[float, Any] = (0.0, None)
     for session, line in timeline.items():
+        count = turn_counts.get(session, 0)
         before = [p for t, p in line if t <= since]
         pointer = before[-1] if before else 0
-        if pointer >= turn_counts.get(session, 0):
-            continue
-        moved = next((t for t, p in line if t > since and p > pointer), until)
-        if moved - since > worst[0]:
-            worst = (moved - since, session)
+        waiting_since = since
+        for t, p in line:
+            if pointer >= count:
+                break
+            if t <= since or p <= pointer:
+                continue
+            if t - waiting_since > worst[0]:
+                worst = (t - waiting_since, session)
+            pointer, waiting_since = p, t
+        if pointer < count and until - waiting_since > worst[0]:
+            worst = (until - waiting_since, session)
     return worst
 
 

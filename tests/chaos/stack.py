@@ -573,11 +573,11 @@ class ChaosStack:
                 return still[0]
         return None
 
-    def stall_worker(self, seconds: float, *, requeue_wait: float = 20.0) -> StallRecord:
-        """SIGSTOP of one worker process (not the group) for at least ``seconds`` and past the
-        broker's heartbeat timeout, until its messages were requeued (bounded by
-        ``requeue_wait`` more seconds), then SIGCONT. Fired when that process holds messages;
-        the other process is tried when it held none."""
+    def stall_worker(self, seconds: float, *, requeue_wait: float = 0.0) -> StallRecord:
+        """SIGSTOP of one worker process (not the group) for ``seconds`` (at least 5 s past the
+        broker's heartbeat timeout; up to ``requeue_wait`` more until the broker has requeued
+        its messages), then SIGCONT; the report says when the broker requeued them. Fired when
+        that process holds messages; the other process is tried when it held none."""
         worker = self.worker
         assert worker is not None
         seconds = max(seconds, HEARTBEAT_TIMEOUT_MS / 1000 + 5)
@@ -610,7 +610,11 @@ class ChaosStack:
             time.sleep(0.2)
         os.kill(pid, signal.SIGCONT)
         resumed = time.monotonic()
-        requeued = f"requeued {requeued_after:.1f}s" if requeued_after else "never requeued"
+        requeued = (
+            f"requeued by the broker {requeued_after:.1f}s"
+            if requeued_after
+            else "not requeued by the broker"
+        )
         self._record(
             "SIGSTOP one worker process",
             f"pid {pid}: hit {held} messages it held ({claims} live LLM claims in all);"

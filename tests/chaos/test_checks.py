@@ -160,14 +160,15 @@ def test_the_sampler_reports_a_decrease_and_a_pointer_past_a_pending_turn(db: An
 
 
 def test_the_longest_wait_is_measured_from_the_progress_timeline(db: Any) -> None:
-    """A session frozen from 10.0 s to 31.0 s after an outage that ended at 12.0 s waited
-    19 s; a session that kept moving, one that was complete, and one that never moved again
-    (waiting until the end of the run) are each measured as such."""
+    """After an outage that ended at 12.0 s: a session frozen until 31.0 s waited 19 s; one
+    that stepped at 13, 20 and 31 s waited 11 s at most; a complete one did not wait; one that
+    never moved again waited until the end of the run (40 s)."""
     sampler = PointerSampler(db)
     frozen, moving, complete, stuck = (uuid.uuid4() for _ in range(4))
     for at, pointers in [
         (10.0, {frozen: (1, 4, 2), moving: (1, 4, 2), complete: (4, 4, 5), stuck: (3, 4, 4)}),
         (13.0, {frozen: (1, 4, 2), moving: (2, 4, 3), complete: (4, 4, 5), stuck: (3, 4, 4)}),
+        (20.0, {frozen: (1, 4, 2), moving: (3, 4, 4), complete: (4, 4, 5), stuck: (3, 4, 4)}),
         (31.0, {frozen: (4, 4, 5), moving: (4, 4, 5), complete: (4, 4, 5), stuck: (3, 4, 4)}),
     ]:
         sampler._check(pointers, at=at)
@@ -175,6 +176,8 @@ def test_the_longest_wait_is_measured_from_the_progress_timeline(db: Any) -> Non
     del sampler.timeline[stuck]
     assert longest_wait(sampler.timeline, sampler.turn_counts, 12.0, 40.0) == (19.0, frozen)
     assert longest_wait(sampler.timeline, sampler.turn_counts, 31.0, 40.0) == (0.0, None)
+    del sampler.timeline[frozen]
+    assert longest_wait(sampler.timeline, sampler.turn_counts, 12.0, 40.0) == (11.0, moving)
 
 
 def test_a_fault_that_hit_nothing_is_reported_as_proving_nothing(tmp_path: Any) -> None:
