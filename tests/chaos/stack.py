@@ -109,6 +109,10 @@ LANDING_WAIT_S = 4.0
 LANDING_ATTEMPTS = 3
 
 
+class PostgresControlError(AssertionError):
+    """``pg_ctl`` failed on a :class:`PrivatePostgres` (its stderr and the server log)."""
+
+
 class PrivatePostgres:
     """A Postgres server of one test, which the test may restart: pgserver's PostgreSQL
     binaries, the data folder and the Unix socket under ``folder``, one migrated database.
@@ -124,6 +128,7 @@ class PrivatePostgres:
         self.db: Any = None
         self.store: SessionStore | None = None
         self.restarts: list[tuple[float, float]] = []  # (stopped, accepting again), monotonic
+        self.start_failures: list[str] = []
         self._server: Any = None
         self._socket = ""
 
@@ -159,19 +164,41 @@ class PrivatePostgres:
         import pgserver
 
         pg_ctl = Path(pgserver.__file__).parent / "pginstall" / "bin" / "pg_ctl"
-        subprocess.run(
-            [str(pg_ctl), "-D", str(self.folder), *args],
-            check=True,
-            capture_output=True,
-            timeout=60,
-            user=self._server.system_user,
-        )
+        try:
+            subprocess.run(
+                [str(pg_ctl), "-D", str(self.folder), *args],
+                check=True,
+                capture_output=True,
+                text=True,
+                timeout=60,
+                user=self._server.system_user,
+            )
+        except subprocess.CalledProcessError as exc:
+            raise PostgresControlError(
+                f"pg_ctl {' '.join(args)} exited with {exc.returncode}: {exc.stderr.strip()}"
+                f"\n--- postgres log (tail)\n{self.log_tail()}"
+            ) from exc
+
+    def log_tail(self, chars: int = 2000) -> str:
+        return _tail(self.log, chars)
 
     def stop_server(self, mode: str = "fast") -> None:
         self._pg_ctl("-w", "-m", mode, "stop")
 
-    def start_server(self) -> None:
-        self._pg_ctl("-w", "-o", '-h ""', "-o", f"-k {self._socket}", "-l", str(self.log), "start")
+    def start_server(self, attempts: int = 3) -> None:
+        """Start on the same socket; a start that fails is tried again (bounded) after a
+        moment, and every failure is kept in :attr:`start_failures` for the report."""
+        for attempt in range(1, attempts + 1):
+            try:
+                self._pg_ctl(
+                    "-w", "-o", '-h ""', "-o", f"-k {self._socket}", "-l", str(self.log), "start"
+                )
+                return
+            except PostgresControlError as exc:
+                self.start_failures.append(str(exc))
+                if attempt == attempts:
+                    raise
+                time.sleep(0.5)
 
     def restart(self, pause: float) -> float:
         """Fast shutdown, ``pause`` seconds down, start again; the seconds it was down."""

@@ -520,6 +520,8 @@ def test_postgres_restarted_twice_mid_run_costs_no_llm_call_and_no_long_wait(
         for _stopped, back in pg.restarts
     ]
     state.figures["longest wait after Postgres was back"] = ", ".join(f"{w:.1f}s" for w in waits)
+    if pg.start_failures:
+        state.figures["pg_ctl start failed and was tried again"] = pg.start_failures
     state.figures["pointer samples"] = f"{sampler.samples} ({sampler.errors} failed)"
     state.figures["duration"] = f"{run_seconds:.1f}s to drain"
     report = _report("Postgres restarted twice", chaos_seed, data, stack, state.figures, second)
