@@ -427,8 +427,11 @@ class ChaosStack:
         detail: str,
         at_risk: frozenset[TurnId] = frozenset(),
         hit: int | None = None,
+        at: float | None = None,
     ) -> FaultRecord:
-        record = FaultRecord(round(self.elapsed(), 2), kind, detail, at_risk, hit)
+        """Record a fault that fired ``at`` (monotonic; now by default)."""
+        since = self.elapsed() if at is None else at - self.started_at
+        record = FaultRecord(round(since, 2), kind, detail, at_risk, hit)
         self.faults.append(record)
         return record
 
@@ -648,6 +651,7 @@ class ChaosStack:
             f" stopped {resumed - stopped:.1f}s, {requeued} after the stop"
             f" (heartbeat timeout {HEARTBEAT_TIMEOUT_MS / 1000:.0f}s)",
             hit=held,
+            at=stopped,
         )
         return StallRecord(pid, stopped, resumed, held, requeued_after)
 
