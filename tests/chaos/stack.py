@@ -778,6 +778,8 @@ class ChaosStack:
         for log in ("worker.log", "web.log", "scheduler.log", "llm.log"):
             parts.append(f"--- {log} (tail)\n{_tail(self.folder / log)}")
         parts.append(f"--- redis.log (tail)\n{self.redis.log_tail(800)}")
+        if self.postgres is not None:
+            parts.append(f"--- postgres log (tail)\n{self.postgres.log_tail(800)}")
         return "\n".join(parts)
 
 
