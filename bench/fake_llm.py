@@ -227,6 +227,9 @@ class FakeLLM:
                 "garbage": self.garbage,
                 "turns": len(self.calls),
                 "max_calls_per_turn": max(self.calls.values(), default=0),
+                # What is left of a fail_next / garbage_next burst (0: it has all been served).
+                "pending_failures": len(self._fail_next),
+                "pending_garbage": self._garbage_next,
                 "calls_per_turn": dict(self.calls),
                 "answered_per_turn": dict(self.answered),
             }

@@ -6,8 +6,9 @@ expanded from a given environment (no shell runs). :class:`Launcher` starts such
 any other, each in its own process group with its output appended to a log file, waits for it
 to be ready (an HTTP ``200`` from a URL, or a predicate), and stops every group it started:
 SIGTERM to the group, then SIGKILL to whatever is left after a grace period. The signal helpers
-of :class:`Process` (SIGKILL, SIGSTOP, SIGCONT of the whole group) are the faults the chaos
-tests inject. :func:`free_port` is the one way to pick a loopback port.
+of :class:`Process` (SIGKILL, SIGSTOP, SIGCONT of the whole group) and its list of
+:meth:`~Process.children` (to signal one worker process) are the faults the chaos tests
+inject. :func:`free_port` is the one way to pick a loopback port.
 
 Used by ``ibex demo``, the benchmarks and the tests that run real processes, so the command
 they run is the Procfile's own.
@@ -188,6 +189,16 @@ class Process:
         except PermissionError:
             return True
         return True
+
+    def children(self) -> list[int]:
+        """The pids of the leader's direct children (gunicorn's or Dramatiq's worker
+        processes), read from ``/proc``; empty where there is no ``/proc``."""
+        found: list[int] = []
+        with contextlib.suppress(OSError):
+            for task in Path(f"/proc/{self.pid}/task").iterdir():
+                with contextlib.suppress(OSError):
+                    found += [int(p) for p in (task / "children").read_text().split()]
+        return sorted(set(found))
 
     def signal(self, signum: int) -> None:
         """Send ``signum`` to every process of the group."""

@@ -28,7 +28,9 @@ WORDING = re.compile(r" \(wording (\d+)\)$")
 
 class PointerSampler(threading.Thread):
     """Samples every pointer (one snapshot per sample, via ``helpers.pointers``) until stopped;
-    records decreases and pointers past a turn that is not done."""
+    records decreases and pointers past a turn that is not done, and the progress timeline
+    (:attr:`timeline`: per session, each (monotonic time, pointer) at which it was first seen,
+    with the session's turn count in :attr:`turn_counts`) for :func:`longest_wait`."""
 
     def __init__(self, db: Any, interval: float = 0.1) -> None:
         super().__init__(name="pointer-sampler", daemon=True)
@@ -38,6 +40,8 @@ class PointerSampler(threading.Thread):
         self.errors = 0
         self.violations: list[str] = []
         self.last: dict[Any, int] = {}
+        self.timeline: dict[Any, list[tuple[float, int]]] = {}
+        self.turn_counts: dict[Any, int] = {}
         self._stop_event = threading.Event()
 
     def run(self) -> None:
@@ -54,9 +58,14 @@ class PointerSampler(threading.Thread):
         finally:
             self.db.close()  # this thread's connection
 
-    def _check(self, snapshot: Mapping[Any, tuple[int, int, int]]) -> None:
+    def _check(self, snapshot: Mapping[Any, tuple[int, int, int]], at: float | None = None) -> None:
+        at = time.monotonic() if at is None else at
         self.samples += 1
-        for session, (pointer, _count, first_not_done) in snapshot.items():
+        for session, (pointer, count, first_not_done) in snapshot.items():
+            self.turn_counts[session] = count
+            line = self.timeline.setdefault(session, [])
+            if not line or line[-1][1] != pointer:
+                line.append((at, pointer))
             before = self.last.get(session, 0)
             if pointer < before:
                 self.violations.append(f"pointer of {session} went down: {before} -> {pointer}")
@@ -69,6 +78,38 @@ class PointerSampler(threading.Thread):
     def stop(self) -> None:
         self._stop_event.set()
         self.join(timeout=10)
+
+
+def longest_wait(
+    timeline: Mapping[Any, list[tuple[float, int]]],
+    turn_counts: Mapping[Any, int],
+    since: float,
+    until: float,
+) -> tuple[float, Any]:
+    """The longest time, after ``since``, that a session not yet complete went without a
+    pointer step.
+
+    For every session, the waits are the gaps between ``since`` (if it was not complete then),
+    each sampled step of its pointer, and ``until`` (if it never completed); the longest of
+    all sessions is returned with that session, or (0.0, None) when none was waiting. Sampling
+    adds up to one sampling interval."""
+    worst: tuple[float, Any] = (0.0, None)
+    for session, line in timeline.items():
+        count = turn_counts.get(session, 0)
+        before = [p for t, p in line if t <= since]
+        pointer = before[-1] if before else 0
+        waiting_since = since
+        for t, p in line:
+            if pointer >= count:
+                break
+            if t <= since or p <= pointer:
+                continue
+            if t - waiting_since > worst[0]:
+                worst = (t - waiting_since, session)
+            pointer, waiting_since = p, t
+        if pointer < count and until - waiting_since > worst[0]:
+            worst = (until - waiting_since, session)
+    return worst
 
 
 @dataclass
@@ -263,4 +304,4 @@ def wait_until(
         time.sleep(interval)
 
 
-__all__ = ["EndState", "PointerSampler", "end_state", "wait_until"]
+__all__ = ["EndState", "PointerSampler", "end_state", "longest_wait", "wait_until"]

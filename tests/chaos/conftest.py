@@ -1,7 +1,9 @@
 """Chaos suite fixtures: the seed, and the real stack torn down whatever happens.
 
 Every test under ``tests/chaos`` is marked ``chaos`` (and ``integration``, ``slow``): it starts
-real processes against the test Postgres (``database_url``) and a private Redis.
+real processes against the test Postgres (``database_url``) and a private Redis. A test that
+restarts Postgres runs on a server of its own instead (``private_postgres``), so no other test
+ever sees its server go down.
 """
 
 from __future__ import annotations
@@ -10,12 +12,11 @@ import os
 import random
 from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any
 
 import pytest
 
 from memory_service.tokens import TokenStore
-from tests.chaos.stack import ChaosConfig, ChaosStack
+from tests.chaos.stack import ChaosConfig, ChaosStack, PrivatePostgres
 
 HERE = Path(__file__).resolve().parent
 
@@ -36,17 +37,33 @@ def chaos_seed() -> int:
 
 
 @pytest.fixture
-def make_stack(
-    db: Any, database_url: str, tmp_path: Path
-) -> Iterator[Callable[[ChaosConfig], ChaosStack]]:
-    """Start a :class:`ChaosStack` with a config; every process is stopped at teardown."""
-    stacks: list[ChaosStack] = []
-    _, token = TokenStore(db).issue(
-        org_id=None, name="chaos", scopes=["memory:read", "memory:write"]
-    )
+def private_postgres(tmp_path: Path) -> Iterator[PrivatePostgres]:
+    """A Postgres server of this test alone (pgserver's binaries, in the test's folder), with
+    one migrated database; the models are bound to it. Stopped at teardown."""
+    server = PrivatePostgres(tmp_path / "postgres")
+    try:
+        yield server.start()
+    finally:
+        server.stop()
 
-    def make(config: ChaosConfig) -> ChaosStack:
-        stack = ChaosStack(database_url, tmp_path / f"stack{len(stacks)}", config, token)
+
+@pytest.fixture
+def make_stack(
+    request: pytest.FixtureRequest, tmp_path: Path
+) -> Iterator[Callable[..., ChaosStack]]:
+    """Start a :class:`ChaosStack` with a config, on the run's test database, or on a
+    :class:`PrivatePostgres` when one is given; every process is stopped at teardown."""
+    stacks: list[ChaosStack] = []
+
+    def make(config: ChaosConfig, postgres: PrivatePostgres | None = None) -> ChaosStack:
+        if postgres is None:
+            db, url = request.getfixturevalue("db"), request.getfixturevalue("database_url")
+        else:
+            db, url = postgres.db, postgres.url
+        _, token = TokenStore(db).issue(
+            org_id=None, name="chaos", scopes=["memory:read", "memory:write"]
+        )
+        stack = ChaosStack(url, tmp_path / f"stack{len(stacks)}", config, token, postgres)
         stacks.append(stack)
         return stack.start()
 

@@ -9,8 +9,10 @@ requests that match (``POST /v1/memories`` by default) two faults are injected:
   ``502``, alternately. The client cannot tell this from a failure before the commit, retries,
   and must end with one memory.
 
-Counters (:attr:`FaultProxy.stats`) and the idempotency keys whose response was dropped after a
-``2xx`` (:attr:`FaultProxy.dropped_keys`) let a test check what it injected.
+Counters (:attr:`FaultProxy.stats`), the requests forwarded and not answered yet
+(:attr:`FaultProxy.in_flight`: what a web worker's death can cut) and the idempotency keys
+whose response was dropped after a ``2xx`` (:attr:`FaultProxy.dropped_keys`) let a test check
+what it injected.
 """
 
 from __future__ import annotations
@@ -58,6 +60,7 @@ class FaultProxy:
         self.method = method
         self.path = path
         self.stats: Counter[str] = Counter()
+        self.in_flight = 0  # requests forwarded upstream and not answered yet
         self.dropped_keys: list[str] = []
         self._random = random.Random(seed)
         self._lock = threading.Lock()
@@ -132,6 +135,10 @@ class FaultProxy:
                 self.dropped_keys.append(key)
             return self.stats[name]
 
+    def flight(self, step: int) -> None:
+        with self._lock:
+            self.in_flight += step
+
     def snapshot(self) -> dict[str, int]:
         with self._lock:
             return dict(self.stats)
@@ -178,6 +185,7 @@ def _handler_for(proxy: FaultProxy) -> type[BaseHTTPRequestHandler]:
             upstream = http.client.HTTPConnection(
                 "127.0.0.1", proxy.upstream_port, timeout=UPSTREAM_TIMEOUT_S
             )
+            proxy.flight(+1)
             try:
                 upstream.request(self.command, self.path, body=body, headers=headers)
                 response = upstream.getresponse()
@@ -191,6 +199,7 @@ def _handler_for(proxy: FaultProxy) -> type[BaseHTTPRequestHandler]:
                 self._error(502, "CHAOS_UPSTREAM", f"upstream failed: {type(exc).__name__}")
                 return
             finally:
+                proxy.flight(-1)
                 upstream.close()
             proxy.count(f"upstream {status}")
             if decision == "drop":

@@ -15,9 +15,21 @@ Every process is started and stopped by a :class:`core.processes.Launcher`.
 
 Faults: :meth:`kill_workers` (SIGKILL of the whole worker process group, then a restart),
 :meth:`terminate_backends` (``pg_terminate_backend`` of the workers' — and optionally the
-memory service's — Postgres backends), :meth:`restart_redis`, and the LLM's knobs. Each fault
-records which turns held an LLM claim without a persisted result at that moment: the only turns
-whose answer may be lost and asked for again (invariant 4 of docs/reliability.md).
+memory service's — Postgres backends), :meth:`restart_redis`, :meth:`llm_burst` (the LLM's
+knobs), and, on a :class:`PrivatePostgres`, :meth:`restart_postgres`; :meth:`stall_worker`
+(SIGSTOP of one worker process past the broker's heartbeat timeout, then SIGCONT) and
+:meth:`kill_web_workers` (SIGKILL of gunicorn's worker processes while POSTs are in flight).
+Each fault records which turns held an LLM claim without a persisted result at that moment:
+the only turns whose answer may be lost and asked for again (invariant 4 of
+docs/reliability.md).
+
+Each fault is also checked to land on work in flight, and records what it hit
+(:attr:`FaultRecord.hit`): the live claims at a SIGKILL, the backends inside a transaction at
+a termination or a Postgres restart, the calls that failed in an LLM burst, the messages queued
+at a Redis crash, the messages held by a stopped worker, the POSTs cut by a web worker's death.
+A fault waits (bounded) for a moment when there is work to hit, and is fired again (bounded)
+when it hit nothing; a fault that still hit nothing is reported as having proved nothing
+(:meth:`ChaosStack.proved_nothing`), and the tests fail on it.
 """
 
 from __future__ import annotations
@@ -25,8 +37,11 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import signal
+import subprocess
 import sys
 import time
+import warnings
 from collections import Counter
 from collections.abc import Iterable
 from dataclasses import dataclass, field
@@ -36,14 +51,18 @@ from typing import Any
 import httpx
 import psycopg2
 
-from actors.queue_stats import dead_key, delayed_key, queue_key
+from actors.broker import HEARTBEAT_TIMEOUT_MS
+from actors.queue_stats import NAMESPACE, dead_key, delayed_key, queue_key
 from bench.dbadmin import database_name
-from core.db import connect_params
+from core.db import connect_params, make_database
+from core.migrate import migrate
 from core.processes import ROOT, Launcher, Process, ProcessError, free_port
+from models import bind
+from models.store import SessionStore
 from schema.messages import Queue
 from tests.chaos.proxy import FaultProxy
 from tests.integration.pipeline.test_e2e_workers import BIN
-from tests.servers import PrivateRedis
+from tests.servers import PrivateRedis, with_database
 
 WORKER_APP = "ibex-worker"
 MEMORY_APP = "ibex-memory"
@@ -81,6 +100,139 @@ class FaultRecord:
     kind: str
     detail: str
     at_risk: frozenset[TurnId] = frozenset()
+    # How much work in flight the fault hit (None: not a fault that must hit something).
+    hit: int | None = None
+
+
+#: How long a fault waits for work in flight to hit, and how often it is fired again.
+LANDING_WAIT_S = 4.0
+LANDING_ATTEMPTS = 3
+
+
+class PostgresControlError(AssertionError):
+    """``pg_ctl`` failed on a :class:`PrivatePostgres` (its stderr and the server log)."""
+
+
+class PrivatePostgres:
+    """A Postgres server of one test, which the test may restart: pgserver's PostgreSQL
+    binaries, the data folder and the Unix socket under ``folder``, one migrated database.
+
+    :meth:`restart` is a fast shutdown (``pg_ctl stop -m fast``: every backend ends, open
+    transactions roll back), a pause, and a start on the same socket: what a restart, a
+    failover or a minor-version upgrade does to the clients. No other test uses this server.
+    """
+
+    def __init__(self, folder: Path) -> None:
+        self.folder = folder
+        self.url = ""
+        self.db: Any = None
+        self.store: SessionStore | None = None
+        self.restarts: list[tuple[float, float]] = []  # (stopped, accepting again), monotonic
+        self.start_failures: list[str] = []
+        self._server: Any = None
+        self._socket = ""
+
+    @property
+    def log(self) -> Path:
+        return self.folder / "log"
+
+    def start(self) -> PrivatePostgres:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            import pgserver
+
+        self.folder.mkdir(parents=True, exist_ok=True)
+        self._server = pgserver.get_server(self.folder, cleanup_mode="stop")
+        server_url = self._server.get_uri()
+        self._socket = dict(
+            part.split("=", 1) for part in server_url.partition("?")[2].split("&") if part
+        )["host"]
+        admin = psycopg2.connect(**connect_params(server_url))
+        admin.autocommit = True
+        try:
+            with admin.cursor() as cur:
+                cur.execute("CREATE DATABASE ibex_chaos")
+        finally:
+            admin.close()
+        self.url = with_database(server_url, "ibex_chaos")
+        migrate(self.url)
+        self.db = bind(make_database(self.url, application_name="ibex-chaos-checks"))
+        self.store = SessionStore(self.db)
+        return self
+
+    def _pg_ctl(self, *args: str) -> None:
+        import pgserver
+
+        pg_ctl = Path(pgserver.__file__).parent / "pginstall" / "bin" / "pg_ctl"
+        try:
+            subprocess.run(
+                [str(pg_ctl), "-D", str(self.folder), *args],
+                check=True,
+                capture_output=True,
+                text=True,
+                timeout=60,
+                user=self._server.system_user,
+            )
+        except subprocess.CalledProcessError as exc:
+            raise PostgresControlError(
+                f"pg_ctl {' '.join(args)} exited with {exc.returncode}: {exc.stderr.strip()}"
+                f"\n--- postgres log (tail)\n{self.log_tail()}"
+            ) from exc
+
+    def log_tail(self, chars: int = 2000) -> str:
+        return _tail(self.log, chars)
+
+    def stop_server(self, mode: str = "fast") -> None:
+        self._pg_ctl("-w", "-m", mode, "stop")
+
+    def start_server(self, attempts: int = 3) -> None:
+        """Start on the same socket; a start that fails is tried again (bounded) after a
+        moment, and every failure is kept in :attr:`start_failures` for the report."""
+        for attempt in range(1, attempts + 1):
+            try:
+                self._pg_ctl(
+                    "-w", "-o", '-h ""', "-o", f"-k {self._socket}", "-l", str(self.log), "start"
+                )
+                return
+            except PostgresControlError as exc:
+                self.start_failures.append(str(exc))
+                if attempt == attempts:
+                    raise
+                time.sleep(0.5)
+
+    def restart(self, pause: float) -> float:
+        """Fast shutdown, ``pause`` seconds down, start again; the seconds it was down."""
+        stopped = time.monotonic()
+        self.stop_server("fast")
+        time.sleep(pause)
+        self.start_server()
+        back = time.monotonic()
+        self.restarts.append((stopped, back))
+        # This process's own connections died with the server.
+        if self.db is not None:
+            with contextlib.suppress(Exception):
+                self.db.close()
+        return back - stopped
+
+    def stop(self) -> None:
+        if self.db is not None:
+            with contextlib.suppress(Exception):
+                self.db.close()
+        if self._server is not None:
+            with contextlib.suppress(Exception):
+                self.stop_server("immediate")
+            with contextlib.suppress(Exception):
+                self._server.cleanup()
+            self._server = None
+
+
+@dataclass(frozen=True)
+class StallRecord:
+    pid: int
+    stopped: float  # monotonic
+    resumed: float  # monotonic
+    held: int  # messages the stopped process held
+    requeued_after: float | None  # seconds from the stop until the broker requeued them
 
 
 @dataclass
@@ -89,6 +241,7 @@ class ChaosStack:
     folder: Path
     config: ChaosConfig
     token: str  # a memory-service token with memory:write
+    postgres: PrivatePostgres | None = None  # set when the test may restart Postgres
     faults: list[FaultRecord] = field(default_factory=list)
     unexpected_exits: list[str] = field(default_factory=list)
     started_at: float = 0.0
@@ -138,10 +291,7 @@ class ChaosStack:
             "LLM_BASE_URL": f"http://127.0.0.1:{llm_port}/v1",
             "LLM_MODEL": "fake",
         }
-        self._admin = psycopg2.connect(
-            **connect_params(self.database_url), application_name="ibex-chaos"
-        )
-        self._admin.autocommit = True
+        self._connect_admin()
         self.web = self.launcher.start_procfile("web", self.env, bind_host="127.0.0.1")
         self.llm_url = f"http://127.0.0.1:{llm_port}"
         self.llm = self.launcher.start(
@@ -210,10 +360,47 @@ class ChaosStack:
 
     # -- database probes ---------------------------------------------------------------------
 
+    def _connect_admin(self) -> None:
+        self._admin = psycopg2.connect(
+            **connect_params(self.database_url), application_name="ibex-chaos"
+        )
+        self._admin.autocommit = True
+
     def sql(self, query: str, params: Iterable[Any] = ()) -> list[tuple[Any, ...]]:
-        with self._admin.cursor() as cur:
-            cur.execute(query, tuple(params))
-            return list(cur.fetchall()) if cur.description else []
+        """One autocommit statement; reconnects once when the server was restarted."""
+        for attempt in (1, 2):
+            try:
+                if self._admin is None or self._admin.closed:
+                    self._connect_admin()
+                with self._admin.cursor() as cur:
+                    cur.execute(query, tuple(params))
+                    return list(cur.fetchall()) if cur.description else []
+            except (psycopg2.OperationalError, psycopg2.InterfaceError):
+                with contextlib.suppress(Exception):
+                    self._admin.close()
+                self._admin = None
+                if attempt == 2:
+                    raise
+        raise AssertionError("unreachable")
+
+    def live_claims(self) -> int:
+        """Turns holding a live LLM claim right now."""
+        return int(
+            self.sql(
+                "SELECT count(*) FROM ibex_core.extraction_turns"
+                " WHERE claim_token IS NOT NULL AND claim_expires_at > now()"
+            )[0][0]
+        )
+
+    def backends_in_transaction(self, apps: Iterable[str] = (WORKER_APP, MEMORY_APP)) -> int:
+        """Backends of the workers and the memory service inside a transaction right now."""
+        return int(
+            self.sql(
+                "SELECT count(*) FROM pg_stat_activity WHERE datname = %s"
+                "   AND application_name = ANY(%s) AND xact_start IS NOT NULL",
+                (database_name(self.database_url), list(apps)),
+            )[0][0]
+        )
 
     def at_risk(self) -> frozenset[TurnId]:
         """Turns holding an LLM claim with no persisted result: an answer in flight."""
@@ -234,27 +421,71 @@ class ChaosStack:
 
     # -- faults ------------------------------------------------------------------------------
 
-    def _record(self, kind: str, detail: str, at_risk: frozenset[TurnId] = frozenset()) -> None:
-        self.faults.append(FaultRecord(round(self.elapsed(), 2), kind, detail, at_risk))
+    def _record(
+        self,
+        kind: str,
+        detail: str,
+        at_risk: frozenset[TurnId] = frozenset(),
+        hit: int | None = None,
+        at: float | None = None,
+    ) -> FaultRecord:
+        """Record a fault that fired ``at`` (monotonic; now by default)."""
+        since = self.elapsed() if at is None else at - self.started_at
+        record = FaultRecord(round(since, 2), kind, detail, at_risk, hit)
+        self.faults.append(record)
+        return record
+
+    def proved_nothing(self) -> list[str]:
+        """The faults that hit no work in flight, however often they were fired."""
+        return [
+            f"fault at {f.at}s proved nothing: {f.kind}: {f.detail}"
+            for f in self.faults
+            if f.hit is not None and f.hit <= 0
+        ]
+
+    def _wait_for(self, ready: Any, timeout: float = LANDING_WAIT_S) -> bool:
+        """Poll ``ready`` (20 ms) until true or ``timeout``: the moment a fault fires."""
+        deadline = time.monotonic() + timeout
+        while True:
+            with contextlib.suppress(psycopg2.Error):
+                if ready():
+                    return True
+            if time.monotonic() > deadline:
+                return False
+            time.sleep(0.02)
 
     def kill_workers(self, pause: float = 0.0, *, restart: bool = True) -> None:
         """SIGKILL of every worker process (master and children), then (after ``pause``) a
         restart: messages in flight are lost to their threads; the broker still holds them as
-        unacked."""
-        worker = self.worker
-        assert worker is not None
-        # The group leader is reaped and its forked children die with the same signal.
-        worker.kill()
-        self.launcher.forget(worker)
-        risk = self.at_risk()
-        self._record(
-            "SIGKILL worker group", f"{len(risk)} turns held an LLM claim, no result yet", risk
-        )
-        if restart:
-            time.sleep(pause)
-            self.start_workers()
-        else:
-            self.worker = None
+        unacked. Fired when turns hold a live LLM claim (waiting for one, bounded); fired again
+        after the restart when the kill found none."""
+        for attempt in range(1, LANDING_ATTEMPTS + 1):
+            worker = self.worker
+            assert worker is not None
+            self._wait_for(lambda: self.live_claims() > 0)
+            # The group leader is reaped and its forked children die with the same signal.
+            worker.kill()
+            self.launcher.forget(worker)
+            claims = self.live_claims()  # frozen: nothing that could release them is alive
+            risk = self.at_risk()
+            last = attempt == LANDING_ATTEMPTS or not restart
+            if claims or last:
+                self._record(
+                    "SIGKILL worker group",
+                    f"hit {claims} live LLM claims ({len(risk)} without a stored result);"
+                    f" attempt {attempt}",
+                    risk,
+                    hit=claims,
+                )
+            elif risk:
+                self._record("SIGKILL worker group (missed)", "no live claim", risk)
+            if restart:
+                time.sleep(pause)
+                self.start_workers()
+            else:
+                self.worker = None
+            if claims or last:
+                return
 
     def terminate_backends(self, *, memory_service: bool = False, rounds: int = 3) -> None:
         """``pg_terminate_backend`` of the workers' backends (and the memory service's), in a
@@ -271,7 +502,12 @@ class ChaosStack:
             time.sleep(0.05)
         states: Counter[str] = Counter()
         risk: set[TurnId] = set()
-        for i in range(rounds):
+        in_transaction = 0
+        # At least ``rounds`` rounds, more (bounded) until one lands inside a transaction.
+        max_rounds = rounds + int(LANDING_WAIT_S / 0.15)
+        for i in range(max_rounds):
+            if not in_transaction:
+                self._wait_for(lambda: self.backends_in_transaction(apps) > 0, 0.15)
             rows = self.sql(
                 "SELECT application_name, state, xact_start IS NOT NULL,"
                 "       pg_terminate_backend(pid)"
@@ -281,15 +517,23 @@ class ChaosStack:
             )
             for app, state, in_xact, _ok in rows:
                 states[f"{app} {'in transaction' if in_xact else state}"] += 1
+                in_transaction += bool(in_xact)
             risk |= self.at_risk()
-            if i + 1 < rounds:
-                time.sleep(0.15)
+            if i + 1 >= rounds and in_transaction:
+                break
+            time.sleep(0.15)
         detail = ", ".join(f"{n} {k}" for k, n in sorted(states.items())) or "no backend"
-        self._record("pg_terminate_backend", detail, frozenset(risk))
+        self._record(
+            "pg_terminate_backend",
+            f"hit {in_transaction} backends mid-transaction in {i + 1} rounds: {detail}",
+            frozenset(risk),
+            hit=in_transaction,
+        )
 
     def restart_redis(self, *, kill: bool, pause: float) -> dict[str, int]:
         """Stop Redis (SIGKILL: a crash; SIGTERM: a clean shutdown), wait, start it on the same
         port. Returns the queued message counts before and after, per queue."""
+        self._wait_for(lambda: sum(self.queue_sizes().values()) > 0)
         before = self.queue_sizes()
         self.redis.restart(kill=kill, pause=pause)
         after = self.queue_sizes()
@@ -297,10 +541,147 @@ class ChaosStack:
         aof = "appendonly" if self.redis.appendonly else "no persistence"
         self._record(
             f"Redis restart ({how}, {aof})",
-            f"down {pause:.1f}s; queued messages before {sum(before.values())},"
-            f" after {sum(after.values())} (all queues)",
+            f"down {pause:.1f}s; hit {sum(before.values())} queued messages,"
+            f" {sum(after.values())} after (all queues)",
+            hit=sum(before.values()),
         )
         return {"before": sum(before.values()), "after": sum(after.values())}
+
+    def restart_postgres(self, pause: float) -> float:
+        """Restart the test's :class:`PrivatePostgres` (fast shutdown, ``pause`` seconds down)
+        at a moment when a worker or memory-service backend is inside a transaction (waiting
+        for one, bounded; restarted again when it caught none). Returns the seconds it was
+        down. No turn is put at risk: an answer in hand must survive the outage."""
+        pg = self.postgres
+        assert pg is not None, "restart_postgres needs a stack on a PrivatePostgres"
+        for attempt in range(1, LANDING_ATTEMPTS + 1):
+            self._wait_for(lambda: self.backends_in_transaction() > 0)
+            in_transaction = self.backends_in_transaction()
+            in_flight = self.messages_in_flight()
+            claims = self.live_claims()
+            down = pg.restart(pause)
+            detail = (
+                f"down {down:.1f}s; hit {in_transaction} backends mid-transaction,"
+                f" {in_flight} messages in flight, {claims} live LLM claims; attempt {attempt}"
+            )
+            if in_transaction or attempt == LANDING_ATTEMPTS:
+                self._record("Postgres restart (fast shutdown)", detail, hit=in_transaction)
+                return down
+            self._record("Postgres restart (fast shutdown, missed)", detail)
+        raise AssertionError("unreachable")
+
+    def messages_in_flight(self, worker_id: str | None = None) -> int:
+        """Messages the workers (or the one ``worker_id``) have fetched and not acked yet."""
+        client = self.redis.client()
+        try:
+            pattern = f"{NAMESPACE}:__acks__.{worker_id or '*'}.*"
+            return sum(int(client.scard(key)) for key in client.keys(pattern))
+        except Exception:
+            return 0
+        finally:
+            client.close()
+
+    def heartbeats(self) -> dict[str, float]:
+        """The broker's last heartbeat of each worker process (worker id -> ms)."""
+        client = self.redis.client()
+        try:
+            rows: Any = client.zrange(f"{NAMESPACE}:__heartbeats__", 0, -1, withscores=True)
+            return {bytes(k).decode(): float(v) for k, v in rows}
+        finally:
+            client.close()
+
+    def _stopped_worker_id(self, before: dict[str, float]) -> str | None:
+        """The worker id whose heartbeat has not moved for 3 s while another's did."""
+        deadline = time.monotonic() + 10
+        quiet_since = time.monotonic()
+        while time.monotonic() < deadline:
+            time.sleep(0.2)
+            now = self.heartbeats()
+            still = [w for w, ms in now.items() if w in before and ms == before[w]]
+            moved = [w for w, ms in now.items() if w not in before or ms != before[w]]
+            if len(still) == 1 and moved and time.monotonic() - quiet_since >= 3:
+                return still[0]
+        return None
+
+    def stall_worker(self, seconds: float, *, requeue_wait: float = 0.0) -> StallRecord:
+        """SIGSTOP of one worker process (not the group) for ``seconds`` (at least 5 s past the
+        broker's heartbeat timeout; up to ``requeue_wait`` more until the broker has requeued
+        its messages), then SIGCONT; the report says when the broker requeued them. Fired when
+        that process holds messages; the other process is tried when it held none."""
+        worker = self.worker
+        assert worker is not None
+        seconds = max(seconds, HEARTBEAT_TIMEOUT_MS / 1000 + 5)
+        for attempt in range(1, LANDING_ATTEMPTS + 1):
+            self._wait_for(lambda: self.messages_in_flight() > 0)
+            children = worker.children()
+            assert children, "the worker group has no worker process"
+            pid = children[(attempt - 1) % len(children)]
+            before = self.heartbeats()
+            stopped = time.monotonic()
+            os.kill(pid, signal.SIGSTOP)
+            held, claims, wid = 0, 0, self._stopped_worker_id(before)
+            if wid is not None:
+                held = self.messages_in_flight(wid)
+                claims = self.live_claims()
+            if held or attempt == LANDING_ATTEMPTS:
+                break
+            os.kill(pid, signal.SIGCONT)
+            self._record(
+                "SIGSTOP one worker process (missed)",
+                f"pid {pid} held no message; resumed after {time.monotonic() - stopped:.1f}s",
+            )
+        requeued_after: float | None = None
+        deadline = stopped + seconds + requeue_wait
+        while time.monotonic() < deadline:
+            if requeued_after is None and wid and self.messages_in_flight(wid) == 0:
+                requeued_after = time.monotonic() - stopped
+            if requeued_after is not None and time.monotonic() - stopped >= seconds:
+                break
+            time.sleep(0.2)
+        os.kill(pid, signal.SIGCONT)
+        resumed = time.monotonic()
+        requeued = (
+            f"requeued by the broker {requeued_after:.1f}s"
+            if requeued_after
+            else "not requeued by the broker"
+        )
+        self._record(
+            "SIGSTOP one worker process",
+            f"pid {pid}: hit {held} messages it held ({claims} live LLM claims in all);"
+            f" stopped {resumed - stopped:.1f}s, {requeued} after the stop"
+            f" (heartbeat timeout {HEARTBEAT_TIMEOUT_MS / 1000:.0f}s)",
+            hit=held,
+            at=stopped,
+        )
+        return StallRecord(pid, stopped, resumed, held, requeued_after)
+
+    def kill_web_workers(self) -> None:
+        """SIGKILL of every gunicorn worker process (not the master, which starts new ones)
+        while POSTs are in flight through the proxy; fired again (bounded) when none broke."""
+        web, proxy = self.web, self.proxy
+        assert web is not None and proxy is not None
+        for attempt in range(1, LANDING_ATTEMPTS + 1):
+            deadline = time.monotonic() + LANDING_WAIT_S
+            while proxy.in_flight == 0 and time.monotonic() < deadline:
+                time.sleep(0.001)
+            in_flight = proxy.in_flight
+            failed = proxy.snapshot().get("upstream failed", 0)
+            children = web.children()
+            for pid in children:
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(pid, signal.SIGKILL)
+            # Gunicorn's master starts new workers; wait until they serve again.
+            self._wait_http(f"http://127.0.0.1:{self.env['PORT']}/healthz", "memory service")
+            time.sleep(0.2)  # the proxy's cut requests finish answering 502
+            broken = proxy.snapshot().get("upstream failed", 0) - failed
+            detail = (
+                f"{len(children)} workers killed with {in_flight} POSTs in flight;"
+                f" hit {broken} requests (upstream connection lost); attempt {attempt}"
+            )
+            if broken or attempt == LANDING_ATTEMPTS:
+                self._record("SIGKILL gunicorn workers", detail, hit=broken)
+                return
+            self._record("SIGKILL gunicorn workers (missed)", detail)
 
     def queue_sizes(self, queues: Iterable[str] = QUEUES) -> dict[str, int]:
         """Messages held per queue (waiting, delayed and in flight: the ``.msgs`` hashes)."""
@@ -328,6 +709,29 @@ class ChaosStack:
         response = httpx.post(f"{self.llm_url}/control", json=knobs, timeout=5)
         response.raise_for_status()
         self._record("LLM knobs", json.dumps(knobs, sort_keys=True))
+
+    def llm_burst(self, *, failures: int = 0, status: int = 500, garbage: int = 0) -> None:
+        """The LLM answers the next ``failures`` calls with ``status`` (or the next ``garbage``
+        calls with garbage); waits (bounded) until the pipeline's calls have used the burst up,
+        and records how many calls it failed."""
+        before = self.llm_stats()
+        knobs: dict[str, Any] = (
+            {"fail_next": failures, "fail_status": status} if failures else {}
+        ) | ({"garbage_next": garbage} if garbage else {})
+        response = httpx.post(f"{self.llm_url}/control", json=knobs, timeout=5)
+        response.raise_for_status()
+        size = failures + garbage
+        pending = "pending_failures" if failures else "pending_garbage"
+        self._wait_for(lambda: int(self.llm_stats()[pending]) == 0, 15.0)
+        after = self.llm_stats()
+        served = size - int(after[pending])
+        kind = f"LLM {status} burst" if failures else "LLM garbage burst"
+        counter = "failures" if failures else "garbage"
+        self._record(
+            kind,
+            f"{size} asked; hit {served} calls ({counter} {before[counter]} -> {after[counter]})",
+            hit=served,
+        )
 
     def llm_stats(self) -> dict[str, Any]:
         response = httpx.get(f"{self.llm_url}/stats", timeout=10)
@@ -374,6 +778,8 @@ class ChaosStack:
         for log in ("worker.log", "web.log", "scheduler.log", "llm.log"):
             parts.append(f"--- {log} (tail)\n{_tail(self.folder / log)}")
         parts.append(f"--- redis.log (tail)\n{self.redis.log_tail(800)}")
+        if self.postgres is not None:
+            parts.append(f"--- postgres log (tail)\n{self.postgres.log_tail(800)}")
         return "\n".join(parts)
 
 
@@ -384,4 +790,11 @@ def _tail(path: Path, chars: int = 2500) -> str:
         return "(no log)"
 
 
-__all__ = ["ChaosConfig", "ChaosStack", "FaultRecord", "TurnId"]
+__all__ = [
+    "ChaosConfig",
+    "ChaosStack",
+    "FaultRecord",
+    "PrivatePostgres",
+    "StallRecord",
+    "TurnId",
+]

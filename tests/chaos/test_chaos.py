@@ -21,8 +21,8 @@ from core.processes import ROOT
 from models.importer import import_lines
 from models.store import SessionStore
 from schema.messages import Queue
-from tests.chaos.checks import PointerSampler, end_state, wait_until
-from tests.chaos.stack import ChaosConfig, ChaosStack
+from tests.chaos.checks import PointerSampler, end_state, longest_wait, wait_until
+from tests.chaos.stack import ChaosConfig, ChaosStack, PrivatePostgres
 from tests.integration.pipeline.test_e2e_workers import BIN
 
 #: The faults of the main run, each fired once when the run's progress passes a seeded point.
@@ -136,9 +136,9 @@ def _fire(stack: ChaosStack, kind: str, rng: random.Random) -> None:
     elif kind == "Redis crash (no persistence)":
         stack.restart_redis(kill=True, pause=rng.uniform(0.5, 1.5))
     elif kind == "LLM 500 burst":
-        stack.llm_control(fail_next=6, fail_status=500)
+        stack.llm_burst(failures=6, status=500)
     elif kind == "LLM garbage burst":
-        stack.llm_control(garbage_next=4)
+        stack.llm_burst(garbage=4)
     elif kind == "count_varies on":
         stack.llm_control(count_varies=True)
     elif kind == "count_varies off":
@@ -229,6 +229,7 @@ def test_faults_during_a_run_end_with_every_invariant(
     print(report)
     assert sampler.samples > 10, "the pointer sampler barely ran"
     assert not state.violations, "\n".join([report, *state.violations])
+    assert not stack.proved_nothing(), "\n".join([report, *stack.proved_nothing()])
     assert not stack.unexpected_exits, report
 
 
@@ -298,6 +299,7 @@ def test_a_redis_crash_with_appendonly_keeps_every_queued_message(
     print(report)
     assert sum(before.values()) > 0, "nothing was queued at the crash: the test proved nothing"
     assert not state.violations, "\n".join([report, *state.violations])
+    assert not stack.proved_nothing(), "\n".join([report, *stack.proved_nothing()])
     assert not stack.unexpected_exits, report
 
 
@@ -410,4 +412,237 @@ def test_a_rejected_turn_blocks_only_its_session_until_replayed(
     report = _report("dead letter and replay", chaos_seed, data, stack, state.figures, second)
     print(report)
     assert not state.violations, "\n".join([report, *state.violations])
+    assert not stack.proved_nothing(), "\n".join([report, *stack.proved_nothing()])
+    assert not stack.unexpected_exits, report
+
+
+# -- routine outages: a Postgres restart, a stalled worker, dying web workers ------------------
+
+
+#: Nothing to wait for but the outage itself: no injected LLM failure, so every turn must cost
+#: exactly one LLM request; the claim (60 s) is far longer than any wait the test allows, so a
+#: delivery stuck on a claim it cannot take over shows as a long wait, not as a quiet retry.
+def _outage_config(seed: int, **overrides: Any) -> ChaosConfig:
+    return ChaosConfig(
+        seed=seed,
+        llm_fail_rate=0.0,
+        llm_garbage_rate=0.0,
+        claim_seconds=60,
+        lease_seconds=20,
+        **overrides,
+    )
+
+
+#: The longest any session may wait for its pointer's next step once Postgres is back.
+MAX_WAIT_AFTER_OUTAGE_S = 15.0
+
+
+def _drain(stack: ChaosStack, data: Dataset, seed: int, timeout: float = DRAIN_TIMEOUT_S) -> None:
+    wait_until(
+        lambda: _drained(stack, data.total),
+        timeout=timeout,
+        interval=0.25,
+        tick=stack.check_alive,
+        message=lambda: f"seed {seed}: the backlog did not drain\n{stack.diagnostics()}",
+    )
+
+
+def _wait_progress(stack: ChaosStack, data: Dataset, seed: int, point: float) -> None:
+    wait_until(
+        lambda: _progress_fraction(stack, data.total) >= point,
+        timeout=60,
+        interval=0.02,
+        tick=stack.check_alive,
+        message=lambda: f"seed {seed}: no progress to {point:.2f}\n{stack.diagnostics()}",
+    )
+
+
+def _one_request_per_turn(stats: dict[str, Any], turns: int) -> list[str]:
+    """Every turn asked the LLM exactly once (no failure was injected)."""
+    per_turn = stats.get("calls_per_turn", {})
+    extra = {k: n for k, n in per_turn.items() if n != 1}
+    out = []
+    if len(per_turn) != turns or extra:
+        out.append(
+            f"LLM requests: {stats['calls']} for {turns} turns ({len(per_turn)} turns asked);"
+            f" turns asked more than once: {len(extra)}"
+        )
+    return out
+
+
+@pytest.mark.timeout(240)
+def test_postgres_restarted_twice_mid_run_costs_no_llm_call_and_no_long_wait(
+    make_stack: Callable[..., ChaosStack],
+    private_postgres: PrivatePostgres,
+    chaos_seed: int,
+) -> None:
+    """Postgres (a server of this test alone) restarted twice mid-run with a fast shutdown,
+    down 1.5-2.5 s each time: every backend ends, the transactions in flight roll back, every
+    pooled connection of the workers, the memory service and the scheduler is dead.
+
+    Crash points simulated: the server going away at a moment when worker or memory-service
+    backends are inside a transaction (checked; the restart is fired again when it caught
+    none): an LLM answer in hand whose persist fails, a slot or pointer transaction cut, a
+    memory-service write cut (503), connections left dead in every pool.
+
+    End state: every invariant as in the main run; exactly one LLM request per turn (1.00);
+    no session waited more than 15 s for its pointer's next step after Postgres was back
+    (from the pointer timeline); no process exited.
+    """
+    rng = random.Random(chaos_seed + 3)
+    print(f"\nCHAOS_SEED={chaos_seed}")
+    pg = private_postgres
+    db, store = pg.db, pg.store
+    assert store is not None
+    data = Dataset(sessions=16, turns=6)
+    _import(store, data, "pgrestart")
+    started = time.monotonic()
+    stack = make_stack(_outage_config(chaos_seed), pg)
+    sampler = PointerSampler(db)
+    sampler.start()
+    try:
+        for point in sorted((rng.uniform(0.15, 0.35), rng.uniform(0.5, 0.7))):
+            _wait_progress(stack, data, chaos_seed, point)
+            stack.restart_postgres(pause=rng.uniform(1.5, 2.5))
+        _drain(stack, data, chaos_seed)
+        drained = time.monotonic()
+        run_seconds = drained - started
+        second = _second_run_does_nothing(stack, db)
+        stats = stack.llm_stats()
+        state = end_state(
+            db, store, stats, stack.faults, redis_dead_letters=stack.dead_letters_in_redis()
+        )
+    finally:
+        sampler.stop()
+    state.violations += sampler.violations + _one_request_per_turn(stats, data.total)
+    waits = [
+        longest_wait(sampler.timeline, sampler.turn_counts, back, drained)[0]
+        for _stopped, back in pg.restarts
+    ]
+    state.figures["longest wait after Postgres was back"] = ", ".join(f"{w:.1f}s" for w in waits)
+    if pg.start_failures:
+        state.figures["pg_ctl start failed and was tried again"] = pg.start_failures
+    state.figures["pointer samples"] = f"{sampler.samples} ({sampler.errors} failed)"
+    state.figures["duration"] = f"{run_seconds:.1f}s to drain"
+    report = _report("Postgres restarted twice", chaos_seed, data, stack, state.figures, second)
+    print(report)
+    assert len(pg.restarts) >= 2
+    assert not state.violations, "\n".join([report, *state.violations])
+    assert max(waits) <= MAX_WAIT_AFTER_OUTAGE_S, report
+    assert not stack.proved_nothing(), "\n".join([report, *stack.proved_nothing()])
+    assert not stack.unexpected_exits, report
+
+
+#: How long the worker process stays stopped: well past the broker's heartbeat timeout.
+STALL_SECONDS = 45.0
+
+
+@pytest.mark.timeout(300)
+def test_a_worker_stalled_past_the_heartbeat_timeout_costs_no_llm_call(
+    make_stack: Callable[..., ChaosStack],
+    db: Any,
+    store: SessionStore,
+    chaos_seed: int,
+) -> None:
+    """One worker process (not its group) SIGSTOPped for 45 s, past the broker's heartbeat
+    timeout (``HEARTBEAT_TIMEOUT_MS``, 30 s), while it holds messages (checked; the other
+    process is stopped instead when it held none), then SIGCONT.
+
+    Crash points simulated: a process frozen wherever its threads are (an LLM call in flight
+    with the claim held, a transaction open, a POST half sent), its messages redelivered
+    elsewhere (by the scan's lease, then by the broker once the heartbeat is stale) while it is
+    frozen, and the frozen process finishing its work when it resumes.
+
+    End state: every invariant as in the main run (no duplicate, no mixed turn: the resumed
+    process and the redeliveries write the same slots once); exactly one LLM request per turn
+    (the live claim, 60 s, outlasts the stall); the report gives the recovery time.
+    """
+    rng = random.Random(chaos_seed + 4)
+    print(f"\nCHAOS_SEED={chaos_seed}")
+    data = Dataset(sessions=16, turns=6)
+    _import(store, data, "stall")
+    started = time.monotonic()
+    stack = make_stack(_outage_config(chaos_seed))
+    sampler = PointerSampler(db)
+    sampler.start()
+    try:
+        _wait_progress(stack, data, chaos_seed, rng.uniform(0.1, 0.25))
+        stall = stack.stall_worker(STALL_SECONDS)
+        _drain(stack, data, chaos_seed)
+        drained = time.monotonic()
+        run_seconds = drained - started
+        second = _second_run_does_nothing(stack, db)
+        stats = stack.llm_stats()
+        state = end_state(
+            db, store, stats, stack.faults, redis_dead_letters=stack.dead_letters_in_redis()
+        )
+    finally:
+        sampler.stop()
+    state.violations += sampler.violations + _one_request_per_turn(stats, data.total)
+    during, _ = longest_wait(sampler.timeline, sampler.turn_counts, stall.stopped, drained)
+    after, _ = longest_wait(sampler.timeline, sampler.turn_counts, stall.resumed, drained)
+    state.figures["recovery"] = (
+        f"longest wait of a session from the SIGSTOP {during:.1f}s"
+        f" (stopped {stall.resumed - stall.stopped:.1f}s); after the SIGCONT {after:.1f}s;"
+        f" drained {drained - stall.resumed:.1f}s after the SIGCONT"
+    )
+    state.figures["pointer samples"] = f"{sampler.samples} ({sampler.errors} failed)"
+    state.figures["duration"] = f"{run_seconds:.1f}s to drain"
+    report = _report("a worker stalled", chaos_seed, data, stack, state.figures, second)
+    print(report)
+    assert not state.violations, "\n".join([report, *state.violations])
+    assert after <= MAX_WAIT_AFTER_OUTAGE_S, report
+    assert not stack.proved_nothing(), "\n".join([report, *stack.proved_nothing()])
+    assert not stack.unexpected_exits, report
+
+
+@pytest.mark.timeout(240)
+def test_web_workers_killed_mid_request_lose_and_duplicate_nothing(
+    make_stack: Callable[..., ChaosStack],
+    db: Any,
+    store: SessionStore,
+    chaos_seed: int,
+) -> None:
+    """Gunicorn's worker processes (not the master) SIGKILLed three times while POSTs are in
+    flight through the proxy (checked: the kill is fired again when it cut none); the master
+    starts new ones.
+
+    Crash points simulated: a memory-service worker dying with requests in flight: before the
+    write, mid-transaction, after the commit but before the answer (the client sees a lost
+    connection, a 502 from the proxy, and retries with the same key); requests waiting in the
+    listen backlog while the new workers start. The proxy injects nothing else, so every
+    upstream failure it counts is a kill's.
+
+    End state: every invariant as in the main run: 0 duplicates, 0 lost (every slot of every
+    stored result has exactly one memory), no idempotency conflict, one LLM request per turn.
+    """
+    rng = random.Random(chaos_seed + 5)
+    print(f"\nCHAOS_SEED={chaos_seed}")
+    data = Dataset(sessions=16, turns=6)
+    _import(store, data, "webkill")
+    started = time.monotonic()
+    stack = make_stack(_outage_config(chaos_seed, reject_rate=0.0, drop_rate=0.0))
+    sampler = PointerSampler(db)
+    sampler.start()
+    try:
+        points = (rng.uniform(0.1, 0.3), rng.uniform(0.35, 0.55), rng.uniform(0.6, 0.8))
+        for point in points:
+            _wait_progress(stack, data, chaos_seed, point)
+            stack.kill_web_workers()
+        _drain(stack, data, chaos_seed)
+        run_seconds = time.monotonic() - started
+        second = _second_run_does_nothing(stack, db)
+        stats = stack.llm_stats()
+        state = end_state(
+            db, store, stats, stack.faults, redis_dead_letters=stack.dead_letters_in_redis()
+        )
+    finally:
+        sampler.stop()
+    state.violations += sampler.violations + _one_request_per_turn(stats, data.total)
+    state.figures["pointer samples"] = f"{sampler.samples} ({sampler.errors} failed)"
+    state.figures["duration"] = f"{run_seconds:.1f}s to drain"
+    report = _report("web workers killed", chaos_seed, data, stack, state.figures, second)
+    print(report)
+    assert not state.violations, "\n".join([report, *state.violations])
+    assert not stack.proved_nothing(), "\n".join([report, *stack.proved_nothing()])
     assert not stack.unexpected_exits, report

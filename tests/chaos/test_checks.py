@@ -7,13 +7,14 @@ from __future__ import annotations
 
 import hashlib
 import json
+import time
 import uuid
 from typing import Any
 
 import pytest
 
 from models.store import SessionStore
-from tests.chaos.checks import PointerSampler, _turn_keys, end_state
+from tests.chaos.checks import PointerSampler, _turn_keys, end_state, longest_wait
 from tests.chaos.stack import FaultRecord
 from tests.integration.pipeline.helpers import SessionRef, make_session
 
@@ -155,4 +156,38 @@ def test_the_sampler_reports_a_decrease_and_a_pointer_past_a_pending_turn(db: An
     assert sampler.violations == [
         f"pointer of {session} went down: 2 -> 1",
         f"pointer of {session} is 3 but turn 3 is not done",
+    ]
+
+
+def test_the_longest_wait_is_measured_from_the_progress_timeline(db: Any) -> None:
+    """After an outage that ended at 12.0 s: a session frozen until 31.0 s waited 19 s; one
+    that stepped at 13, 20 and 31 s waited 11 s at most; a complete one did not wait; one that
+    never moved again waited until the end of the run (40 s)."""
+    sampler = PointerSampler(db)
+    frozen, moving, complete, stuck = (uuid.uuid4() for _ in range(4))
+    for at, pointers in [
+        (10.0, {frozen: (1, 4, 2), moving: (1, 4, 2), complete: (4, 4, 5), stuck: (3, 4, 4)}),
+        (13.0, {frozen: (1, 4, 2), moving: (2, 4, 3), complete: (4, 4, 5), stuck: (3, 4, 4)}),
+        (20.0, {frozen: (1, 4, 2), moving: (3, 4, 4), complete: (4, 4, 5), stuck: (3, 4, 4)}),
+        (31.0, {frozen: (4, 4, 5), moving: (4, 4, 5), complete: (4, 4, 5), stuck: (3, 4, 4)}),
+    ]:
+        sampler._check(pointers, at=at)
+    assert longest_wait(sampler.timeline, sampler.turn_counts, 12.0, 40.0) == (28.0, stuck)
+    del sampler.timeline[stuck]
+    assert longest_wait(sampler.timeline, sampler.turn_counts, 12.0, 40.0) == (19.0, frozen)
+    assert longest_wait(sampler.timeline, sampler.turn_counts, 31.0, 40.0) == (0.0, None)
+    del sampler.timeline[frozen]
+    assert longest_wait(sampler.timeline, sampler.turn_counts, 12.0, 40.0) == (11.0, moving)
+
+
+def test_a_fault_that_hit_nothing_is_reported_as_proving_nothing(tmp_path: Any) -> None:
+    from tests.chaos.stack import ChaosConfig, ChaosStack
+
+    stack = ChaosStack("postgresql://unused/db", tmp_path, ChaosConfig(seed=1), token="t")
+    stack.started_at = time.monotonic()
+    stack._record("SIGKILL worker group", "hit 3 live LLM claims", hit=3)
+    stack._record("LLM knobs", "{}")  # not a fault that must hit anything
+    stack._record("pg_terminate_backend", "hit 0 backends mid-transaction", hit=0)
+    assert stack.proved_nothing() == [
+        "fault at 0.0s proved nothing: pg_terminate_backend: hit 0 backends mid-transaction"
     ]
