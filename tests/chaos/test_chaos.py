@@ -279,16 +279,27 @@ def test_a_redis_crash_with_appendonly_keeps_every_queued_message(
     sampler.start()
     try:
         point = rng.uniform(0.15, 0.5)
-        wait_until(
-            lambda: _progress_fraction(stack, data.total) >= point,
-            timeout=60,
-            interval=0.05,
-            tick=stack.check_alive,
-            message=lambda: f"seed {chaos_seed}: no progress\n{stack.diagnostics()}",
-        )
-        stack.kill_workers(restart=False)
         work = (Queue.EXTRACT.value, Queue.WRITE.value, Queue.POINTER.value)
-        before = stack.queue_sizes(work)
+        for attempt in range(3):
+            # Wait for work in Redis, not only for progress: between two scans every queue
+            # can be empty, and a crash then would prove nothing.
+            wait_until(
+                lambda point=point: (
+                    _progress_fraction(stack, data.total) >= point
+                    and sum(stack.queue_sizes(work).values()) > 0
+                ),
+                timeout=60,
+                interval=0.05,
+                tick=stack.check_alive,
+                message=lambda: f"seed {chaos_seed}: no progress\n{stack.diagnostics()}",
+            )
+            stack.kill_workers(restart=False)
+            before = stack.queue_sizes(work)
+            if sum(before.values()) > 0 or attempt == 2:
+                break
+            # The workers drained the queues between the check and the kill: a later moment.
+            stack.start_workers()
+            point = min(0.9, _progress_fraction(stack, data.total) + 0.1)
         stack.restart_redis(kill=True, pause=rng.uniform(0.3, 1.0))
         after = stack.queue_sizes(work)
         assert after == before, f"seed {chaos_seed}: queues {before} became {after}"
