@@ -159,12 +159,12 @@ def database_name(url: str) -> str:
     return urlparse(url).path.lstrip("/") or "postgres"
 
 
-def _admin_connect(url: str):  # type: ignore[no-untyped-def]
+def _admin_connect(url: str) -> psycopg2.extensions.connection:
     from core.db import connect_params
 
     params = connect_params(with_database(url, "postgres"))
     params["connect_timeout"] = 3
-    conn = psycopg2.connect(**params)  # type: ignore[arg-type]
+    conn = psycopg2.connect(**params)
     conn.autocommit = True
     return conn
 
