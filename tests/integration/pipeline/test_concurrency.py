@@ -14,7 +14,7 @@ from core.errors import TurnBusyError
 from extraction.dispatch import run_message
 from extraction.stages import Send, StageDeps, complete_turn, scan, write_memory
 from schema.messages import ActorName
-from tests.conftest import truncate_all
+from tests.conftest import examples, truncate_all
 from tests.integration.pipeline.helpers import (
     FakeMemoryService,
     FakeProvider,
@@ -170,7 +170,7 @@ def _deliver_concurrently(
 
 
 @settings(
-    max_examples=10,
+    max_examples=examples(10),
     deadline=None,
     suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow],
 )
