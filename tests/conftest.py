@@ -48,7 +48,7 @@ def examples(ci_budget: int) -> int:
     """A property test's example budget: ``ci_budget`` under the ci profile, scaled like the
     profile's own budget under any other (for tests whose claim needs more or fewer examples
     than the profile's default)."""
-    return max(1, ci_budget * hypothesis_settings.default.max_examples // CI_EXAMPLES)
+    return max(1, ci_budget * hypothesis_settings().max_examples // CI_EXAMPLES)
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
