@@ -15,6 +15,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+import pytest
+
 from core.errors import TurnBusyError
 from extraction.dispatch import run_message
 from extraction.result import ExtractionResult
@@ -22,10 +24,12 @@ from extraction.stages import Send, StageDeps, complete_turn, extract_turn, scan
 from models.store import Turn
 from schema.messages import ActorName
 from tests.integration.pipeline.helpers import (
+    FakeMemoryService,
     FakeProvider,
     Harness,
     SessionRef,
     make_session,
+    pipeline_settings,
     pointer_of,
     turn_rows,
     wait_for,
@@ -33,6 +37,20 @@ from tests.integration.pipeline.helpers import (
 
 TIMEOUT = 10.0
 FIRST, SECOND = "race-first", "race-second"
+
+
+@pytest.fixture
+def deps(
+    store: Any,
+    database_url: str,
+    redis_server_url: str,
+    provider: FakeProvider,
+    memory: FakeMemoryService,
+) -> StageDeps:
+    # A claim that cannot expire within a test however slow the machine: the tests, not the
+    # clock, decide when each delivery runs.
+    long_claim = pipeline_settings(database_url, redis_server_url, EXTRACTION_CLAIM_SECONDS="60")
+    return StageDeps(store=store, settings=long_claim, provider=provider, memory=memory)
 
 
 def waiting_on_lock(db: Any, pid: int | None) -> bool:
