@@ -150,6 +150,10 @@ GREATEST(EXTRACT(EPOCH FROM e.claim_expires_at - now()), 0)
 """
 
 
+def _no_pause(point: str) -> None:
+    return None
+
+
 class TurnStore:
     """The per-turn state on ``db`` (shared with the :class:`~models.store.SessionStore`, and
     its per-thread connections), with this process's caches of it."""
@@ -158,6 +162,11 @@ class TurnStore:
         self.db = db
         self.slot_cache = SlotCache()
         self.answers = AnswerCache()
+        #: A test seam, a no-op here: called with the name of each point that sits between a
+        #: locking read and the write it decides (``begin_extract.locked``,
+        #: ``record_slot.counted``, ``complete_turn.walked``), inside the transaction, so a
+        #: race test can hold one transaction there and show that another one waits.
+        self.pause: Callable[[str], None] = _no_pause
 
     def _sql(self, sql: str, params: Sequence[Any] | dict[str, Any] = ()) -> Any:
         return self.db.execute_sql(sql, params)
@@ -224,6 +233,7 @@ class TurnStore:
                 assert row is not None
             (state, result, _count, attempts, _calls, provider, model, pt, ct, last_error,
              claim_token, claim_live, claim_left) = row  # fmt: skip
+            self.pause("begin_extract.locked")
             if state == "done":
                 return AlreadyDone()
             if state == "failed":
@@ -476,6 +486,7 @@ class TurnStore:
                     ref.turn_index,
                 ),
             ).fetchone()[0]
+            self.pause("record_slot.counted")
             return bool(int(written) >= memory_count and state != "done")
 
     # -- advance_pointer -------------------------------------------------------------------
@@ -527,6 +538,7 @@ class TurnStore:
             walked = self._sql(
                 _WALK_POINTER, {"p": pointer, "n": turn_count, "s": str(ref.session_id)}
             ).fetchone()[0]
+            self.pause("complete_turn.walked")
             after = pointer
             if int(walked) > pointer:
                 after = self._advance_pointer(ref.session_id, int(walked))

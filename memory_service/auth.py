@@ -15,6 +15,7 @@ import hmac
 import threading
 import time
 import uuid
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from memory_service.tokens import TokenRow, TokenStore, hash_token
@@ -43,9 +44,19 @@ class AuthError(Exception):
 
 
 class Authenticator:
-    def __init__(self, tokens: TokenStore, *, cache_seconds: float = 2.0) -> None:
+    """``clock`` (seconds, monotonic) is a seam: tests pass one they move by hand to expire
+    cached lookups without waiting."""
+
+    def __init__(
+        self,
+        tokens: TokenStore,
+        *,
+        cache_seconds: float = 2.0,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
         self.tokens = tokens
         self.cache_seconds = cache_seconds
+        self.clock = clock
         self._cache: dict[str, tuple[float, Principal | None]] = {}
         self._lock = threading.Lock()
 
@@ -64,7 +75,7 @@ class Authenticator:
         return principal
 
     def _cached(self, digest: str) -> Principal | None:
-        now = time.monotonic()
+        now = self.clock()
         if self.cache_seconds > 0:
             with self._lock:
                 hit = self._cache.get(digest)

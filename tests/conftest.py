@@ -14,6 +14,7 @@ import os
 from collections.abc import Iterator
 
 import pytest
+from hypothesis import settings as hypothesis_settings
 
 from tests.servers import RunPostgres, RunRedis, ServerUnavailable, temp_folder
 
@@ -32,6 +33,22 @@ TABLES = (
     "ibex_core.agents",
     "ibex_core.orgs",
 )
+
+
+# Hypothesis budgets. "ci", the default, keeps every run fast; "thorough"
+# (`pytest --hypothesis-profile=thorough`, loaded before the tests are collected) is the run
+# before a release: every property test gets twenty times its budget.
+CI_EXAMPLES = 100
+hypothesis_settings.register_profile("ci", max_examples=CI_EXAMPLES, print_blob=True)
+hypothesis_settings.register_profile("thorough", max_examples=20 * CI_EXAMPLES, print_blob=True)
+hypothesis_settings.load_profile("ci")
+
+
+def examples(ci_budget: int) -> int:
+    """A property test's example budget: ``ci_budget`` under the ci profile, scaled like the
+    profile's own budget under any other (for tests whose claim needs more or fewer examples
+    than the profile's default)."""
+    return max(1, ci_budget * hypothesis_settings().max_examples // CI_EXAMPLES)
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:

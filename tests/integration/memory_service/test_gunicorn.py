@@ -21,6 +21,7 @@ import pytest
 
 from core.processes import ROOT, Launcher, free_port
 from tests.integration.memory_service.helpers import Tenant, make_tenant, memory_body
+from tests.integration.pipeline.helpers import wait_for
 
 BIN = Path(sys.executable).parent
 #: A short request deadline, so the test of it is quick; the default is 10 s.
@@ -174,6 +175,17 @@ def _stall(web: Web, acme: Tenant, *, body: bool) -> socket.socket:
     return sock
 
 
+def _unaccepted(port: int) -> int:
+    """Connections to ``port`` the server has not accepted yet: the accept queue of its
+    listening socket (the receive queue of the LISTEN row in /proc/net/tcp)."""
+    for line in Path("/proc/net/tcp").read_text().splitlines()[1:]:
+        fields = line.split()
+        local, state, queues = fields[1], fields[3], fields[4]
+        if state == "0A" and int(local.rsplit(":", 1)[1], 16) == port:
+            return int(queues.split(":")[1], 16)
+    raise AssertionError(f"nothing listens on port {port}")
+
+
 def test_stalled_clients_hold_up_no_one(web: Web, acme: Tenant) -> None:
     """12 clients stall mid-request (8 after their headers, with a body promised; 4 inside
     their headers), three times the 4 threads the server has. Health checks and POSTs on
@@ -182,7 +194,7 @@ def test_stalled_clients_hold_up_no_one(web: Web, acme: Tenant) -> None:
     stalled = [_stall(web, acme, body=True) for _ in range(8)]
     stalled += [_stall(web, acme, body=False) for _ in range(4)]
     try:
-        time.sleep(0.3)  # every stalled request has reached the server
+        wait_for(lambda: _unaccepted(web.port) == 0, "the server to accept every stalled client")
         health: list[float] = []
         posts: list[float] = []
         with httpx.Client(base_url=web.url, timeout=5) as http:

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import json
 import threading
-import time
 import uuid
 from collections import Counter
 from concurrent.futures import ThreadPoolExecutor
@@ -31,6 +30,7 @@ from tests.integration.memory_service.helpers import (
     memory_count,
     memory_ids,
 )
+from tests.integration.pipeline.helpers import wait_for
 
 REPLAYED = "Idempotent-Replayed"
 
@@ -180,21 +180,27 @@ def test_another_agent_may_hold_the_same_content(
 def test_1_fifty_concurrent_identical_posts_make_one_row(
     http: httpx.Client, acme: Tenant, db, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """50 threads POST the same key and body at once; the insert is slowed so they overlap.
-    Only 201 or 409 in-progress may come back, the in-progress ones then replay the same id."""
+    """50 threads POST the same key and body at once; the insert waits until every other
+    request has been answered, so all of them overlap it. Only 201 or 409 in-progress may come
+    back, the in-progress ones then replay the same id."""
     real_create = MemoryStore.create
+    answered = Counter[str]()
+    lock = threading.Lock()
 
-    def slow_create(self: MemoryStore, *args: Any, **kwargs: Any):
-        time.sleep(0.3)
+    def held_create(self: MemoryStore, *args: Any, **kwargs: Any):
+        wait_for(lambda: answered["n"] >= 49, "the other 49 requests to be answered")
         return real_create(self, *args, **kwargs)
 
-    monkeypatch.setattr(MemoryStore, "create", slow_create)
+    monkeypatch.setattr(MemoryStore, "create", held_create)
     body = memory_body(acme.agent_id)
     barrier = threading.Barrier(50)
 
     def attempt(_: int) -> httpx.Response:
         barrier.wait()
-        return post(http, acme, body, key="same")
+        response = post(http, acme, body, key="same")
+        with lock:
+            answered["n"] += 1
+        return response
 
     with ThreadPoolExecutor(50) as pool:
         responses = list(pool.map(attempt, range(50)))
@@ -203,7 +209,7 @@ def test_1_fifty_concurrent_identical_posts_make_one_row(
         for r in responses
     )
     assert outcomes[(201, None, None)] == 1
-    assert outcomes[(409, None, "IDEMPOTENCY_IN_PROGRESS")] >= 1
+    assert outcomes[(409, None, "IDEMPOTENCY_IN_PROGRESS")] == 49
     assert set(outcomes) <= {
         (201, None, None),
         (201, "true", None),
@@ -225,18 +231,24 @@ def test_2_conflict_racing_keeps_the_first_body(
     """20 threads race one key with two different bodies. The winner's body is stored once;
     the other body only ever gets 409 IDEMPOTENCY_CONFLICT."""
     real_create = MemoryStore.create
+    answered = Counter[str]()
+    lock = threading.Lock()
 
-    def slow_create(self: MemoryStore, *args: Any, **kwargs: Any):
-        time.sleep(0.2)
+    def held_create(self: MemoryStore, *args: Any, **kwargs: Any):
+        # The insert waits until every other request has been answered: all of them overlap.
+        wait_for(lambda: answered["n"] >= 19, "the other 19 requests to be answered")
         return real_create(self, *args, **kwargs)
 
-    monkeypatch.setattr(MemoryStore, "create", slow_create)
+    monkeypatch.setattr(MemoryStore, "create", held_create)
     bodies = [memory_body(acme.agent_id, content=f"Body {c}") for c in "AB"]
     barrier = threading.Barrier(20)
 
     def attempt(i: int) -> tuple[int, httpx.Response]:
         barrier.wait()
-        return i % 2, post(http, acme, bodies[i % 2], key="raced")
+        response = post(http, acme, bodies[i % 2], key="raced")
+        with lock:
+            answered["n"] += 1
+        return i % 2, response
 
     with ThreadPoolExecutor(20) as pool:
         results = list(pool.map(attempt, range(20)))
@@ -353,6 +365,7 @@ def test_6_late_original_owner_cannot_complete_over_a_takeover(
     assert REPLAYED not in retry.headers
     resume.set()
     original.join(10)
+    assert not original.is_alive(), "the original request did not finish"
     late = results["original"]
     assert (late.status_code, late.headers[REPLAYED]) == (201, "true")
     assert late.json()["id"] == retry.json()["id"]
@@ -393,6 +406,7 @@ def test_6b_late_owner_after_its_own_commit(
     assert (retry.status_code, retry.headers[REPLAYED]) == (201, "true")
     resume.set()
     original.join(10)
+    assert not original.is_alive(), "the original request did not finish"
     assert results["original"].status_code == 201
     assert results["original"].json()["id"] == retry.json()["id"]
     assert completions == [("MainThread", True), ("original", False)]
@@ -429,8 +443,7 @@ def test_8_key_older_than_the_ttl(
     first = post(http, acme, body, key="old")
     record = record_key(acme.org_id, "old")
     assert redis_client.pexpire(record, 1)
-    time.sleep(0.01)
-    assert not redis_client.exists(record)
+    wait_for(lambda: not redis_client.exists(record), "the record to expire", timeout=5)
     again = post(http, acme, body, key="old")
     assert (again.status_code, again.headers[REPLAYED]) == (201, "true")
     assert again.json()["id"] == first.json()["id"]

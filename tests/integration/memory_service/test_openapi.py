@@ -16,6 +16,7 @@ from hypothesis import HealthCheck, given, settings
 from openapi_spec_validator import validate
 from schemathesis import checks
 
+from tests.conftest import examples
 from tests.integration.memory_service.helpers import Tenant, make_token
 
 
@@ -68,7 +69,7 @@ def test_fuzz_finds_no_server_error(app, acme: Tenant, db) -> None:
 
         @given(case=operation.as_strategy())
         @settings(
-            max_examples=25,
+            max_examples=examples(25),
             deadline=None,
             database=None,
             # The same examples every run: the coverage asserted below cannot come and go.

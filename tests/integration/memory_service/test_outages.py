@@ -4,7 +4,6 @@ next requests are served on fresh ones without an error."""
 from __future__ import annotations
 
 import threading
-import time
 from typing import Any
 
 import httpx
@@ -29,7 +28,8 @@ def fill_pool(app_db: Any, connections: int) -> None:
     for thread in threads:
         thread.start()
     for thread in threads:
-        thread.join()
+        thread.join(10)
+        assert not thread.is_alive(), "a thread filling the pool did not finish"
 
 
 def test_requests_after_every_pooled_backend_was_terminated_succeed(
@@ -53,8 +53,8 @@ def test_requests_after_every_pooled_backend_was_terminated_succeed(
     assert second.status_code == 201, second.text
 
     assert terminate_backends(db, APP_NAME)
-    time.sleep(0.6)  # past the token cache: the token lookup transaction goes first
-    listed = http.get("/v1/memories", headers=acme.headers())
+    # A token not used before (not cached): the token lookup transaction goes first.
+    listed = http.get("/v1/memories", headers=acme.headers(acme.reader))
     assert listed.status_code == 200, listed.text
     assert {m["content"] for m in listed.json()["items"]} == {
         "Dana likes tea.",

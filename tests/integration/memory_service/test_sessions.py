@@ -18,6 +18,7 @@ from models.store import SessionStore, content_digest
 from schema.memory import ErrorSchema
 from schema.sessions import SessionPageSchema, SessionSchema, TurnsAppendedSchema
 from tests.integration.memory_service.helpers import BASE_URL, Tenant, make_token
+from tests.integration.pipeline.helpers import wait_for
 
 SESSION_SCOPES = ["sessions:read", "sessions:write", "memory:read", "memory:write"]
 
@@ -188,6 +189,7 @@ def test_fifty_concurrent_appends_of_one_batch_store_it_once(  # type: ignore[no
         t.start()
     for t in threads:
         t.join(60)
+    assert not any(t.is_alive() for t in threads), "a request thread did not finish"
     assert sorted(statuses) == [200] * 49 + [201]
     assert [t[0] for t in stored_turns(db, session_id)] == [1, 2, 3]
     count = db.execute_sql(
@@ -403,8 +405,17 @@ def new_memory(agent_id: str, session_id: str, text: str) -> NewMemory:
     )
 
 
+def lock_waiters(db: Any) -> int:
+    """Backends of this database waiting on a lock now."""
+    row = db.execute_sql(
+        "SELECT count(*) FROM pg_stat_activity"
+        " WHERE datname = current_database() AND wait_event_type = 'Lock'"
+    ).fetchone()
+    return int(row[0])
+
+
 def test_a_memory_written_while_its_session_is_deleted_is_deleted_too(  # type: ignore[no-untyped-def]
-    app, http: httpx.Client, database_url: str, acme: Tenant, acme_token: str
+    app, http: httpx.Client, database_url: str, acme: Tenant, acme_token: str, db
 ) -> None:
     """Both interleavings of a memory write (an extraction in flight) with DELETE, each held
     open at its commit point on its own connection: the memory ends up deleted either way."""
@@ -432,9 +443,11 @@ def test_a_memory_written_while_its_session_is_deleted_is_deleted_too(  # type: 
         )
         assert written.row is not None
         deleting = in_thread(lambda c: c.delete(f"/v1/sessions/{session_id}", headers=h))
-        deleting.join(0.5)
-        assert deleting.is_alive()  # blocked on the write's lock of the session row
+        # DELETE blocks on the write's lock of the session row.
+        wait_for(lambda: lock_waiters(db) == 1, "DELETE to wait on the write's lock")
+        assert deleting.is_alive()
     deleting.join(10)
+    assert not deleting.is_alive()
     assert answers == [204]
     assert http.get(f"/v1/memories/{written.row.id}", headers=h).status_code == 404
 
@@ -453,9 +466,11 @@ def test_a_memory_written_while_its_session_is_deleted_is_deleted_too(  # type: 
             "source": {"session_id": second, "turn_index": 1, "ordinal": 0},
         }
         writing = in_thread(lambda c: c.post("/v1/memories", json=body, headers=h))
-        writing.join(0.5)
-        assert writing.is_alive()  # blocked on the deletion's lock of the session row
+        # The write blocks on the deletion's lock of the session row.
+        wait_for(lambda: lock_waiters(db) == 1, "the write to wait on the deletion's lock")
+        assert writing.is_alive()
     writing.join(10)
+    assert not writing.is_alive()
     assert answers == [204, 201]
     listed = http.get("/v1/memories", params={"agent_id": agent_id}, headers=h).json()
     assert listed["items"] == []

@@ -90,6 +90,7 @@ def world(store: Any, db: Any, database_url: str, redis_url: str, env: None):  #
             "letters": letters,
             "broker": broker,
             "redis": client,
+            "redis_url": redis_url,
         }
 
 
@@ -141,7 +142,7 @@ def test_concurrent_replays_send_the_message_once(world) -> None:
     reports = []
 
     def replay() -> None:
-        mine = DeadLetterStore(world["db"], redis.Redis.from_url(_url(world["redis"])))
+        mine = DeadLetterStore(world["db"], redis.Redis.from_url(world["redis_url"]))
         barrier.wait()
         reports.append(mine.replay([letter.ref]))
 
@@ -150,16 +151,16 @@ def test_concurrent_replays_send_the_message_once(world) -> None:
         t.start()
     for t in threads:
         t.join(timeout=30)
+    assert not any(t.is_alive() for t in threads), "a replay did not finish"
     assert sum(len(r.replayed) for r in reports) == 1
     assert sum(len(r.already) for r in reports) == 3
     wait_for(lambda: pointer_of(world["db"], ref.session_id) == 3, "the replayed turn")
-    time.sleep(0.5)  # anything sent twice would have run by now
+    # Every queue empty and every message acked: anything sent twice has run by now.
+    broker = world["broker"]
+    for queue in broker.get_declared_queues():
+        if not queue.endswith(".DQ"):
+            broker.join(queue, timeout=20_000)
     assert provider.calls[(ref.session_id, 2)] == 2
-
-
-def _url(client: redis.Redis) -> str:
-    kw = client.connection_pool.connection_kwargs
-    return f"redis://{kw.get('host', '127.0.0.1')}:{kw.get('port', 6379)}/{kw.get('db', 0)}"
 
 
 def test_a_letter_swept_from_redis_is_replayed_from_the_mirror(world, capsys) -> None:

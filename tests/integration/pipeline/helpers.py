@@ -470,6 +470,16 @@ def terminate_backends(db: Any, application_name: str, timeout: float = 5.0) -> 
     return pids
 
 
+def wait_for(
+    predicate: Callable[[], bool], what: str, timeout: float = 10.0, interval: float = 0.01
+) -> None:
+    """Poll ``predicate`` until it holds; fail naming ``what`` after ``timeout`` seconds."""
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        assert time.monotonic() < deadline, f"timed out after {timeout}s waiting for {what}"
+        time.sleep(interval)
+
+
 def key_of(ref: SessionRef, turn_index: int, ordinal: int) -> str:
     return idempotency_key(ref.org_id, ref.session_id, turn_index, ordinal)
 
@@ -495,4 +505,5 @@ __all__ = [
     "pointers",
     "terminate_backends",
     "turn_rows",
+    "wait_for",
 ]

@@ -4,6 +4,9 @@ IDEMPOTENCY_CONFLICT and 409 DUPLICATE_CONTENT are success, a replay is success,
 
 from __future__ import annotations
 
+import hashlib
+import uuid
+from collections import Counter
 from collections.abc import Iterator
 from typing import Any
 
@@ -12,17 +15,20 @@ import pytest
 import redis
 
 from core.config import Settings
-from core.errors import MemoryRejectedError
+from core.errors import LLMUnavailableError, MemoryRejectedError, MemoryUnavailableError
 from extraction.stages import StageDeps, extract_turn, memory_body, scan, write_memory
 from extraction.values import TurnRef
 from memory_service.app import create_app, make_pool
 from memory_service.client import MemoryClient
 from memory_service.tokens import TokenStore
+from schema.messages import ActorName
 from tests.integration.pipeline.helpers import (
     FakeProvider,
     Harness,
+    crash_at,
     key_of,
     make_session,
+    once_each,
     pipeline_settings,
     pointer_of,
     turn_rows,
@@ -148,3 +154,71 @@ def test_a_permanent_4xx_is_raised_as_permanent(
         write_memory(real_deps, ref.org_id, ref.session_id, 1, 0)
     assert rejected.value.status == 403
     reader.close()
+
+
+def documented_key(org_id: Any, session_id: Any, turn_index: int, ordinal: int) -> str:
+    """The idempotency key as the architecture documents it, computed here on purpose (not
+    with extraction.keys): a changed formula in the code fails the test below."""
+    key_material = f"{org_id}:{session_id}:{turn_index}:{ordinal}"
+    return str(uuid.uuid5(uuid.NAMESPACE_DNS, hashlib.sha256(key_material.encode()).hexdigest()))
+
+
+class LosesFirstResponses:
+    """The real client, except that the first response for each key is lost after the service
+    committed the row (a connection reset on the way back): the write must be retried."""
+
+    def __init__(self, inner: MemoryClient) -> None:
+        self.inner = inner
+        self.lost: set[str] = set()
+
+    def create_memory(self, org_id: Any, body: Any, idempotency_key: str) -> Any:
+        outcome = self.inner.create_memory(org_id, body, idempotency_key)
+        if idempotency_key not in self.lost:
+            self.lost.add(idempotency_key)
+            raise MemoryUnavailableError("connection reset after the commit")
+        return outcome
+
+
+def test_retries_and_redeliveries_leave_one_row_per_slot_under_the_documented_key(
+    store: Any, db: Any, real_deps: StageDeps, client: MemoryClient
+) -> None:
+    sessions = [make_session(store, 3, org="acme"), make_session(store, 2, org="globex")]
+    provider = FakeProvider(memories=2, reword=True)
+    # The first LLM call of one turn fails; its retry (worded differently) is what is stored.
+    provider.fail(sessions[0].session_id, 2, LLMUnavailableError("503 from the LLM"))
+    real_deps.provider = provider
+    real_deps.memory = LosesFirstResponses(client)
+    real_deps.fault = crash_at("after_post", times=4)
+    harness = Harness(real_deps)
+    # Every write and every pointer step is delivered twice (ack lost after its follow-ups).
+    harness.drain(
+        scan(real_deps).sent,
+        lose_ack=once_each(lambda m: m.actor_name in (ActorName.WRITE, ActorName.POINTER)),
+    )
+    assert len(harness.crashes) == 4
+    assert provider.calls[(sessions[0].session_id, 2)] == 2
+    real_deps.fault = None
+    # Then every slot is written once more as if never recorded (a replay from scratch).
+    db.execute_sql("DELETE FROM ibex_core.extraction_slots")
+    db.execute_sql("UPDATE ibex_core.extraction_turns SET state = 'extracted'")
+    for ref in sessions:
+        for t in range(1, ref.turns + 1):
+            for o in range(2):
+                write_memory(real_deps, ref.org_id, ref.session_id, t, o)
+
+    rows = db.execute_sql(
+        "SELECT org_id, session_id, turn_index, ordinal, idempotency_key FROM ibex_memory.memories"
+    ).fetchall()
+    per_slot = Counter((str(r[0]), str(r[1]), int(r[2]), int(r[3])) for r in rows)
+    expected = {
+        (str(ref.org_id), str(ref.session_id), t, o)
+        for ref in sessions
+        for t in range(1, ref.turns + 1)
+        for o in range(2)
+    }
+    assert set(per_slot) == expected
+    assert all(n == 1 for n in per_slot.values()), per_slot
+    for org_id, session_id, turn_index, ordinal, key in rows:
+        assert key == documented_key(org_id, session_id, turn_index, ordinal)
+    for ref in sessions:
+        assert pointer_of(db, ref.session_id) == ref.turns

@@ -37,6 +37,7 @@ from tests.integration.pipeline.helpers import (
     pipeline_settings,
     terminate_backends,
     turn_rows,
+    wait_for,
 )
 
 TURNS = 2
@@ -111,6 +112,11 @@ class FailingPersist:
         return self.real(*args, **kwargs)
 
 
+def backend_gone(db: Any, pid: int) -> bool:
+    row = db.execute_sql("SELECT count(*) FROM pg_stat_activity WHERE pid = %s", (pid,))
+    return not row.fetchone()[0]
+
+
 def test_a_backend_terminated_before_the_persist_costs_no_llm_call(
     db: Any, deps: StageDeps, provider: FakeProvider, memory: FakeMemoryService
 ) -> None:
@@ -123,10 +129,7 @@ def test_a_backend_terminated_before_the_persist_costs_no_llm_call(
         if name == "after_llm_call":
             pid = deps.store.db.connection().get_backend_pid()
             db.execute_sql("SELECT pg_terminate_backend(%s)", (pid,))
-            while db.execute_sql(
-                "SELECT count(*) FROM pg_stat_activity WHERE pid = %s", (pid,)
-            ).fetchone()[0]:
-                time.sleep(0.01)
+            wait_for(lambda: backend_gone(db, pid), f"backend {pid} to end")
             killed.append(pid)
 
     deps.fault = fault
@@ -153,10 +156,7 @@ def test_a_backend_terminated_inside_the_persist_transaction_costs_no_llm_call(
             if pid not in killed:
                 killed.append(pid)
                 db.execute_sql("SELECT pg_terminate_backend(%s)", (pid,))
-                while db.execute_sql(
-                    "SELECT count(*) FROM pg_stat_activity WHERE pid = %s", (pid,)
-                ).fetchone()[0]:
-                    time.sleep(0.01)
+                wait_for(lambda: backend_gone(db, pid), f"backend {pid} to end")
         return real_sql(statement, params)
 
     deps.turns._sql = sql  # type: ignore[method-assign]
@@ -307,6 +307,7 @@ def test_a_stalled_attempt_redelivered_under_the_same_message_id_makes_no_second
         run_message(deps, ActorName.EXTRACT, message.kwargs, delivery=Delivery(message_id="m-1"))
     resume.set()
     worker.join(10)
+    assert not worker.is_alive(), "the stalled delivery did not finish"
     assert stalled and [s.actor_name for s in stalled[0]] == ["write_memory"] * MEMORIES
     # The redelivery's retry now finds the stored result: it fans out again, harmlessly.
     again = run_message(

@@ -10,7 +10,6 @@ from __future__ import annotations
 import datetime as dt
 import json
 import threading
-import time
 import uuid
 from typing import Any
 
@@ -31,6 +30,7 @@ from tests.integration.pipeline.helpers import (
     make_session,
     pointer_of,
     turn_rows,
+    wait_for,
 )
 
 
@@ -168,10 +168,10 @@ def test_the_scheduler_prunes_when_prune_done_after_days_is_set(
     stop = threading.Event()
     pruner = threading.Thread(target=prune_hourly, args=(settings, stop))
     pruner.start()
-    deadline = time.monotonic() + 10
-    while turn_rows(db, ref.session_id) and time.monotonic() < deadline:
-        time.sleep(0.05)
-    stop.set()
+    try:
+        wait_for(lambda: not turn_rows(db, ref.session_id), "the hourly prune")
+    finally:
+        stop.set()
     pruner.join(5)
     assert not pruner.is_alive()
     assert turn_rows(db, ref.session_id) == {}

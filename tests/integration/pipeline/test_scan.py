@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from core.config import Settings
 from extraction.stages import StageDeps, scan
 from schema.messages import ActorName
 from tests.integration.pipeline.helpers import (
@@ -16,9 +17,9 @@ from tests.integration.pipeline.helpers import (
 )
 
 
-def _deps(store: Any, database_url: str, provider: Any, memory: Any, **env: str) -> StageDeps:
-    # The scan stage sends nothing itself: the Redis URL is never used.
-    settings = pipeline_settings(database_url, "redis://unused.invalid:6379/0", **env)
+def _deps(store: Any, settings: Settings, provider: Any, memory: Any, **env: str) -> StageDeps:
+    """The run's settings with ``env`` on top."""
+    settings = pipeline_settings(settings.database_url, settings.redis_url, **env)
     return StageDeps(store=store, settings=settings, provider=provider, memory=memory)
 
 
@@ -28,10 +29,10 @@ def _sent(report: Any) -> list[tuple[str, int]]:
 
 
 def test_the_scan_records_every_turn_leases_lowest_turns_first_per_agent_across_orgs(
-    store: Any, db: Any, database_url: str, provider: FakeProvider, memory: FakeMemoryService
+    store: Any, db: Any, settings: Settings, provider: FakeProvider, memory: FakeMemoryService
 ) -> None:
     deps = _deps(
-        store, database_url, provider, memory, SCAN_MAX_TURNS_PER_AGENT="3", SCAN_BATCH_SIZE="50"
+        store, settings, provider, memory, SCAN_MAX_TURNS_PER_AGENT="3", SCAN_BATCH_SIZE="50"
     )
     capped = [make_session(store, 2, agent="capped") for _ in range(3)]
     other = make_session(store, 2, agent="other", org="globex")
@@ -58,9 +59,9 @@ def test_the_scan_records_every_turn_leases_lowest_turns_first_per_agent_across_
 
 
 def test_expired_leases_are_sent_again_but_failed_and_done_turns_never(
-    store: Any, db: Any, database_url: str, provider: FakeProvider, memory: FakeMemoryService
+    store: Any, db: Any, settings: Settings, provider: FakeProvider, memory: FakeMemoryService
 ) -> None:
-    deps = _deps(store, database_url, provider, memory, SCAN_BATCH_SIZE="2")
+    deps = _deps(store, settings, provider, memory, SCAN_BATCH_SIZE="2")
     a = make_session(store, 3)
     b = make_session(store, 2, org="globex")
     assert len(_sent(scan(deps))) == 5

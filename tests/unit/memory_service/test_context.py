@@ -14,11 +14,12 @@ from memory_service.context import (
     render,
 )
 from schema.recall import CLOSE, OPEN, neutralise, strip_recalled
+from tests.conftest import examples
 
 texts = st.lists(st.text(min_size=0, max_size=300), max_size=30)
 
 
-@settings(max_examples=300, deadline=None)
+@settings(max_examples=examples(300), deadline=None)
 @given(contents=texts, budget=st.integers(min_value=1, max_value=2000))
 def test_never_over_budget(contents: list[str], budget: int) -> None:
     packed = pack(contents, budget)
@@ -38,7 +39,7 @@ def test_never_over_budget(contents: list[str], budget: int) -> None:
         assert packed.context == ""
 
 
-@settings(max_examples=100, deadline=None)
+@settings(deadline=None)
 @given(contents=texts)
 def test_a_generous_budget_drops_only_blanks_and_near_duplicates(contents: list[str]) -> None:
     packed = pack(contents, 100_000)

@@ -13,6 +13,7 @@ from marshmallow import ValidationError
 
 from memory_service.validation import quick_load_create
 from schema.memory import MemoryCreateSchema
+from tests.conftest import examples
 
 SCHEMA = MemoryCreateSchema()
 AGENT = str(uuid.uuid4())
@@ -51,6 +52,7 @@ contents = st.one_of(
     st.sampled_from(["", " ", "\t\n", "a\x00", "\ud800", "x" * 4000, "x" * 4001, "é" * 4000]),
     json_scalars,
 )
+
 kinds = st.sampled_from(["fact", "preference", "event", "other"]) | json_scalars
 metadata = st.dictionaries(st.text(max_size=4), json_values, max_size=3) | json_values
 #: Mostly valid bodies with the odd field wrong, missing or extra, and now and then no body.
@@ -82,7 +84,7 @@ def marshmallow_load(data: Any) -> dict[str, Any] | None:
     return result
 
 
-@settings(max_examples=1500, deadline=None)
+@settings(max_examples=examples(1500), deadline=None)
 @given(bodies)
 def test_whatever_the_fast_path_accepts_marshmallow_accepts_alike(data: Any) -> None:
     fast = quick_load_create(data)
