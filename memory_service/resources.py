@@ -29,7 +29,7 @@ from memory_service.auth import (
     require_scope,
     resolve_org,
 )
-from memory_service.cursor import InvalidCursorError, decode_cursor, encode_cursor
+from memory_service.cursor import InvalidCursorError, Position, decode_cursor, encode_cursor
 from memory_service.errors import ApiError, dumps
 from memory_service.memories import MemoryStore
 from memory_service.service import MemoryService, Response
@@ -66,17 +66,22 @@ def authenticate(api: Api, req: falcon.Request, scope: str) -> tuple[Principal, 
         raise _reject(exc) from None
 
 
+def validation_error(messages: dict[str, Any] | list[Any]) -> ApiError:
+    """The 422 of a request that does not validate, field by field."""
+    return ApiError(
+        422,
+        "VALIDATION_FAILED",
+        f"invalid request: {describe_errors(messages)}",
+        fields=messages,
+    )
+
+
 def load(schema: Schema, data: Any) -> dict[str, Any]:
     """``schema.load(data)``, or a 422 field by field."""
     try:
         result: dict[str, Any] = schema.load(data)
     except ValidationError as exc:
-        raise ApiError(
-            422,
-            "VALIDATION_FAILED",
-            f"invalid request: {describe_errors(exc.messages)}",
-            fields=exc.messages,
-        ) from None
+        raise validation_error(exc.messages) from None
     return result
 
 
@@ -156,12 +161,7 @@ class MemoriesResource:
     def on_get(self, req: falcon.Request, resp: falcon.Response) -> None:
         _, org_id = authenticate(self.api, req, READ)
         # The cursor first: a malformed one is a 400 of its own, whatever else is wrong.
-        after = None
-        if "cursor" in req.params:
-            try:
-                after = decode_cursor(req.params["cursor"])
-            except InvalidCursorError:
-                raise cursor_error() from None
+        after = cursor_param(req)
         query = load(LIST_QUERY_SCHEMA, dict(req.params))
         limit = query["limit"]
         rows = self.api.store.list(
@@ -205,6 +205,16 @@ def cursor_error() -> ApiError:
         "cursor: not a cursor this service issued",
         fields={"cursor": ["not a cursor this service issued"]},
     )
+
+
+def cursor_param(req: falcon.Request) -> Position | None:
+    """The position in the request's ``cursor`` parameter, if any; a malformed one is a 400."""
+    if "cursor" not in req.params:
+        return None
+    try:
+        return decode_cursor(req.params["cursor"])
+    except InvalidCursorError:
+        raise cursor_error() from None
 
 
 class HealthResource:

@@ -165,8 +165,11 @@ SELECT {columns},
 """
 
 
+#: The two forms of the statement, built once.
+_SEARCH_SQL = {trigram: _search_sql(trigram=trigram) for trigram in (False, True)}
+
+
 def _prepare(
-    org_id: uuid.UUID,
     agent_id: uuid.UUID,
     query: str,
     *,
@@ -182,7 +185,6 @@ def _prepare(
     if not significant and not tri:
         return None
     params: dict[str, Any] = {
-        "org_id": str(org_id),
         "agent_id": str(agent_id),
         # Only letters and digits reach to_tsquery, so no operator can be injected.
         "tsquery": " | ".join(words),
@@ -194,7 +196,7 @@ def _prepare(
     params["words"] = significant
     params["session_id"] = str(session_id) if session_id is not None else None
     params["kinds"] = list(kinds) if kinds else None
-    return _search_sql(trigram=trigram), params
+    return _SEARCH_SQL[trigram], params
 
 
 @dataclass(frozen=True)
@@ -256,7 +258,6 @@ class SearchStore:
         """The best ``limit`` memories for ``query``, best first; none for a query of no words."""
         trigram = self.trigram_available()
         prepared = _prepare(
-            org_id,
             agent_id,
             query,
             trigram=trigram,
@@ -288,7 +289,7 @@ class SearchStore:
         the plan of each candidate branch as ``search_candidates`` runs it (as the connection's
         own role, which should be the role that migrated: the function's owner)."""
         trigram = self.trigram_available()
-        prepared = _prepare(org_id, agent_id, query, trigram=trigram, limit=limit)
+        prepared = _prepare(agent_id, query, trigram=trigram, limit=limit)
         if prepared is None:
             return ""
         sql, params = prepared

@@ -21,12 +21,19 @@ from playhouse.postgres_ext import PostgresqlExtDatabase
 
 from core.db import tenant
 from core.errors import ImmutableTurnError, NotFoundError, TurnGapError
-from memory_service.cursor import InvalidCursorError, decode_cursor, encode_cursor
+from memory_service.cursor import encode_cursor
 from memory_service.errors import ApiError, dumps
-from memory_service.resources import Api, authenticate, cursor_error, load, parse_json, read_body
+from memory_service.resources import (
+    Api,
+    authenticate,
+    cursor_param,
+    load,
+    parse_json,
+    read_body,
+    validation_error,
+)
 from models.session_status import SessionInfo, SessionStatusStore
 from models.store import SessionStore, TurnInput, UnknownOrgError
-from schema import describe_errors
 from schema.sessions import (
     MAX_EXTERNAL_ID_CHARS,
     SessionCreateSchema,
@@ -78,15 +85,6 @@ def _not_found() -> ApiError:
     return ApiError(404, "NOT_FOUND", "no such session")
 
 
-def _invalid(messages: dict[str, Any]) -> ApiError:
-    return ApiError(
-        422,
-        "VALIDATION_FAILED",
-        f"invalid request: {describe_errors(messages)}",
-        fields=messages,
-    )
-
-
 def _external_id_header(req: falcon.Request) -> str | None:
     value = req.get_header(SESSION_HEADER)
     if value is None:
@@ -104,14 +102,6 @@ def _external_id_header(req: falcon.Request) -> str | None:
 def session_cursor(info: SessionInfo) -> str:
     """The list cursor after ``info``: the same codec as the memories list."""
     return encode_cursor(info.session.created_at, info.session.id)
-
-
-def decode_session_cursor(cursor: Any) -> tuple[dt.datetime, uuid.UUID]:
-    """The (created_at, id) in a cursor from :func:`session_cursor`; anything else is a 400."""
-    try:
-        return decode_cursor(cursor)
-    except InvalidCursorError:
-        raise cursor_error() from None
 
 
 class SessionsResource:
@@ -147,7 +137,9 @@ class SessionsResource:
         external_id = body["external_id"]
         if named is not None:
             if external_id is not None and external_id != named:
-                raise _invalid({"external_id": [f"differs from the {SESSION_HEADER} header"]})
+                raise validation_error(
+                    {"external_id": [f"differs from the {SESSION_HEADER} header"]}
+                )
             external_id = named
         try:
             session, created = self.sessions.open_session(
@@ -161,7 +153,7 @@ class SessionsResource:
         except UnknownOrgError:
             raise ApiError(403, "FORBIDDEN_ORG", "no such org") from None
         except NotFoundError:
-            raise _invalid({"agent_id": ["unknown agent for this org"]}) from None
+            raise validation_error({"agent_id": ["unknown agent for this org"]}) from None
         if session.deleted_at is not None:
             raise ApiError(
                 409,
@@ -175,7 +167,7 @@ class SessionsResource:
     def on_get(self, req: falcon.Request, resp: falcon.Response) -> None:
         _, org_id = authenticate(self.api, req, SESSIONS_READ)
         # The cursor first: a malformed one is a 400 of its own, whatever else is wrong.
-        after = decode_session_cursor(req.params["cursor"]) if "cursor" in req.params else None
+        after = cursor_param(req)
         query = load(LIST_QUERY_SCHEMA, dict(req.params))
         limit = query["limit"]
         infos = self.status.infos(
