@@ -42,7 +42,7 @@ from typing import Any
 import peewee
 import redis
 
-from actors.envelope import MALFORMED, decode_problem, message_problem, raw_text
+from actors.envelope import MALFORMED, decode_problem, message_problem, salvage
 from actors.queue_stats import NAMESPACE, dead_key, queue_key
 from extraction import deadletter_rows
 
@@ -207,9 +207,6 @@ class DeadLetterStore:
             names.add(text[len(prefix) : -len(suffix)])
         return sorted(names)
 
-    def redis_counts(self) -> dict[str, int]:
-        return {q: int(self.redis.zcard(self._xq(q))) for q in self.redis_queues()}
-
     # -- reading ---------------------------------------------------------------------------
 
     def _from_mirror(self, row: tuple, in_redis: bool) -> DeadLetter:
@@ -258,9 +255,7 @@ class DeadLetterStore:
         if malformed is not None:
             # Whatever it holds, show it as it is: the fields are read only where they are
             # of the right type.
-            fields = decoded if isinstance(decoded, dict) else {}
-            payload = fields if isinstance(decoded, dict) else {"raw": raw_text(raw)}
-            message_id, actor = fields.get("message_id"), fields.get("actor_name")
+            fields, payload, message_id, actor = salvage(decoded, raw)
             return DeadLetter(
                 redis_message_id=redis_id,
                 message_id=message_id if isinstance(message_id, str) else "",

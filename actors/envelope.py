@@ -101,6 +101,15 @@ def decode_problem(raw: bytes | str) -> tuple[Any, str | None]:
     return payload, message_problem(payload)
 
 
+def salvage(decoded: Any, raw: bytes | str) -> tuple[dict[str, Any], dict[str, Any], Any, Any]:
+    """What a malformed message still says: its fields (when it is a JSON object), the payload
+    to keep (the object, else its text under ``raw``), and its message id and actor name as
+    found (callers check their types)."""
+    fields = decoded if isinstance(decoded, dict) else {}
+    payload = fields if isinstance(decoded, dict) else {"raw": raw_text(raw)}
+    return fields, payload, fields.get("message_id"), fields.get("actor_name")
+
+
 def raw_text(raw: bytes | str, limit: int = 65536) -> str:
     """A malformed payload as text Postgres can store (jsonb holds no NUL), cut at ``limit``."""
     text = raw.decode("utf-8", errors="replace") if isinstance(raw, bytes) else str(raw)

@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import contextlib
 import inspect
-import json
 import logging
 import sys
 import threading
@@ -33,10 +32,10 @@ from typing import Any
 
 import dramatiq
 from dramatiq.errors import ActorNotFound
-from dramatiq.middleware import Middleware, SkipMessage
+from dramatiq.middleware import CurrentMessage, Middleware, SkipMessage
 from playhouse.postgres_ext import PooledPostgresqlExtDatabase
 
-from actors.envelope import MALFORMED, raw_text
+from actors.envelope import MALFORMED, decode_problem, salvage
 from core.config import Settings
 from core.db import make_pool
 from core.errors import ConfigError, InvalidMessageError, PermanentError
@@ -171,8 +170,6 @@ def take_validated() -> dict[str, Any] | None:
     _validated.message = None
     if found is None:
         return None
-    from dramatiq.middleware import CurrentMessage
-
     current = CurrentMessage.get_current_message()
     if current is None or current.message_id != found[0]:
         return None
@@ -311,13 +308,8 @@ def mirror_malformed(queue: str, redis_message_id: str, raw: bytes, reason: str)
     """Record a message the consumer could not deliver (see :mod:`actors.guard`) in
     ``ibex_core.dead_letters``, marked malformed with the reason. Its raw payload is kept as
     it is when it is a JSON object, else as text under ``raw``."""
-    try:
-        decoded = json.loads(raw)
-    except (ValueError, TypeError):
-        decoded = None
-    fields = decoded if isinstance(decoded, dict) else {}
-    payload = fields if isinstance(decoded, dict) else {"raw": raw_text(raw)}
-    message_id, actor = fields.get("message_id"), fields.get("actor_name")
+    decoded, _ = decode_problem(raw)
+    _fields, payload, message_id, actor = salvage(decoded, raw)
     record = DeadLetterRecord(
         redis_message_id=redis_message_id,
         message_id=message_id if isinstance(message_id, str) and message_id else redis_message_id,
