@@ -117,7 +117,8 @@ def test_an_evicting_cache_loses_records_but_no_guarantee(
         }
     assert memory_count(db) == POSTS
     metrics = cache_http.get("/metrics").text
-    assert "ibex_memory_idempotency_unavailable_total 0.0" in metrics  # Redis answered
+    # Redis may still refuse a write now and then (OOM when eviction cannot free enough at
+    # once: client buffers count against maxmemory too); the guarantees above hold either way.
     # Some replays were decided by a record that survived, others by the row alone.
     assert sample(metrics, 'ibex_memory_idempotent_replays_total{source="redis"}') > 0
     assert sample(metrics, 'ibex_memory_idempotent_replays_total{source="postgres"}') > 0
