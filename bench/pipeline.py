@@ -1,6 +1,6 @@
 """The pipeline benchmark (the performance targets): the real stack against ``ibex extract``.
 
-``python -m bench.pipeline [--scenario NAME ...] [--json]``
+``python -m bench.pipeline [--scenario NAME ...] [--json | --markdown | --summary]``
 
 For each scenario, on one freshly generated data set, in one run:
 
@@ -12,7 +12,10 @@ For each scenario, on one freshly generated data set, in one run:
    every session's pointer reaches its turn count;
 3. the extraction state, memories and Redis keys are reset (sessions kept), and
    **baseline**: ``ibex extract`` runs the same stage functions inline, one thread, against the
-   same memory service and LLM (capped in time; its rate is measured over the turns it did).
+   same memory service and LLM (capped in time; its rate is measured over the turns it did);
+   in the ``seeds`` scenarios the baseline is instead the seeds' design: one
+   ``ibex extract --session ID`` process per session, all started at once, and the figure is
+   the ratio of the two wall times, each from its start to every session's pointer complete.
 
 What is measured (see docs/benchmarks.md for the exact definitions):
 
@@ -31,7 +34,12 @@ What is measured (see docs/benchmarks.md for the exact definitions):
 - HTTP requests per memory: gunicorn access log lines (``POST /v1/memories``) per memory;
 - CPU seconds per turn: user + system time of the worker and gunicorn process trees, the
   Postgres backends of the benchmark database and the ``ibex scan`` / ``ibex extract``
-  process, plus the Redis server's CPU delta; the fake LLM's CPU is reported apart.
+  process(es), plus the Redis server's CPU delta; the fake LLM's CPU is reported apart;
+- wall time: from just before the ``ibex scan`` (or the ``ibex extract`` processes) starts to
+  the moment the benchmark's 0.1 s poll sees every session's pointer at its turn count.
+
+The document ends with ``summary``: the performance targets as measure / value / target,
+each from the scenario that measures it (``--summary`` prints that table alone).
 """
 
 from __future__ import annotations
@@ -69,7 +77,15 @@ from bench.dbadmin import (
     scalar,
     truncate,
 )
-from bench.report import dumps, load_average, machine, markdown_table, percentile, table
+from bench.report import (
+    cell,
+    dumps,
+    load_average,
+    machine,
+    markdown_table,
+    percentile,
+    table,
+)
 from bench.sampling import (
     CpuSampler,
     count_access_log,
@@ -110,6 +126,9 @@ class Scenario:
     timeout_s: float = 90.0  # the pipeline must drain within this long
     orgs: int = 4
     agents_per_org: int = 2
+    #: What the pipeline is compared with: "extract" (one ``ibex extract`` over the sessions,
+    #: sequential) or "seeds" (one ``ibex extract --session ID`` per session, all at once).
+    compare: str = "extract"
 
     @property
     def total_turns(self) -> int:
@@ -129,6 +148,11 @@ SCENARIOS: dict[str, Scenario] = {
         Scenario("llm-slow", sessions=40, turns=8, latency_ms=1000, baseline_sessions=3),
         Scenario("long", sessions=4, turns=50, latency_ms=0),
         Scenario("short", sessions=200, turns=4, latency_ms=0, baseline_sessions=100),
+        # The seeds' design: a worker per session taking its turns in order, 4 at once. The
+        # sequential ibex extract would only repeat one of them four times over: left out.
+        Scenario(
+            "seeds", sessions=4, turns=50, latency_ms=200, compare="seeds", baseline_cap_s=120
+        ),
         # For the smoke test: seconds, not minutes.
         Scenario(
             "tiny",
@@ -142,9 +166,22 @@ SCENARIOS: dict[str, Scenario] = {
             orgs=2,
             agents_per_org=1,
         ),
+        Scenario(
+            "seeds-tiny",
+            sessions=2,
+            turns=3,
+            latency_ms=0,
+            processes=1,
+            threads=4,
+            baseline_cap_s=30,
+            timeout_s=30,
+            orgs=2,
+            agents_per_org=1,
+            compare="seeds",
+        ),
     )
 }
-DEFAULT_SCENARIOS = ("overhead", "llm-bound", "llm-slow", "long", "short")
+DEFAULT_SCENARIOS = ("overhead", "llm-bound", "llm-slow", "long", "short", "seeds")
 
 
 # -- data ------------------------------------------------------------------------------------
@@ -545,6 +582,96 @@ def run_baseline(stack: Stack, scenario: Scenario) -> dict[str, Any]:
     return result
 
 
+def _summary_line(output: str) -> dict[str, Any] | None:
+    """The JSON summary ``ibex extract --json`` prints last, or None."""
+    for line in reversed(output.splitlines()):
+        if line.startswith("{"):
+            with contextlib.suppress(ValueError):
+                found = json.loads(line)
+                return found if isinstance(found, dict) else None
+    return None
+
+
+def run_seeds(stack: Stack, scenario: Scenario) -> dict[str, Any]:
+    """The seeds' design on the same data: one ``ibex extract --session ID`` process per
+    session, all started at once, each the only worker of its session (it takes that
+    session's turns alone, one message at a time: every ``extract_turn``, then every
+    ``write_memory``, then every ``advance_pointer``; one LLM call at a time either way, so its
+    time to the complete pointer is that of the turns taken in order). Timed like the
+    pipeline: from just before the processes start to the poll that sees every session's
+    pointer at its turn count; the processes' CPU is counted up to their exit."""
+    env = stack.worker_env(scenario)
+    llm_control(stack.llm_url, "/reset")
+    names = [f"{scenario.name}-{n}" for n in range(scenario.sessions)]
+    counters = Counters(stack)
+    counters.begin({"web": [stack.memory_child.pid], "fake_llm": [stack.llm_child.pid]})
+    processes: list[subprocess.Popen[bytes]] = []
+    complete = capped = False
+    with contextlib.ExitStack() as files:
+        outs = [files.enter_context(tempfile.TemporaryFile()) for _ in names]
+        try:
+            for name, out in zip(names, outs, strict=True):
+                processes.append(
+                    subprocess.Popen(
+                        ibex("extract", "--json", "--session", name),
+                        env=env,
+                        stdout=out,
+                        stderr=subprocess.STDOUT,
+                        start_new_session=True,
+                    )
+                )
+            deadline = counters.started + scenario.baseline_cap_s
+            while True:
+                exited = all(p.poll() is not None for p in processes)
+                done, total, failed = _progress(stack.admin)
+                if done == total:
+                    complete = True
+                    break
+                if failed or exited:
+                    break
+                if time.monotonic() >= deadline:
+                    capped = True
+                    break
+                time.sleep(0.1)
+            wall = time.monotonic() - counters.started
+            for process in processes:
+                if capped:
+                    process.terminate()
+                try:
+                    process.wait(timeout=30)
+                except subprocess.TimeoutExpired:
+                    capped = True
+                    process.kill()
+                    process.wait()
+        finally:
+            for process in processes:
+                if process.poll() is None:
+                    process.kill()
+                    process.wait()
+        measured = counters.end()
+        outputs = []
+        for out in outs:
+            out.seek(0)
+            outputs.append(out.read().decode("utf-8", "replace"))
+    if not capped:
+        for process, output in zip(processes, outputs, strict=True):
+            if process.returncode != 0:
+                raise BenchError(
+                    f"ibex extract --session failed ({process.returncode}): {output[-2000:]}"
+                )
+    result = _collect(stack.admin, measured, llm_control(stack.llm_url, "/stats"))
+    summaries = [_summary_line(output) or {} for output in outputs]
+    result.update(
+        complete=complete and not capped,
+        sessions=scenario.sessions,
+        command=f"{len(names)} x ibex extract --session ID, in parallel",
+        capped_after_s=scenario.baseline_cap_s if capped else None,
+        wall_s=round(wall, 3),
+        process_seconds=[s.get("seconds") for s in summaries],
+    )
+    return result
+
+
 def run_scenario(stack: Stack, scenario: Scenario) -> dict[str, Any]:
     # Truncating the orgs cascades to the API tokens: mint the service token again.
     truncate(stack.admin, PIPELINE_TABLES + SESSION_TABLES)
@@ -556,13 +683,34 @@ def run_scenario(stack: Stack, scenario: Scenario) -> dict[str, Any]:
     load_before = load_average()
     pipeline = run_pipeline(stack, scenario)
     _reset_extraction(stack)
-    baseline = run_baseline(stack, scenario)
+    if scenario.compare == "seeds":
+        baseline = run_seeds(stack, scenario)
+    else:
+        baseline = run_baseline(stack, scenario)
     ratios: dict[str, float | None] = {"pipeline_over_baseline": None}
     if pipeline["turns_per_s"] and baseline["turns_per_s"]:
         ratios["pipeline_over_baseline"] = round(
             pipeline["turns_per_s"] / baseline["turns_per_s"], 2
         )
     cpu_per_turn = (pipeline.get("cpu_s_per_turn") or {}).get("total")
+    baseline_cpu_per_turn = (baseline.get("cpu_s_per_turn") or {}).get("total")
+    # CPU per turn of the pipeline over that of the inline path, every process counted.
+    ratios["cpu_per_turn_pipeline_over_baseline"] = (
+        round(cpu_per_turn / baseline_cpu_per_turn, 3)
+        if cpu_per_turn and baseline_cpu_per_turn
+        else None
+    )
+    if scenario.compare == "seeds":
+        both = pipeline["complete"] and baseline["complete"]
+        # Wall time to every pointer complete, seeds' design over pipeline (higher: faster).
+        ratios["seeds_over_pipeline_wall"] = (
+            round(baseline["wall_s"] / pipeline["wall_s"], 2) if both else None
+        )
+        ratios["seeds_over_pipeline_window"] = (
+            round(baseline["window_s"] / pipeline["window_s"], 2)
+            if both and pipeline["window_s"]
+            else None
+        )
     if cpu_per_turn:
         # What this CPU cost per turn allows if the machine's cores did nothing else.
         ratios["cpu_ceiling_turns_per_s"] = round((os.cpu_count() or 1) / cpu_per_turn, 1)
@@ -597,13 +745,105 @@ def _targets(
                 "met": bool(pipeline["turns_per_s"] and pipeline["turns_per_s"] >= 100),
             }
         )
-    if scenario.latency_ms > 0:
+    # The seeds comparison's 200 turns are too few for a throughput: its figure is the ratio.
+    if scenario.latency_ms > 0 and scenario.compare == "extract":
         out.append(
             {
                 "target": "LLM-bound: >= 80% of C/L",
                 "value": ratios.get("pipeline_over_c_over_l"),
                 "met": bool((ratios.get("pipeline_over_c_over_l") or 0) >= 0.8),
             }
+        )
+    if scenario.compare == "seeds":
+        out.append(
+            {
+                "target": "wall time to every pointer complete: seeds' design / pipeline >= 3",
+                "value": ratios.get("seeds_over_pipeline_wall"),
+                "met": bool((ratios.get("seeds_over_pipeline_wall") or 0) >= 3),
+            }
+        )
+    return out
+
+
+def summary(results: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The performance targets as measure / value / target, each from the scenario that
+    measures it (a row is left out when its scenario did not run): throughput over C/L from
+    ``llm-bound``; the seeds' design's wall time over the pipeline's from the first ``seeds``
+    scenario; CPU per turn pipeline / ``ibex extract``, SQL statements and Redis commands per
+    turn (the whole system) from ``overhead``."""
+    by_name = {r["scenario"]["name"]: r for r in results}
+    out: list[dict[str, Any]] = []
+
+    def add(result: dict[str, Any], measure: str, value: Any, detail: str, target: str,
+            met: bool | None) -> None:  # fmt: skip
+        out.append(
+            {
+                "measure": measure,
+                "value": value,
+                "detail": detail,
+                "target": target,
+                "met": met if value is not None else None,
+                "scenario": result["scenario"]["name"],
+            }
+        )
+
+    llm = by_name.get("llm-bound")
+    if llm is not None:
+        s, ratio = llm["scenario"], llm["ratios"].get("pipeline_over_c_over_l")
+        add(
+            llm,
+            f"LLM latency {s['latency_ms']:g} ms, C = {s['processes'] * s['threads']} threads:"
+            " throughput / (C/L)",
+            ratio,
+            f"{llm['pipeline']['turns_per_s']} of {llm['ratios'].get('c_over_l_turns_per_s')}"
+            " turns/s",
+            ">= 0.80",
+            ratio is not None and ratio >= 0.8,
+        )
+    seeds = next((r for r in results if r["scenario"].get("compare") == "seeds"), None)
+    if seeds is not None:
+        s, ratio = seeds["scenario"], seeds["ratios"].get("seeds_over_pipeline_wall")
+        add(
+            seeds,
+            f"{s['sessions']} sessions x {s['turns']} turns, L = {s['latency_ms']:g} ms: wall"
+            f" time to every pointer complete, seeds' design ({s['sessions']} x `ibex extract"
+            " --session` in parallel) / pipeline",
+            ratio,
+            f"{cell(seeds['baseline']['wall_s'])} s vs {cell(seeds['pipeline']['wall_s'])} s",
+            ">= 3x",
+            ratio is not None and ratio >= 3,
+        )
+    overhead = by_name.get("overhead")
+    if overhead is not None:
+        pipeline, baseline = overhead["pipeline"], overhead["baseline"]
+        ratio = overhead["ratios"].get("cpu_per_turn_pipeline_over_baseline")
+        add(
+            overhead,
+            "CPU per turn, pipeline / inline path (`ibex extract`), zero LLM latency",
+            ratio,
+            f"{_ms(pipeline, 'total')} vs {_ms(baseline, 'total')} ms",
+            "<= 1.15x",
+            ratio is not None and ratio <= 1.15,
+        )
+        memories = overhead["scenario"]["memories"]
+        sql = _get(pipeline, "sql_statements_per_turn", "total")
+        add(
+            overhead,
+            f"SQL statements per turn, {memories} memories, whole system",
+            sql,
+            f"{_get(pipeline, 'sql_statements_per_turn', 'memory_service')} of them from the"
+            " memory service",
+            "<= 15",
+            sql is not None and sql <= 15,
+        )
+        commands = pipeline["redis_commands_per_turn"]
+        add(
+            overhead,
+            f"Redis commands per turn, {memories} memories, whole system",
+            commands,
+            "",
+            "<= 45",
+            commands is not None and commands <= 45,
         )
     return out
 
@@ -696,6 +936,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             "logs": str(folder),
         },
         "scenarios": results,
+        "summary": summary(results),
         "seconds": round(time.monotonic() - started, 1),
     }
 
@@ -737,12 +978,22 @@ METRICS: list[tuple[str, Any]] = [
     ("Redis commands/turn", lambda r: r["redis_commands_per_turn"]),
     ("HTTP requests/memory", lambda r: r["http_requests_per_memory"]),
     ("CPU ms/turn (total)", lambda r: _ms(r, "total")),
-    ("  workers + ibex scan / ibex extract", lambda r: _ms(r, "workers", "command")),
+    # Every process group of the JSON's cpu_s_per_turn but the fake LLM's.
+    ("  workers (dramatiq)", lambda r: _ms(r, "workers")),
+    ("  ibex scan / ibex extract", lambda r: _ms(r, "command")),
     ("  memory service (gunicorn)", lambda r: _ms(r, "web")),
     ("  postgres", lambda r: _ms(r, "postgres")),
     ("  redis", lambda r: _ms(r, "redis")),
     ("window s", lambda r: r["window_s"]),
+    ("wall s (start to every pointer complete)", lambda r: r.get("wall_s")),
 ]
+
+
+def _baseline_label(result: dict[str, Any]) -> str:
+    s = result["scenario"]
+    if s.get("compare") == "seeds":
+        return f"seeds' design ({s['sessions']} x ibex extract --session)"
+    return "baseline (ibex extract)"
 
 
 def render_markdown(document: dict[str, Any]) -> str:
@@ -750,7 +1001,8 @@ def render_markdown(document: dict[str, Any]) -> str:
     results = document["scenarios"]
     header = ["metric"]
     for r in results:
-        header += [f"{r['scenario']['name']} pipeline", "baseline"]
+        seeds = r["scenario"].get("compare") == "seeds"
+        header += [f"{r['scenario']['name']} pipeline", "seeds' design" if seeds else "baseline"]
     body = []
     for name, get in METRICS:
         row: list[Any] = [name.strip()]
@@ -768,6 +1020,14 @@ def render_markdown(document: dict[str, Any]) -> str:
         per_scenario("pipeline / baseline", lambda r: r["ratios"].get("pipeline_over_baseline")),
         per_scenario("pipeline / (C/L)", lambda r: r["ratios"].get("pipeline_over_c_over_l")),
         per_scenario(
+            "CPU per turn, pipeline / baseline",
+            lambda r: r["ratios"].get("cpu_per_turn_pipeline_over_baseline"),
+        ),
+        per_scenario(
+            "wall to every pointer complete, seeds' design / pipeline",
+            lambda r: r["ratios"].get("seeds_over_pipeline_wall"),
+        ),
+        per_scenario(
             "CPU ceiling turns/s (cores / CPU per turn)",
             lambda r: r["ratios"].get("cpu_ceiling_turns_per_s"),
         ),
@@ -776,7 +1036,22 @@ def render_markdown(document: dict[str, Any]) -> str:
             lambda r: f"{r['load_average_before'][0]} / {r['load_average_after'][0]}",
         ),
     ]
-    return markdown_table(header, body + ratio_rows)
+    big = markdown_table(header, body + ratio_rows)
+    if not document["summary"]:
+        return big
+    return f"{big}\n\n{render_summary(document)}"
+
+
+def render_summary(document: dict[str, Any]) -> str:
+    """The targets table (``summary``) as Markdown: measure, value, target, verdict."""
+    body = []
+    for row in document["summary"]:
+        value = cell(row["value"])
+        if row["detail"]:
+            value = f"{value} ({row['detail']})"
+        verdict = {True: "met", False: "missed", None: "-"}[row["met"]]
+        body.append([row["measure"], value, row["target"], verdict, row["scenario"]])
+    return markdown_table(["measure", "value", "target", "verdict", "scenario"], body)
 
 
 def render(document: dict[str, Any]) -> str:
@@ -795,7 +1070,7 @@ def render(document: dict[str, Any]) -> str:
             f" load {result['load_average_before'][0]} -> {result['load_average_after'][0]}"
         )
         body = [[name, get(result["pipeline"]), get(result["baseline"])] for name, get in METRICS]
-        out.append(table(["metric", "pipeline", "baseline (ibex extract)"], body))
+        out.append(table(["metric", "pipeline", _baseline_label(result)], body))
         ratios = ", ".join(f"{k} = {v}" for k, v in result["ratios"].items())
         out.append(f"ratios: {ratios}")
         if result["baseline"]["sessions"] != s["sessions"]:
@@ -811,6 +1086,9 @@ def render(document: dict[str, Any]) -> str:
         for target in result["targets"]:
             verdict = "MET" if target["met"] else "MISSED"
             out.append(f"target {target['target']}: {target['value']} -> {verdict}")
+    if document["summary"]:
+        out.append("")
+        out.append(render_summary(document))
     out.append("")
     out.append(f"total {document['seconds']} s; logs in {document['settings']['logs']}")
     return "\n".join(out)
@@ -828,7 +1106,14 @@ def build_parser() -> argparse.ArgumentParser:
         help=f"repeatable; default: {' '.join(DEFAULT_SCENARIOS)}",
     )
     p.add_argument("--json", action="store_true", help="print a stable JSON document")
-    p.add_argument("--markdown", action="store_true", help="print one Markdown table")
+    p.add_argument(
+        "--markdown",
+        action="store_true",
+        help="print one Markdown table, then the targets table (measure / value / target)",
+    )
+    p.add_argument(
+        "--summary", action="store_true", help="print the targets table alone, as Markdown"
+    )
     p.add_argument("--database-url", default=DEFAULT_DATABASE_URL,
                    help="dropped and created afresh (default: %(default)s)")  # fmt: skip
     p.add_argument("--redis-url", default=DEFAULT_REDIS_URL,
@@ -872,10 +1157,15 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(dumps(document))
     elif args.markdown:
         print(render_markdown(document))
+    elif args.summary:
+        print(render_summary(document))
     else:
         print(render(document))
     failed = any(
-        not r["pipeline"]["complete"] or r["pipeline"]["turns_failed"]
+        not r["pipeline"]["complete"]
+        or r["pipeline"]["turns_failed"]
+        # The seeds comparison has no figure unless the seeds' design finished too.
+        or (r["scenario"]["compare"] == "seeds" and not r["baseline"]["complete"])
         for r in document["scenarios"]
     )
     return 1 if failed else 0

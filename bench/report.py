@@ -61,7 +61,7 @@ def dumps(document: Any) -> str:
 
 def table(header: Sequence[str], body: Sequence[Sequence[Any]]) -> str:
     """A plain text table: the first column left-aligned, the rest right-aligned."""
-    cells = [[str(c) for c in header], *[[_cell(c) for c in row] for row in body]]
+    cells = [[str(c) for c in header], *[[cell(c) for c in row] for row in body]]
     widths = [max(len(row[i]) for row in cells) for i in range(len(header))]
     lines = []
     for n, row in enumerate(cells):
@@ -79,11 +79,12 @@ def markdown_table(header: Sequence[str], body: Sequence[Sequence[Any]]) -> str:
     lines = ["| " + " | ".join(str(c) for c in header) + " |"]
     lines.append("|" + "|".join(["---"] + ["---:"] * (len(header) - 1)) + "|")
     for row in body:
-        lines.append("| " + " | ".join(_cell(c).strip() for c in row) + " |")
+        lines.append("| " + " | ".join(cell(c).strip() for c in row) + " |")
     return "\n".join(lines)
 
 
-def _cell(value: Any) -> str:
+def cell(value: Any) -> str:
+    """One table cell: None as "-", a float to about three significant digits."""
     if value is None:
         return "-"
     if isinstance(value, float):

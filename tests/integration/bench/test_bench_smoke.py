@@ -68,6 +68,74 @@ def test_pipeline_benchmark_tiny(
     assert result["ratios"]["pipeline_over_baseline"] > 0
 
 
+def test_pipeline_benchmark_seeds_tiny(
+    tmp_path: Path, postgres_server: RunPostgres, redis_url: str
+) -> None:
+    """The seeds comparison: the pipeline, then one ``ibex extract --session`` per session in
+    parallel on the same data, both complete, their wall times and ratio reported, and the
+    targets table built from the result."""
+    url = postgres_server.create("bench_seeds_smoke")
+    try:
+        doc = _run(
+            "bench.pipeline",
+            "--scenario", "seeds-tiny",
+            "--database-url", url,
+            "--redis-url", redis_url,
+            "--log-dir", str(tmp_path),
+            timeout=90,
+        )  # fmt: skip
+    finally:
+        postgres_server.drop(url)
+    (result,) = doc["scenarios"]
+    scenario = result["scenario"]
+    assert scenario["compare"] == "seeds"
+    turns = scenario["sessions"] * scenario["turns"]
+    for side in ("pipeline", "baseline"):
+        run = result[side]
+        assert run["complete"] is True, (side, run)
+        assert run["turns"] == run["turns_done"] == run["pointer_turns"] == turns, side
+        assert run["turns_failed"] == 0
+        assert run["memories"] == turns * scenario["memories"], side
+        assert run["llm_calls_per_turn"] == 1.0, side
+        assert run["llm_requests_per_turn"] == 1.0, side
+        assert run["http_requests_per_memory"] == 1.0, side
+        # The wall time holds the database's window: the start is before the first lease,
+        # the poll that ends it after the last pointer's commit.
+        assert run["wall_s"] >= run["window_s"] > 0, side
+    seeds = result["baseline"]
+    assert seeds["sessions"] == scenario["sessions"]
+    assert len(seeds["process_seconds"]) == scenario["sessions"]
+    assert all(s is not None and s > 0 for s in seeds["process_seconds"]), seeds
+    # The ibex extract processes are counted, and no worker ran for the seeds' side.
+    assert seeds["cpu_s_per_turn"]["command"] > 0
+    assert "workers" not in seeds["cpu_s_per_turn"]
+    ratios = result["ratios"]
+    assert ratios["seeds_over_pipeline_wall"] == round(
+        seeds["wall_s"] / result["pipeline"]["wall_s"], 2
+    )
+    assert ratios["seeds_over_pipeline_window"] > 0
+    assert ratios["cpu_per_turn_pipeline_over_baseline"] > 0
+    (row,) = doc["summary"]
+    assert row["scenario"] == "seeds-tiny"
+    assert row["value"] == ratios["seeds_over_pipeline_wall"]
+    assert row["met"] is (row["value"] >= 3)
+
+    from bench.pipeline import render_markdown, render_summary, summary
+
+    markdown = render_markdown(doc)
+    assert "| seeds-tiny pipeline | seeds' design |" in markdown
+    assert render_summary(doc) in markdown
+    # The rows taken from the other scenarios read the same fields of their result.
+    as_overhead = {**result, "scenario": {**scenario, "name": "overhead", "compare": "extract"}}
+    cpu, sql, redis = summary([as_overhead])
+    assert cpu["value"] == ratios["cpu_per_turn_pipeline_over_baseline"]
+    assert sql["value"] == result["pipeline"]["sql_statements_per_turn"]["total"] or (
+        not doc["settings"]["sql_statement_log"] and sql["value"] is None
+    )
+    assert redis["value"] == result["pipeline"]["redis_commands_per_turn"]
+    assert redis["met"] is (redis["value"] <= 45)
+
+
 def test_scan_benchmark_small(postgres_server: RunPostgres, redis_url: str) -> None:
     url = postgres_server.create("bench_scan_smoke")
     try:
