@@ -122,7 +122,7 @@ def test_the_consumer_dead_letters_poison_and_delivers_the_rest_of_its_batch() -
 def test_the_guarded_fetch_still_runs_dramatiqs_maintenance() -> None:
     """A dead worker's in-flight message comes back through Dramatiq's own maintenance."""
     client = fakeredis.FakeRedis()
-    broker = GuardedRedisBroker(client=client, middleware=[], maintenance_chance=1_000_000)
+    broker = GuardedRedisBroker(client=client, middleware=[])
     message: dramatiq.Message[Any] = dramatiq.Message(
         queue_name="q", actor_name="a", args=(), kwargs={}, options={}
     )
