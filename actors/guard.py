@@ -94,10 +94,11 @@ class GuardedConsumer(_RedisConsumer):
         super().__init__(broker, queue_name, prefetch, timeout)
         #: When this consumer next runs Dramatiq's maintenance on its queue (ms): at once.
         self.maintenance_due = 0
+        #: Whether the last fetch got fewer messages than it asked for (the queue was empty).
+        self.drained = False
 
     def _fetch(self, count: int) -> list[tuple[str, bytes]]:
         broker: GuardedRedisBroker = self.broker
-        count = min(count, broker._max_unpack_size())
         now = current_millis()
         if now >= self.maintenance_due:
             self.maintenance_due = now + broker.maintenance_period()
@@ -162,8 +163,17 @@ class GuardedConsumer(_RedisConsumer):
                     self.queued_message_ids.add(message.message_id)
                     return MessageProxy(message)
                 batch: list[tuple[str, bytes]] = []
-                if self.outstanding_message_count < self.prefetch:
-                    batch = self._fetch(self.prefetch - self.outstanding_message_count)
+                if self.drained:
+                    # The last fetch emptied the queue: back off before asking again, instead
+                    # of an immediate fetch that would find nothing.
+                    self.drained = False
+                elif self.outstanding_message_count < self.prefetch:
+                    wanted = min(
+                        self.prefetch - self.outstanding_message_count,
+                        self.broker._max_unpack_size(),
+                    )
+                    batch = self._fetch(wanted)
+                    self.drained = len(batch) < wanted
                     self.message_cache = batch
                 if not batch:
                     self.misses, backoff_ms = compute_backoff(self.misses, max_backoff=self.timeout)
