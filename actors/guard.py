@@ -61,6 +61,9 @@ MalformedHook = Callable[[str, str, bytes, str], None]
 HEARTBEAT_INTERVAL_MS = 1_000
 #: How often each consumer runs Dramatiq's maintenance on its queue (ms, give or take a fifth).
 MAINTENANCE_INTERVAL_MS = 10_000
+#: Empty polls in a row (about 0.2-0.3 s of back-off) after which a consumer counts as idle and
+#: polls with one LLEN instead of its fetch script (two commands on an empty queue).
+IDLE_MISSES = 5
 
 # Dramatiq's "fetch" (dispatch.lua) without its heartbeat, returning each id with its payload,
 # in one LPOP of up to ``count`` ids (Redis 6.2), one SADD and one HMGET whatever the batch.
@@ -107,6 +110,14 @@ class GuardedConsumer(_RedisConsumer):
             keys=[broker.namespace], args=[self.queue_name, broker.broker_id, count]
         )
         return [(_text(flat[i]), flat[i + 1]) for i in range(0, len(flat), 2)]
+
+    def _may_hold_messages(self) -> bool:
+        """False when an idle consumer's queue is empty: after :data:`IDLE_MISSES` empty polls
+        in a row a poll is one LLEN, and the fetch script runs only when it finds messages."""
+        if self.misses < IDLE_MISSES:
+            return True
+        broker: GuardedRedisBroker = self.broker
+        return bool(broker.client.llen(f"{broker.namespace}:{self.queue_name}"))
 
     def _decode(self, redis_id: str, data: bytes) -> dramatiq.Message[Any] | None:
         """The message, or None after dead-lettering a payload the worker cannot run."""
@@ -167,7 +178,7 @@ class GuardedConsumer(_RedisConsumer):
                     # The last fetch emptied the queue: back off before asking again, instead
                     # of an immediate fetch that would find nothing.
                     self.drained = False
-                elif self.outstanding_message_count < self.prefetch:
+                elif self.outstanding_message_count < self.prefetch and self._may_hold_messages():
                     wanted = min(
                         self.prefetch - self.outstanding_message_count,
                         self.broker._max_unpack_size(),
@@ -273,6 +284,7 @@ class GuardedRedisBroker(RedisBroker):
 
 __all__ = [
     "HEARTBEAT_INTERVAL_MS",
+    "IDLE_MISSES",
     "MAINTENANCE_INTERVAL_MS",
     "GuardedConsumer",
     "GuardedRedisBroker",
