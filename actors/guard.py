@@ -97,7 +97,7 @@ class GuardedConsumer(_RedisConsumer):
         super().__init__(broker, queue_name, prefetch, timeout)
         #: When this consumer next runs Dramatiq's maintenance on its queue (ms): at once.
         self.maintenance_due = 0
-        #: Whether the last fetch got fewer messages than it asked for (the queue was empty).
+        #: Whether the last fetch got messages, but fewer than it asked for: the queue is empty.
         self.drained = False
 
     def _fetch(self, count: int) -> list[tuple[str, bytes]]:
@@ -184,7 +184,7 @@ class GuardedConsumer(_RedisConsumer):
                         self.broker._max_unpack_size(),
                     )
                     batch = self._fetch(wanted)
-                    self.drained = len(batch) < wanted
+                    self.drained = 0 < len(batch) < wanted
                     self.message_cache = batch
                 if not batch:
                     self.misses, backoff_ms = compute_backoff(self.misses, max_backoff=self.timeout)
@@ -231,7 +231,7 @@ class GuardedRedisBroker(RedisBroker):
         """Milliseconds until a consumer's next maintenance: the interval, give or take a
         fifth, so that the consumers of many processes do not run it in step."""
         spread = self.maintenance_interval // 5
-        return self.maintenance_interval + random.randint(-spread, spread)  # noqa: S311
+        return self.maintenance_interval + random.randint(-spread, spread)
 
     def maintain(self, queue_name: str) -> None:
         """Dramatiq's own maintenance of ``queue_name`` (requeue the in-flight messages of
