@@ -25,7 +25,15 @@ and pops, marks and reads a batch one message at a time. Here:
   (:meth:`GuardedRedisBroker.push`);
 - fetch is one script: one LPOP of up to the batch size (Redis 6.2), one SADD into the
   in-flight set, one HMGET of the payloads;
-- ack is HDEL + SREM in one round trip;
+- ack is deferred: a worker thread only notes the id, and the queue's consumer acks every id
+  noted since its last poll with one HDEL and one SREM, inside its next fetch script or in one
+  round trip when it does not fetch (at the latest one back-off sleep, at most the consumer
+  timeout, later; at once when the consumer closes). A worker killed in that window has its
+  finished messages run again, like any message it held, after the heartbeat timeout: the
+  stages are idempotent;
+- a consumer whose fetch emptied its queue backs off before fetching again, and an idle one
+  (:data:`IDLE_MISSES` empty polls in a row) polls with one LLEN, running the fetch script
+  only when messages wait;
 - the heartbeat is refreshed by the consumer loop once a second per process, and each consumer
   runs Dramatiq's maintenance (requeue dead workers' messages, expire dead letters) on its
   queue every ten seconds instead of on a random 2 % of commands.
@@ -37,6 +45,7 @@ from __future__ import annotations
 
 import logging
 import random
+import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
@@ -67,15 +76,22 @@ IDLE_MISSES = 5
 
 # Dramatiq's "fetch" (dispatch.lua) without its heartbeat, returning each id with its payload,
 # in one LPOP of up to ``count`` ids (Redis 6.2), one SADD and one HMGET whatever the batch.
-# KEYS: namespace. ARGV: queue name, worker id, how many.
+# Acks deferred since the last fetch ride along: HDEL + SREM of them all, before the pop.
+# KEYS: namespace. ARGV: queue name, worker id, how many, then the ids to ack.
 _FETCH = """
 local namespace, queue_name, worker_id = KEYS[1], ARGV[1], ARGV[2]
 local queue = namespace .. ":" .. queue_name
+local acks = namespace .. ":__acks__." .. worker_id .. "." .. queue_name
+if #ARGV > 3 then
+    local done = {unpack(ARGV, 4)}
+    redis.call("hdel", queue .. ".msgs", unpack(done))
+    redis.call("srem", acks, unpack(done))
+end
 local ids = redis.call("lpop", queue, ARGV[3])
 if not ids then
     return {}
 end
-redis.call("sadd", namespace .. ":__acks__." .. worker_id .. "." .. queue_name, unpack(ids))
+redis.call("sadd", acks, unpack(ids))
 local payloads = redis.call("hmget", queue .. ".msgs", unpack(ids))
 local out = {}
 for i = 1, #ids do
@@ -100,16 +116,32 @@ class GuardedConsumer(_RedisConsumer):
         #: Whether the last fetch got messages, but fewer than it asked for: the queue is empty.
         self.drained = False
 
-    def _fetch(self, count: int) -> list[tuple[str, bytes]]:
+    def _fetch(self, count: int, acks: list[str]) -> list[tuple[str, bytes]]:
         broker: GuardedRedisBroker = self.broker
         now = current_millis()
         if now >= self.maintenance_due:
             self.maintenance_due = now + broker.maintenance_period()
             broker.maintain(self.queue_name)
         flat = broker.fetch_script(
-            keys=[broker.namespace], args=[self.queue_name, broker.broker_id, count]
+            keys=[broker.namespace], args=[self.queue_name, broker.broker_id, count, *acks]
         )
         return [(_text(flat[i]), flat[i + 1]) for i in range(0, len(flat), 2)]
+
+    def ack(self, message: MessageProxy) -> None:
+        """Deferred: the id is acked by this consumer's next fetch or poll (see module)."""
+        self.broker.defer_acks(self.queue_name, [message.options["redis_message_id"]])
+        self.queued_message_ids.discard(message.message_id)
+
+    def close(self) -> None:
+        """Ack what is still deferred (worker shutdown, consumer restart); on a connection
+        error the ids stay deferred for the queue's next consumer."""
+        acks = self.broker.take_acks(self.queue_name)
+        if not acks:
+            return
+        try:
+            self.broker.flush_acks(self.queue_name, acks)
+        except redis.ConnectionError:
+            self.broker.defer_acks(self.queue_name, acks, first=True)
 
     def _may_hold_messages(self) -> bool:
         """False when an idle consumer's queue is empty: after :data:`IDLE_MISSES` empty polls
@@ -174,18 +206,29 @@ class GuardedConsumer(_RedisConsumer):
                     self.queued_message_ids.add(message.message_id)
                     return MessageProxy(message)
                 batch: list[tuple[str, bytes]] = []
-                if self.drained:
-                    # The last fetch emptied the queue: back off before asking again, instead
-                    # of an immediate fetch that would find nothing.
-                    self.drained = False
-                elif self.outstanding_message_count < self.prefetch and self._may_hold_messages():
-                    wanted = min(
-                        self.prefetch - self.outstanding_message_count,
-                        self.broker._max_unpack_size(),
-                    )
-                    batch = self._fetch(wanted)
-                    self.drained = 0 < len(batch) < wanted
-                    self.message_cache = batch
+                acks = self.broker.take_acks(self.queue_name)
+                try:
+                    if self.drained:
+                        # The last fetch emptied the queue: back off before asking again,
+                        # instead of an immediate fetch that would find nothing.
+                        self.drained = False
+                    elif (
+                        self.outstanding_message_count < self.prefetch and self._may_hold_messages()
+                    ):
+                        wanted = min(
+                            self.prefetch - self.outstanding_message_count,
+                            self.broker._max_unpack_size(),
+                        )
+                        batch = self._fetch(wanted, acks)
+                        acks = []
+                        self.drained = 0 < len(batch) < wanted
+                        self.message_cache = batch
+                    if acks:
+                        self.broker.flush_acks(self.queue_name, acks)
+                        acks = []
+                finally:
+                    if acks:
+                        self.broker.defer_acks(self.queue_name, acks, first=True)
                 if not batch:
                     self.misses, backoff_ms = compute_backoff(self.misses, max_backoff=self.timeout)
                     time.sleep(backoff_ms / 1000)
@@ -212,6 +255,8 @@ class GuardedRedisBroker(RedisBroker):
         self.maintenance_interval = maintenance_interval
         self.fetch_script = self.client.register_script(_FETCH)
         self._beat_at = 0
+        self._acks: dict[str, list[str]] = {}
+        self._acks_lock = threading.Lock()
 
     @property
     def consumer_class(self) -> type[GuardedConsumer]:
@@ -269,9 +314,39 @@ class GuardedRedisBroker(RedisBroker):
         """Dramatiq's ``enqueue`` without the heartbeat: HSET + RPUSH (see :meth:`push`)."""
         self.push({queue_name: [(message_id, data)]})
 
+    def defer_acks(self, queue_name: str, redis_ids: list[str], *, first: bool = False) -> None:
+        """Keep ``redis_ids`` (done messages of ``queue_name``) to ack with the queue's next
+        fetch or poll; ``first`` puts them back ahead of the others after a failed flush."""
+        with self._acks_lock:
+            pending = self._acks.setdefault(queue_name, [])
+            if first:
+                pending[:0] = redis_ids
+            else:
+                pending.extend(redis_ids)
+
+    def take_acks(self, queue_name: str) -> list[str]:
+        """The deferred acks of ``queue_name`` (at most a script's unpack size), now owned by
+        the caller, who acks them or defers them again."""
+        limit = self._max_unpack_size()
+        with self._acks_lock:
+            pending = self._acks.get(queue_name)
+            if not pending:
+                return []
+            taken, self._acks[queue_name] = pending[:limit], pending[limit:]
+            return taken
+
+    def flush_acks(self, queue_name: str, redis_ids: list[str]) -> None:
+        """Ack ``redis_ids`` now: one HDEL and one SREM for them all (see :meth:`do_ack`)."""
+        key = f"{self.namespace}:{queue_name}"
+        with self.client.pipeline(transaction=False) as pipe:
+            pipe.hdel(f"{key}.msgs", *redis_ids)
+            pipe.srem(f"{self.namespace}:__acks__.{self.broker_id}.{queue_name}", *redis_ids)
+            pipe.execute()
+
     def do_ack(self, queue_name: str, message_id: str) -> None:
-        """Dramatiq's ``ack`` without the heartbeat: HDEL of the payload, then SREM from this
-        worker's in-flight set, in one round trip. Unlike Dramatiq's script the payload goes
+        """Dramatiq's ``ack`` at once, without the heartbeat: HDEL of the payload, then SREM
+        from this worker's in-flight set, in one round trip (deferred acks go the same way,
+        many ids at a time). Unlike Dramatiq's script the payload goes
         even when the id was no longer in flight (the broker requeued it, taking this worker
         for dead): the message is done, and a copy fetched later without its payload is
         dropped by the consumer (one with its payload already fetched runs as before)."""

@@ -11,6 +11,8 @@ from typing import Any
 import dramatiq
 import fakeredis
 import pytest
+import redis
+from dramatiq.errors import ConnectionClosed
 
 from actors.envelope import decode_problem, message_problem
 from actors.guard import IDLE_MISSES, GuardedConsumer, GuardedRedisBroker
@@ -115,6 +117,7 @@ def test_the_consumer_dead_letters_poison_and_delivers_the_rest_of_its_batch() -
     assert client.hget("dramatiq:q.XQ.msgs", ids[0]) == b"{oops"
     for proxy in delivered:
         consumer.ack(proxy)
+    consumer.close()  # the deferred acks, flushed
     assert client.scard(f"dramatiq:__acks__.{broker.broker_id}.q") == 0
     assert client.hlen("dramatiq:q.msgs") == 0 and client.llen("dramatiq:q") == 0
 
@@ -193,12 +196,14 @@ def test_messages_keep_dramatiqs_layout_from_enqueue_through_fetch_to_ack() -> N
     assert client.smembers(acks) == {b"r0", b"r1"}
     assert client.lrange("dramatiq:q", 0, -1) == [b"r2"]
     consumer.ack(first)
-    assert client.smembers(acks) == {b"r1"}
+    assert client.smembers(acks) == {b"r0", b"r1"}  # deferred to the next poll
+    assert next(consumer) is not None  # r2, fetched together with the ack of r0
+    assert client.smembers(acks) == {b"r1", b"r2"}
     assert not client.hexists("dramatiq:q.msgs", "r0") and client.hexists("dramatiq:q.msgs", "r1")
     consumer.nack(second)  # Dramatiq's own move to the dead letters
     assert client.zrange("dramatiq:q.XQ", 0, -1) == [b"r1"]
     assert client.hget("dramatiq:q.XQ.msgs", "r1") == messages[1].encode()
-    assert client.scard(acks) == 0
+    assert client.smembers(acks) == {b"r2"}
 
 
 def test_the_heartbeat_is_refreshed_once_an_interval_even_when_nothing_can_be_fetched() -> None:
@@ -282,7 +287,43 @@ def test_an_ack_after_a_requeue_drops_the_payload_and_the_late_copy_is_skipped()
     client.delete(f"dramatiq:__acks__.{broker.broker_id}.q")
     client.rpush("dramatiq:q", "r0")
     slow.ack(proxy)
+    slow.close()
     other = GuardedRedisBroker(client=client, middleware=[])
     assert next(other.consume("q", prefetch=1, timeout=10)) is None
     assert client.llen("dramatiq:q") == 0 and client.hlen("dramatiq:q.msgs") == 0
     assert client.scard(f"dramatiq:__acks__.{other.broker_id}.q") == 0
+
+
+def test_acks_wait_for_the_next_poll_and_survive_a_failed_flush() -> None:
+    """An ack is deferred to the consumer's next fetch or poll, where all deferred acks go in
+    one HDEL and one SREM; when Redis does not answer they stay deferred for the next try (or
+    the queue's next consumer), and closing the consumer flushes them."""
+    client = fakeredis.FakeRedis()
+    broker = GuardedRedisBroker(client=client, middleware=[])
+    broker.push({"q": [(f"r{n}", _message(n).encode()) for n in range(3)]})
+    consumer = broker.consume("q", prefetch=2, timeout=10)
+    first, second = next(consumer), next(consumer)
+    assert first is not None and second is not None
+    acks = f"dramatiq:__acks__.{broker.broker_id}.q"
+    consumer.ack(first)
+    consumer.ack(second)
+    assert client.scard(acks) == 2 and client.hlen("dramatiq:q.msgs") == 3
+    third = next(consumer)  # r2 fetched, r0 and r1 acked by the same script
+    assert third is not None and third.options["redis_message_id"] == "r2"
+    assert client.smembers(acks) == {b"r2"}
+    assert client.hkeys("dramatiq:q.msgs") == [b"r2"]
+    consumer.ack(third)
+
+    def refuse(*_: Any, **__: Any) -> Any:
+        raise redis.ConnectionError("down")
+
+    real_pipeline = client.pipeline
+    client.pipeline = refuse  # type: ignore[method-assign]
+    with pytest.raises(ConnectionClosed):
+        next(consumer)  # the queue was drained: no fetch, only the flush, which fails
+    consumer.close()  # fails too
+    assert client.smembers(acks) == {b"r2"}
+    client.pipeline = real_pipeline  # type: ignore[method-assign]
+    broker.consume("q", prefetch=2, timeout=10).close()  # the queue's next consumer
+    assert client.scard(acks) == 0 and client.hlen("dramatiq:q.msgs") == 0
+    assert broker.take_acks("q") == []
