@@ -7,9 +7,10 @@ declared actor onto the new broker.
 
 Settings chosen on purpose (Dramatiq's delivery facts behind them: docs/reliability.md):
 
-- ``heartbeat_timeout`` 30 s and ``maintenance_chance`` 2 %: a killed worker's unacked messages
-  come back within about a minute instead of Dramatiq's default of tens of minutes. The scan's
-  leases remain the real backstop (maintenance is probabilistic, and some retries are dropped).
+- ``heartbeat_timeout`` 30 s, the heartbeat refreshed every second and every consumer running
+  Dramatiq's maintenance on its queue every 10 s (:mod:`actors.guard`): a killed worker's
+  unacked messages come back within about 40 s instead of Dramatiq's default of tens of
+  minutes. The scan's leases remain the real backstop (some retries are dropped).
 - Retries from the one :class:`~extraction.retry.RetryPolicy` (``MAX_RETRIES``,
   ``RETRY_MIN_BACKOFF_MS``, ``RETRY_MAX_BACKOFF_MS``); permanent
   errors are in every actor's ``throws`` and never retried.
@@ -25,13 +26,11 @@ import logging
 import os
 import tempfile
 from collections.abc import Callable, Iterable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 from uuid import uuid4
 
 import dramatiq
-from dramatiq.brokers.redis import RedisBroker
 from dramatiq.brokers.stub import StubBroker
-from dramatiq.common import current_millis
 from dramatiq.middleware import (
     AgeLimit,
     CurrentMessage,
@@ -47,12 +46,13 @@ from extraction.retry import RetryPolicy
 from extraction.stages import Send
 from schema.messages import Queue
 
+if TYPE_CHECKING:
+    from actors.guard import GuardedRedisBroker
+
 log = logging.getLogger(__name__)
 
 #: A worker silent for this long is presumed dead and its messages are requeued (ms).
 HEARTBEAT_TIMEOUT_MS = 30_000
-#: Out of a million broker commands, how many run queue maintenance (requeue dead workers').
-MAINTENANCE_CHANCE = 20_000
 #: Slack on top of the slowest single call a stage makes, for the database work around it.
 TIME_LIMIT_SLACK_S = 60
 
@@ -151,7 +151,6 @@ def make_broker(
             client=client,
             middleware=middleware,
             heartbeat_timeout=HEARTBEAT_TIMEOUT_MS,
-            maintenance_chance=MAINTENANCE_CHANCE,
             on_malformed=mirror_malformed,
         )
     else:
@@ -159,7 +158,6 @@ def make_broker(
             url=settings.redis_url,
             middleware=middleware,
             heartbeat_timeout=HEARTBEAT_TIMEOUT_MS,
-            maintenance_chance=MAINTENANCE_CHANCE,
             on_malformed=mirror_malformed,
         )
     return broker
@@ -182,20 +180,22 @@ def current_broker() -> dramatiq.Broker:
     return broker
 
 
-#: Messages per Redis pipeline when :func:`send_all` sends through a RedisBroker.
+#: Messages per Redis round trip when :func:`send_all` sends through the Redis broker.
 SEND_PIPELINE_SIZE = 1000
 
 
 def send_all(messages: Iterable[Send]) -> int:
     """Send follow-up messages through the current broker; return how many were sent.
 
-    On a :class:`RedisBroker` the messages go out in pipelines of :data:`SEND_PIPELINE_SIZE`:
-    each message runs the broker's own ``enqueue`` script exactly as ``RedisBroker.enqueue``
-    runs it (a fresh ``redis_message_id``, the enqueue middleware hooks), but the round trips
-    are batched. Any other broker sends one message at a time."""
+    On the pipeline's Redis broker (:class:`~actors.guard.GuardedRedisBroker`) the messages go
+    out in batches of :data:`SEND_PIPELINE_SIZE`, each message built as ``RedisBroker.enqueue``
+    builds it (a fresh ``redis_message_id``, the enqueue middleware hooks), each batch in one
+    round trip of one HSET and one RPUSH per queue. Any other broker sends one message at a
+    time."""
+    from actors.guard import GuardedRedisBroker
+
     current = broker
-    if _pipelinable(current):
-        assert isinstance(current, RedisBroker)
+    if isinstance(current, GuardedRedisBroker):
         return _send_pipelined(current, messages)
     count = 0
     for message in messages:
@@ -204,18 +204,7 @@ def send_all(messages: Iterable[Send]) -> int:
     return count
 
 
-def _pipelinable(candidate: dramatiq.Broker) -> bool:
-    # The private hooks of dramatiq's RedisBroker (2.x) this relies on; without them (another
-    # dramatiq version) the plain one-at-a-time path stays correct.
-    return (
-        isinstance(candidate, RedisBroker)
-        and callable(getattr(candidate, "_should_do_maintenance", None))
-        and callable(getattr(candidate, "_max_unpack_size", None))
-        and "dispatch" in getattr(candidate, "scripts", {})
-    )
-
-
-def _send_pipelined(redis_broker: RedisBroker, messages: Iterable[Send]) -> int:
+def _send_pipelined(redis_broker: GuardedRedisBroker, messages: Iterable[Send]) -> int:
     count = 0
     batch: list[Send] = []
     for message in messages:
@@ -228,43 +217,26 @@ def _send_pipelined(redis_broker: RedisBroker, messages: Iterable[Send]) -> int:
     return count
 
 
-def _send_batch(redis_broker: RedisBroker, batch: list[Send]) -> int:
-    """``RedisBroker.enqueue`` (no delay) for every message of ``batch``, in one pipeline."""
-    dispatch = redis_broker.scripts["dispatch"]
-    keys = [redis_broker.namespace]
-    unpack = redis_broker._max_unpack_size()
+def _send_batch(redis_broker: GuardedRedisBroker, batch: list[Send]) -> int:
+    """``RedisBroker.enqueue`` (no delay) for every message of ``batch``, in one round trip."""
     enqueued: list[dramatiq.Message[Any]] = []
-    with redis_broker.client.pipeline(transaction=False) as pipe:
-        for send in batch:
-            actor = redis_broker.get_actor(send.actor_name)
-            # What actor.message_with_options(kwargs=...) builds, with enqueue's fresh
-            # redis_message_id set at once instead of in a copy.
-            message: dramatiq.Message[Any] = dramatiq.Message(
-                queue_name=actor.queue_name,
-                actor_name=actor.actor_name,
-                args=(),
-                kwargs=send.kwargs,
-                options={"redis_message_id": str(uuid4())},
-            )
-            redis_broker.emit_before("enqueue", message, None)
-            dispatch(
-                keys=keys,
-                args=[
-                    "enqueue",
-                    current_millis(),
-                    message.queue_name,
-                    redis_broker.broker_id,
-                    redis_broker.heartbeat_timeout,
-                    redis_broker.dead_message_ttl,
-                    redis_broker._should_do_maintenance("enqueue"),
-                    unpack,
-                    message.options["redis_message_id"],
-                    message.encode(),
-                ],
-                client=pipe,
-            )
-            enqueued.append(message)
-        pipe.execute()
+    by_queue: dict[str, list[tuple[str, bytes]]] = {}
+    for send in batch:
+        actor = redis_broker.get_actor(send.actor_name)
+        # What actor.message_with_options(kwargs=...) builds, with enqueue's fresh
+        # redis_message_id set at once instead of in a copy.
+        message: dramatiq.Message[Any] = dramatiq.Message(
+            queue_name=actor.queue_name,
+            actor_name=actor.actor_name,
+            args=(),
+            kwargs=send.kwargs,
+            options={"redis_message_id": str(uuid4())},
+        )
+        redis_broker.emit_before("enqueue", message, None)
+        entries = by_queue.setdefault(message.queue_name, [])
+        entries.append((message.options["redis_message_id"], message.encode()))
+        enqueued.append(message)
+    redis_broker.push(by_queue)
     for message in enqueued:
         redis_broker.emit_after("enqueue", message, None)
     return len(enqueued)

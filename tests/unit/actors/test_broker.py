@@ -15,7 +15,6 @@ from dramatiq.middleware import Retries, TimeLimit
 
 from actors.broker import (
     HEARTBEAT_TIMEOUT_MS,
-    MAINTENANCE_CHANCE,
     Queue,
     TurnBusyRetry,
     current_broker,
@@ -23,6 +22,7 @@ from actors.broker import (
     time_limit_ms,
     use_broker,
 )
+from actors.guard import GuardedRedisBroker
 from actors.middleware import PipelineRuntime, install_deps
 from core.config import Settings
 
@@ -38,7 +38,11 @@ def test_the_redis_broker_is_configured_deliberately() -> None:
     broker = make_broker(s, client=fakeredis.FakeRedis())
     assert isinstance(broker, RedisBroker)
     assert broker.heartbeat_timeout == HEARTBEAT_TIMEOUT_MS < 60_000  # Dramatiq's default
-    assert broker.maintenance_chance == MAINTENANCE_CHANCE > 1000  # Dramatiq's default
+    assert isinstance(broker, GuardedRedisBroker)
+    # A live worker refreshes its heartbeat many times within the timeout; a dead one's
+    # messages are requeued within a maintenance interval of the timeout.
+    assert broker.heartbeat_interval * 10 <= HEARTBEAT_TIMEOUT_MS
+    assert broker.maintenance_interval <= HEARTBEAT_TIMEOUT_MS / 2
     [retries] = [m for m in broker.middleware if isinstance(m, Retries)]
     assert (retries.max_retries, retries.min_backoff, retries.max_backoff) == (4, 7, 900)
     [limit] = [m for m in broker.middleware if isinstance(m, TimeLimit)]
@@ -101,7 +105,7 @@ def _queued(client: Any, queue: str) -> list[dramatiq.Message[Any]]:
 def test_send_all_pipelines_redis_enqueues_exactly_as_the_broker_enqueues_them(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    """Batched round trips, same messages: the broker's enqueue script, one fresh
+    """Batched round trips, same messages as the broker's own enqueue: one fresh
     redis_message_id each, the order kept, every batch (including a partial last one) sent."""
     import actors  # noqa: F401
     from actors.broker import send_all

@@ -11,9 +11,11 @@ from typing import Any
 import dramatiq
 import fakeredis
 import pytest
+import redis
+from dramatiq.errors import ConnectionClosed
 
 from actors.envelope import decode_problem, message_problem
-from actors.guard import GuardedRedisBroker
+from actors.guard import IDLE_MISSES, GuardedConsumer, GuardedRedisBroker
 
 
 def envelope(**overrides: Any) -> dict[str, Any]:
@@ -115,6 +117,7 @@ def test_the_consumer_dead_letters_poison_and_delivers_the_rest_of_its_batch() -
     assert client.hget("dramatiq:q.XQ.msgs", ids[0]) == b"{oops"
     for proxy in delivered:
         consumer.ack(proxy)
+    consumer.close()  # the deferred acks, flushed
     assert client.scard(f"dramatiq:__acks__.{broker.broker_id}.q") == 0
     assert client.hlen("dramatiq:q.msgs") == 0 and client.llen("dramatiq:q") == 0
 
@@ -122,7 +125,7 @@ def test_the_consumer_dead_letters_poison_and_delivers_the_rest_of_its_batch() -
 def test_the_guarded_fetch_still_runs_dramatiqs_maintenance() -> None:
     """A dead worker's in-flight message comes back through Dramatiq's own maintenance."""
     client = fakeredis.FakeRedis()
-    broker = GuardedRedisBroker(client=client, middleware=[], maintenance_chance=1_000_000)
+    broker = GuardedRedisBroker(client=client, middleware=[])
     message: dramatiq.Message[Any] = dramatiq.Message(
         queue_name="q", actor_name="a", args=(), kwargs={}, options={}
     )
@@ -158,3 +161,169 @@ def test_the_envelope_check_knows_exactly_dramatiqs_message_fields() -> None:
     from actors.envelope import _FIELDS
 
     assert set(_FIELDS) == {f.name for f in dataclasses.fields(dramatiq.Message)}
+
+
+def _message(n: int, queue: str = "q") -> dramatiq.Message[Any]:
+    return dramatiq.Message(queue_name=queue, actor_name="a", args=(n,), kwargs={}, options={})
+
+
+def _counting(broker: GuardedRedisBroker) -> list[int]:
+    """Wrap the broker's fetch script; the list gets one entry per fetch (its count)."""
+    calls: list[int] = []
+    real = broker.fetch_script
+
+    def fetch(*, keys: Any, args: Any) -> Any:
+        calls.append(int(args[2]))
+        return real(keys=keys, args=args)
+
+    broker.fetch_script = fetch  # type: ignore[assignment]
+    return calls
+
+
+def test_messages_keep_dramatiqs_layout_from_enqueue_through_fetch_to_ack() -> None:
+    """``ibex dlq``, the mirror and requeue read Dramatiq's keys: the queue list, the payload
+    hash and the worker's in-flight set hold what Dramatiq's own script would put there."""
+    client = fakeredis.FakeRedis()
+    broker = GuardedRedisBroker(client=client, middleware=[])
+    messages = [_message(n) for n in range(3)]
+    broker.push({"q": [(f"r{n}", m.encode()) for n, m in enumerate(messages)]})
+    assert client.lrange("dramatiq:q", 0, -1) == [b"r0", b"r1", b"r2"]
+    assert client.hget("dramatiq:q.msgs", "r1") == messages[1].encode()
+    consumer = broker.consume("q", prefetch=2, timeout=10)
+    first, second = next(consumer), next(consumer)
+    assert first is not None and second is not None
+    acks = f"dramatiq:__acks__.{broker.broker_id}.q"
+    assert client.smembers(acks) == {b"r0", b"r1"}
+    assert client.lrange("dramatiq:q", 0, -1) == [b"r2"]
+    consumer.ack(first)
+    assert client.smembers(acks) == {b"r0", b"r1"}  # deferred to the next poll
+    assert next(consumer) is not None  # r2, fetched together with the ack of r0
+    assert client.smembers(acks) == {b"r1", b"r2"}
+    assert not client.hexists("dramatiq:q.msgs", "r0") and client.hexists("dramatiq:q.msgs", "r1")
+    consumer.nack(second)  # Dramatiq's own move to the dead letters
+    assert client.zrange("dramatiq:q.XQ", 0, -1) == [b"r1"]
+    assert client.hget("dramatiq:q.XQ.msgs", "r1") == messages[1].encode()
+    assert client.smembers(acks) == {b"r2"}
+
+
+def test_the_heartbeat_is_refreshed_once_an_interval_even_when_nothing_can_be_fetched() -> None:
+    """A worker whose threads are all busy fetches nothing, but its consumer loop still beats:
+    it must not be taken for dead while it works."""
+    client = fakeredis.FakeRedis()
+    broker = GuardedRedisBroker(client=client, middleware=[], heartbeat_interval=60_000)
+    broker.push({"q": [("r0", _message(0).encode()), ("r1", _message(1).encode())]})
+    consumer = broker.consume("q", prefetch=1, timeout=10)
+    fetches = _counting(broker)
+    assert next(consumer) is not None
+    beat = client.zscore("dramatiq:__heartbeats__", broker.broker_id)
+    assert beat is not None and fetches == [1]
+    client.zadd("dramatiq:__heartbeats__", {broker.broker_id: 1})
+    assert next(consumer) is None  # prefetch full: no fetch, and the interval has not passed
+    assert client.zscore("dramatiq:__heartbeats__", broker.broker_id) == 1
+    broker.heartbeat_interval = 0
+    assert next(consumer) is None
+    assert fetches == [1]
+    after = client.zscore("dramatiq:__heartbeats__", broker.broker_id)
+    assert after is not None and after >= beat
+
+
+def test_a_fetch_that_empties_the_queue_is_not_followed_by_an_immediate_one() -> None:
+    client = fakeredis.FakeRedis()
+    broker = GuardedRedisBroker(client=client, middleware=[])
+    broker.push({"q": [("r0", _message(0).encode())]})
+    consumer = broker.consume("q", prefetch=4, timeout=10)
+    fetches = _counting(broker)
+    assert next(consumer) is not None
+    assert next(consumer) is None  # the queue was drained: back off, no fetch
+    assert fetches == [4]
+    broker.push({"q": [("r1", _message(1).encode())]})
+    proxy = next(consumer)
+    assert proxy is not None and proxy.args == (1,)
+    assert fetches == [4, 3]
+
+
+def test_an_idle_consumer_polls_with_llen_and_fetches_only_when_messages_wait() -> None:
+    client = fakeredis.FakeRedis()
+    broker = GuardedRedisBroker(client=client, middleware=[])
+    consumer = broker.consume("q", prefetch=2, timeout=10)
+    fetches = _counting(broker)
+    for _ in range(IDLE_MISSES + 3):
+        assert next(consumer) is None
+    assert len(fetches) == IDLE_MISSES  # then idle: no fetch script on an empty queue
+    broker.push({"q": [("r0", _message(0).encode())]})
+    proxy = next(consumer)
+    assert proxy is not None and proxy.args == (0,)
+    assert len(fetches) == IDLE_MISSES + 1
+
+
+def test_maintenance_runs_on_the_first_fetch_then_once_an_interval() -> None:
+    client = fakeredis.FakeRedis()
+    broker = GuardedRedisBroker(client=client, middleware=[], maintenance_interval=60_000)
+    runs: list[str] = []
+    broker.maintain = runs.append  # type: ignore[method-assign]
+    consumer = broker.consume("q.DQ", prefetch=2, timeout=10)
+    for _ in range(3):
+        assert next(consumer) is None
+    assert runs == ["q.DQ"]
+    assert isinstance(consumer, GuardedConsumer)
+    consumer.maintenance_due = 0
+    consumer.misses = 0
+    assert next(consumer) is None
+    assert runs == ["q.DQ", "q.DQ"]
+    assert 48_000 <= broker.maintenance_period() <= 72_000
+
+
+def test_an_ack_after_a_requeue_drops_the_payload_and_the_late_copy_is_skipped() -> None:
+    """A worker taken for dead (its in-flight ids requeued) that then finishes a message: its
+    ack removes the payload, and the requeued id, fetched without one, is dropped from
+    in-flight instead of running the finished message again."""
+    client = fakeredis.FakeRedis()
+    broker = GuardedRedisBroker(client=client, middleware=[])
+    broker.push({"q": [("r0", _message(0).encode())]})
+    slow = broker.consume("q", prefetch=1, timeout=10)
+    proxy = next(slow)
+    assert proxy is not None
+    # The maintenance of another worker: the in-flight id back on the queue.
+    client.delete(f"dramatiq:__acks__.{broker.broker_id}.q")
+    client.rpush("dramatiq:q", "r0")
+    slow.ack(proxy)
+    slow.close()
+    other = GuardedRedisBroker(client=client, middleware=[])
+    assert next(other.consume("q", prefetch=1, timeout=10)) is None
+    assert client.llen("dramatiq:q") == 0 and client.hlen("dramatiq:q.msgs") == 0
+    assert client.scard(f"dramatiq:__acks__.{other.broker_id}.q") == 0
+
+
+def test_acks_wait_for_the_next_poll_and_survive_a_failed_flush() -> None:
+    """An ack is deferred to the consumer's next fetch or poll, where all deferred acks go in
+    one HDEL and one SREM; when Redis does not answer they stay deferred for the next try (or
+    the queue's next consumer), and closing the consumer flushes them."""
+    client = fakeredis.FakeRedis()
+    broker = GuardedRedisBroker(client=client, middleware=[])
+    broker.push({"q": [(f"r{n}", _message(n).encode()) for n in range(3)]})
+    consumer = broker.consume("q", prefetch=2, timeout=10)
+    first, second = next(consumer), next(consumer)
+    assert first is not None and second is not None
+    acks = f"dramatiq:__acks__.{broker.broker_id}.q"
+    consumer.ack(first)
+    consumer.ack(second)
+    assert client.scard(acks) == 2 and client.hlen("dramatiq:q.msgs") == 3
+    third = next(consumer)  # r2 fetched, r0 and r1 acked by the same script
+    assert third is not None and third.options["redis_message_id"] == "r2"
+    assert client.smembers(acks) == {b"r2"}
+    assert client.hkeys("dramatiq:q.msgs") == [b"r2"]
+    consumer.ack(third)
+
+    def refuse(*_: Any, **__: Any) -> Any:
+        raise redis.ConnectionError("down")
+
+    real_pipeline = client.pipeline
+    client.pipeline = refuse  # type: ignore[method-assign]
+    with pytest.raises(ConnectionClosed):
+        next(consumer)  # the queue was drained: no fetch, only the flush, which fails
+    consumer.close()  # fails too
+    assert client.smembers(acks) == {b"r2"}
+    client.pipeline = real_pipeline  # type: ignore[method-assign]
+    broker.consume("q", prefetch=2, timeout=10).close()  # the queue's next consumer
+    assert client.scard(acks) == 0 and client.hlen("dramatiq:q.msgs") == 0
+    assert broker.take_acks("q") == []
