@@ -11,16 +11,27 @@ in a transaction over these rows:
   when its message was dead-lettered), the scan's lease, the LLM claim, our own attempt and LLM
   call counters, and the first validated result (a trigger forbids changing it once written);
 - ``extraction_slots`` (one row per written memory slot);
-- ``sessions.last_extracted_turn``, moved only by :meth:`TurnStore.advance_pointer`, under a
-  lock on the session row (:meth:`TurnStore.complete_turn`), and only ever upwards.
+- ``sessions.last_extracted_turn``, moved under a lock on the session row by
+  :meth:`TurnStore.complete_turn` (and by :meth:`TurnStore.advance_pointer`, which no stage
+  calls), and only ever upwards.
 
 Once the pointer has passed a turn nothing reads its rows for correctness (a turn at or below
 the pointer is done, with or without a row: :meth:`TurnStore.begin_extract` says so, the scan
 and the pointer walk look only above it), so :meth:`TurnStore.prune_done` may delete them.
 
-Every tenant operation runs in :func:`core.db.tenant` (row-level security for that org). Lock
-order is always session row before turn row, never the reverse, so the stages cannot deadlock
-on each other.
+The hot transitions (``begin_extract``, ``persist_result``, ``load_slot``, ``record_slot``,
+``complete_turn``, ``turn_status``) are each one round trip: a server-side function of
+migration ``000010_stage_functions.sql`` of the same name, sent as one statement in its own
+implicit transaction through :func:`core.db.one_statement` (a dead pooled connection is
+replaced and the statement sent again; each function is safe to run again). The function sets
+the tenant role and org itself, as ``ibex_memory.create_memory`` does, so row-level security
+applies to every row it touches; it takes the decision this module documents and returns it,
+and the method turns the answer into the same value types. The points where a race test holds
+one transaction (between a locking read and the write it decides) are calls of
+``ibex_core.stage_pause`` in those functions. The rarer transitions (the failure paths, the
+pruning) run their statements in :func:`core.db.tenant` (row-level security for that org).
+Lock order is always session row before turn row, never the reverse, so the stages cannot
+deadlock on each other.
 
 Over 400 lines but one idea: the one owner of the per-turn state, whose transitions must sit
 together to keep one lock order and one name per transition.
@@ -187,7 +198,9 @@ class TurnStore:
         up without releasing (it failed while the database was unavailable): that live claim
         is taken over at once, since its holder has ended. Any other live claim means wait.
         ``call_llm`` is False when the caller holds an answer already: the claim then counts
-        no attempt and no LLM call."""
+        no attempt and no LLM call. The claim's token is made here and sent with the call, so a
+        call sent again after its answer was lost finds its own claim and takes it again,
+        counting nothing twice."""
         token = uuid.uuid4()
         row = self._call(
             _BEGIN_EXTRACT,
@@ -502,17 +515,10 @@ class TurnStore:
     # -- inspection ------------------------------------------------------------------------
 
     def turn_status(self, ref: TurnRef) -> TurnStatus | None:
-        with tenant(self.db, ref.org_id):
-            row = self._sql(
-                "SELECT state::text, attempts, llm_calls, memory_count, last_error,"
-                "       COALESCE(lease_expires_at > now(), false),"
-                "       COALESCE(claim_expires_at > now(), false),"
-                "       (SELECT count(*) FROM ibex_core.extraction_slots x"
-                "         WHERE x.session_id = e.session_id AND x.turn_index = e.turn_index)"
-                "  FROM ibex_core.extraction_turns e"
-                " WHERE session_id = %s AND turn_index = %s",
-                (str(ref.session_id), ref.turn_index),
-            ).fetchone()
+        row = self._call(
+            "SELECT * FROM ibex_core.turn_status(%s::uuid, %s::uuid, %s)",
+            (str(ref.org_id), str(ref.session_id), ref.turn_index),
+        ).fetchone()
         if row is None:
             return None
         state, attempts, calls, count, error, lease, claim, slots = row

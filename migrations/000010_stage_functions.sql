@@ -9,6 +9,7 @@
 --   load_slot       the stored result, the session's agent and whether a slot is recorded
 --   record_slot     record a slot and count under the turn row's lock
 --   complete_turn   session row lock, then turn row lock: mark done, walk, move the pointer
+--   turn_status     the turn's state as `ibex extract` reports it after each turn
 --
 -- SECURITY INVOKER: each switches its transaction to the tenant role and org first (exactly
 -- what core.db.tenant() does), so every row it reads or writes is under row-level security,
@@ -341,6 +342,27 @@ BEGIN
 END
 $$;
 
+-- What `ibex extract` reads after each turn: the turn's state, counters and slots recorded.
+CREATE FUNCTION ibex_core.turn_status(p_org_id uuid, p_session_id uuid, p_turn_index integer)
+RETURNS TABLE (state text, attempts integer, llm_calls integer, memory_count integer,
+               last_error text, leased boolean, claimed boolean, slots bigint)
+LANGUAGE plpgsql VOLATILE SECURITY INVOKER
+AS $$
+#variable_conflict use_column
+BEGIN
+    SET LOCAL ROLE ibex_app;
+    PERFORM set_config('ibex.org_id', p_org_id::text, true);
+    RETURN QUERY
+    SELECT e.state::text, e.attempts, e.llm_calls, e.memory_count, e.last_error,
+           COALESCE(e.lease_expires_at > now(), false),
+           COALESCE(e.claim_expires_at > now(), false),
+           (SELECT count(*) FROM ibex_core.extraction_slots x
+             WHERE x.session_id = e.session_id AND x.turn_index = e.turn_index)
+      FROM ibex_core.extraction_turns e
+     WHERE e.session_id = p_session_id AND e.turn_index = p_turn_index;
+END
+$$;
+
 -- The seam runs as the tenant role (the stage functions call it after switching); the stage
 -- functions themselves stay the owner's (005 revoked EXECUTE from PUBLIC by default).
 REVOKE ALL ON FUNCTION ibex_core.stage_pause(text) FROM PUBLIC;
@@ -352,5 +374,6 @@ REVOKE ALL ON FUNCTION
                              text, integer),
     ibex_core.load_slot(uuid, uuid, integer, integer),
     ibex_core.record_slot(uuid, uuid, integer, integer, uuid, uuid, text),
-    ibex_core.complete_turn(uuid, uuid, integer)
+    ibex_core.complete_turn(uuid, uuid, integer),
+    ibex_core.turn_status(uuid, uuid, integer)
 FROM PUBLIC;
