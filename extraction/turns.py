@@ -11,16 +11,27 @@ in a transaction over these rows:
   when its message was dead-lettered), the scan's lease, the LLM claim, our own attempt and LLM
   call counters, and the first validated result (a trigger forbids changing it once written);
 - ``extraction_slots`` (one row per written memory slot);
-- ``sessions.last_extracted_turn``, moved only by :meth:`TurnStore.advance_pointer`, under a
-  lock on the session row (:meth:`TurnStore.complete_turn`), and only ever upwards.
+- ``sessions.last_extracted_turn``, moved under a lock on the session row by
+  :meth:`TurnStore.complete_turn` (and by :meth:`TurnStore.advance_pointer`, which no stage
+  calls), and only ever upwards.
 
 Once the pointer has passed a turn nothing reads its rows for correctness (a turn at or below
 the pointer is done, with or without a row: :meth:`TurnStore.begin_extract` says so, the scan
 and the pointer walk look only above it), so :meth:`TurnStore.prune_done` may delete them.
 
-Every tenant operation runs in :func:`core.db.tenant` (row-level security for that org). Lock
-order is always session row before turn row, never the reverse, so the stages cannot deadlock
-on each other.
+The hot transitions (``begin_extract``, ``persist_result``, ``load_slot``, ``record_slot``,
+``complete_turn``, ``turn_status``) are each one round trip: a server-side function of
+migration ``000010_stage_functions.sql`` of the same name, sent as one statement in its own
+implicit transaction through :func:`core.db.one_statement` (a dead pooled connection is
+replaced and the statement sent again; each function is safe to run again). The function sets
+the tenant role and org itself, as ``ibex_memory.create_memory`` does, so row-level security
+applies to every row it touches; it takes the decision this module documents and returns it,
+and the method turns the answer into the same value types. The points where a race test holds
+one transaction (between a locking read and the write it decides) are calls of
+``ibex_core.stage_pause`` in those functions. The rarer transitions (the failure paths, the
+pruning) run their statements in :func:`core.db.tenant` (row-level security for that org).
+Lock order is always session row before turn row, never the reverse, so the stages cannot
+deadlock on each other.
 
 Over 400 lines but one idea: the one owner of the per-turn state, whose transitions must sit
 together to keep one lock order and one name per transition.
@@ -37,7 +48,7 @@ from typing import Any
 
 import peewee
 
-from core.db import tenant, transaction
+from core.db import one_statement, tenant, transaction
 from core.errors import ConfigError, NotFoundError
 from extraction.caches import AnswerCache, SlotCache
 from extraction.values import (
@@ -55,15 +66,18 @@ from extraction.values import (
     UUIDLike,
     uuid_text,
 )
-from models.store import Turn, select_turns
+from models.store import Turn
 
-# w = the highest t such that every turn pointer+1..t is done (a missing row is not done).
-_WALK_POINTER = """
-SELECT COALESCE(MIN(g), %(n)s + 1) - 1
-  FROM generate_series(%(p)s + 1, %(n)s) AS g
-  LEFT JOIN ibex_core.extraction_turns e ON e.session_id = %(s)s AND e.turn_index = g
- WHERE e.state IS DISTINCT FROM 'done'
-"""
+# The stage functions of migration 000010: each one round trip in its own implicit transaction.
+_BEGIN_EXTRACT = (
+    "SELECT * FROM ibex_core.begin_extract("
+    "%s::uuid, %s::uuid, %s, %s, %s, %s, %s, %s::uuid, %s, %s::uuid)"
+)
+_PERSIST_RESULT = (
+    "SELECT * FROM ibex_core.persist_result("
+    "%s::uuid, %s::uuid, %s, %s::uuid, %s::jsonb, %s, %s, %s, %s, %s, %s)"
+)
+_COMPLETE_TURN = "SELECT * FROM ibex_core.complete_turn(%s::uuid, %s::uuid, %s)"
 
 # A failed turn returns to where its persisted state says: extracted when a result is stored.
 _REOPEN_STATE = (
@@ -133,25 +147,17 @@ class Pruned:
         return Pruned(self.turns + other.turns, self.slots + other.slots)
 
 
-_TURN_COLUMNS = """
-state::text, result, memory_count, attempts, llm_calls, provider, model, prompt_tokens,
-completion_tokens, last_error, claim_token,
-COALESCE(claim_expires_at > now(), false),
-GREATEST(EXTRACT(EPOCH FROM claim_expires_at - now()), 0)
-"""
-
-
-# The same columns qualified, for the turn row joined to its session.
-_TURN_COLUMNS_E = """
-e.state::text, e.result, e.memory_count, e.attempts, e.llm_calls, e.provider, e.model,
-e.prompt_tokens, e.completion_tokens, e.last_error, e.claim_token,
-COALESCE(e.claim_expires_at > now(), false),
-GREATEST(EXTRACT(EPOCH FROM e.claim_expires_at - now()), 0)
-"""
-
-
-def _no_pause(point: str) -> None:
-    return None
+def _turn(session_id: uuid.UUID, row: dict[str, Any]) -> Turn:
+    """A turn as ``ibex_core.begin_extract`` returns it with the claim (a JSON object)."""
+    return Turn(
+        session_id,
+        int(row["turn_index"]),
+        row["messages"],
+        row["completion"],
+        int(row["prompt_tokens"]),
+        int(row["completion_tokens"]),
+        int(row["latency_ms"]),
+    )
 
 
 class TurnStore:
@@ -162,14 +168,13 @@ class TurnStore:
         self.db = db
         self.slot_cache = SlotCache()
         self.answers = AnswerCache()
-        #: A test seam, a no-op here: called with the name of each point that sits between a
-        #: locking read and the write it decides (``begin_extract.locked``,
-        #: ``record_slot.counted``, ``complete_turn.walked``), inside the transaction, so a
-        #: race test can hold one transaction there and show that another one waits.
-        self.pause: Callable[[str], None] = _no_pause
 
     def _sql(self, sql: str, params: Sequence[Any] | dict[str, Any] = ()) -> Any:
         return self.db.execute_sql(sql, params)
+
+    def _call(self, sql: str, params: Sequence[Any]) -> Any:
+        """One stage function, one round trip: it sets the tenant role and org itself."""
+        return one_statement(self.db, sql, params)
 
     # -- extract_turn ----------------------------------------------------------------------
 
@@ -193,110 +198,47 @@ class TurnStore:
         up without releasing (it failed while the database was unavailable): that live claim
         is taken over at once, since its holder has ended. Any other live claim means wait.
         ``call_llm`` is False when the caller holds an answer already: the claim then counts
-        no attempt and no LLM call."""
-        with tenant(self.db, ref.org_id):
-            # Usually the scan recorded the row: lock it and read its session in one statement.
-            joined = self._sql(
-                f"SELECT s.last_extracted_turn, s.turn_count, {_TURN_COLUMNS_E}"
-                "  FROM ibex_core.extraction_turns e"
-                "  JOIN ibex_core.sessions s ON s.id = e.session_id"
-                " WHERE e.session_id = %s AND e.turn_index = %s FOR UPDATE OF e",
-                (str(ref.session_id), ref.turn_index),
-            ).fetchone()
-            if joined is not None:
-                pointer, turn_count = int(joined[0]), int(joined[1])
-                row: tuple[Any, ...] | None = tuple(joined[2:])
-            else:
-                session = self._sql(
-                    "SELECT last_extracted_turn, turn_count FROM ibex_core.sessions WHERE id = %s",
-                    (str(ref.session_id),),
-                ).fetchone()
-                if session is None:
-                    raise NotFoundError(f"session {ref.session_id} not found")
-                pointer, turn_count = int(session[0]), int(session[1])
-                row = None
-            if ref.turn_index > turn_count:
-                raise NotFoundError(
-                    f"turn {ref.turn_index} of session {ref.session_id} not found"
-                    f" (the session has {turn_count})"
-                )
-            if row is None:
-                if ref.turn_index <= pointer:
-                    # Below the pointer every turn is done, even one recorded before this table.
-                    return AlreadyDone()
-                self._sql(
-                    "INSERT INTO ibex_core.extraction_turns (org_id, session_id, turn_index)"
-                    " VALUES (%s, %s, %s) ON CONFLICT DO NOTHING",
-                    (str(ref.org_id), str(ref.session_id), ref.turn_index),
-                )
-                row = self._lock_turn(ref)
-                assert row is not None
-            (state, result, _count, attempts, _calls, provider, model, pt, ct, last_error,
-             claim_token, claim_live, claim_left) = row  # fmt: skip
-            self.pause("begin_extract.locked")
-            if state == "done":
-                return AlreadyDone()
-            if state == "failed":
-                # A failed turn is only delivered again by an operator's replay (the scan skips
-                # it): start a fresh series of attempts.
-                attempts = 0
-                self._sql(
-                    f"UPDATE ibex_core.extraction_turns SET {_REOPEN_STATE}, attempts = 0"
-                    " WHERE session_id = %s AND turn_index = %s",
-                    (str(ref.session_id), ref.turn_index),
-                )
-            if result is not None:
-                return Persisted(
-                    PersistedResult.from_row(result, provider, model, pt, ct),
-                    self._written(ref),
-                )
-            if claim_live and (takeover is None or str(claim_token) != str(takeover)):
-                return Busy(float(claim_left))
-            if call_llm and attempts >= max_attempts:
-                return GaveUp(attempts, last_error)
-            token = uuid.uuid4()
-            counted = 1 if call_llm else 0
-            self._sql(
-                "UPDATE ibex_core.extraction_turns"
-                "   SET claim_token = %s,"
-                "       claim_expires_at = now() + make_interval(secs => %s),"
-                "       attempts = attempts + %s, llm_calls = llm_calls + %s,"
-                "       lease_expires_at = GREATEST(COALESCE(lease_expires_at, now()),"
-                "                                   now() + make_interval(secs => %s))"
-                " WHERE session_id = %s AND turn_index = %s",
-                (
-                    str(token),
-                    claim_seconds,
-                    counted,
-                    counted,
-                    lease_seconds,
-                    str(ref.session_id),
-                    ref.turn_index,
-                ),
-            )
-            first = max(1, ref.turn_index - context_turns)
-            return Claimed(token, attempts + counted, self._read_turns(ref, first))
-
-    def _read_turns(self, ref: TurnRef, first: int) -> tuple[Turn, ...]:
-        """Turns ``first..ref.turn_index`` with their content, in the current transaction
-        (what :meth:`SessionStore.read_turns` reads in a transaction of its own)."""
-        return tuple(select_turns(ref.session_id, first, ref.turn_index))
-
-    def _lock_turn(self, ref: TurnRef) -> tuple[Any, ...] | None:
-        row: tuple[Any, ...] | None = self._sql(
-            f"SELECT {_TURN_COLUMNS} FROM ibex_core.extraction_turns"
-            " WHERE session_id = %s AND turn_index = %s FOR UPDATE",
-            (str(ref.session_id), ref.turn_index),
+        no attempt and no LLM call. The claim's token is made here and sent with the call, so a
+        call sent again after its answer was lost finds its own claim and takes it again,
+        counting nothing twice."""
+        token = uuid.uuid4()
+        row = self._call(
+            _BEGIN_EXTRACT,
+            (
+                str(ref.org_id),
+                str(ref.session_id),
+                ref.turn_index,
+                claim_seconds,
+                lease_seconds,
+                max_attempts,
+                max(1, ref.turn_index - context_turns),
+                str(takeover) if takeover is not None else None,
+                call_llm,
+                str(token),
+            ),
         ).fetchone()
-        return row
-
-    def _written(self, ref: TurnRef) -> frozenset[int]:
-        rows = self._sql(
-            "SELECT ordinal FROM ibex_core.extraction_slots"
-            " WHERE session_id = %s AND turn_index = %s",
-            (str(ref.session_id), ref.turn_index),
-        ).fetchall()
-        return frozenset(int(r[0]) for r in rows)
+        (outcome, turn_count, result, provider, model, pt, ct, written, retry_after, attempts,
+         last_error, turns) = row  # fmt: skip
+        if outcome == "no_session":
+            raise NotFoundError(f"session {ref.session_id} not found")
+        if outcome == "no_turn":
+            raise NotFoundError(
+                f"turn {ref.turn_index} of session {ref.session_id} not found"
+                f" (the session has {turn_count})"
+            )
+        if outcome == "done":
+            return AlreadyDone()
+        if outcome == "persisted":
+            return Persisted(
+                PersistedResult.from_row(result, provider, model, pt, ct),
+                frozenset(int(o) for o in written or ()),
+            )
+        if outcome == "busy":
+            return Busy(float(retry_after))
+        if outcome == "gave_up":
+            return GaveUp(int(attempts), last_error)
+        assert outcome == "claimed", outcome
+        return Claimed(token, int(attempts), tuple(_turn(ref.session_id, t) for t in turns))
 
     def release_claim(self, ref: TurnRef, token: uuid.UUID, error: str) -> None:
         """After a failed LLM call: drop our claim (so the retry need not wait) and keep why."""
@@ -369,68 +311,38 @@ class TurnStore:
     ) -> Persisted:
         """Transaction 2 of ``extract_turn``: store ``result`` unless one is stored already
         (first wins), then return the stored one and the slots already written."""
-        memory_count = len(result["memories"])
-        with tenant(self.db, ref.org_id):
-            # Store ours (and end our claim) unless a result is stored; RETURNING gives back
-            # exactly what was stored, the slots already written and the session's agent.
-            mine = self._sql(
-                "UPDATE ibex_core.extraction_turns e"
-                "   SET result = %s::jsonb, memory_count = %s,"
-                "       prompt_tokens = %s, completion_tokens = %s, provider = %s, model = %s,"
-                "       state = 'extracted', extracted_at = now(), last_error = NULL,"
-                "       claim_token = NULL, claim_expires_at = NULL,"
-                "       lease_expires_at = GREATEST(COALESCE(lease_expires_at, now()),"
-                "                                   now() + make_interval(secs => %s))"
-                " WHERE session_id = %s AND turn_index = %s AND result IS NULL"
-                " RETURNING e.result, e.provider, e.model, e.prompt_tokens, e.completion_tokens,"
-                "   ARRAY(SELECT x.ordinal FROM ibex_core.extraction_slots x"
-                "          WHERE x.session_id = e.session_id AND x.turn_index = e.turn_index),"
-                "   (SELECT s.agent_id FROM ibex_core.sessions s WHERE s.id = e.session_id)",
-                (
-                    json.dumps(result, ensure_ascii=False),
-                    memory_count,
-                    prompt_tokens,
-                    completion_tokens,
-                    provider,
-                    model,
-                    lease_seconds,
-                    str(ref.session_id),
-                    ref.turn_index,
-                ),
-            ).fetchone()
-            if mine is not None:
-                stored = PersistedResult.from_row(mine[0], mine[1], mine[2], mine[3], mine[4])
-                self.slot_cache.put(ref, uuid.UUID(str(mine[6])), stored)
-                return Persisted(stored, frozenset(int(o) for o in mine[5] or ()))
-            # Another delivery persisted first: its result wins; our claim (if still ours) is
-            # over.
-            self._sql(
-                "UPDATE ibex_core.extraction_turns SET claim_token = NULL, claim_expires_at = NULL"
-                " WHERE session_id = %s AND turn_index = %s AND claim_token = %s",
-                (str(ref.session_id), ref.turn_index, str(token)),
-            )
-            row = self._lock_turn(ref)
-            if row is None or row[1] is None:
-                raise NotFoundError(f"turn {ref.turn_index} of {ref.session_id} vanished")
-            stored = PersistedResult.from_row(row[1], row[5], row[6], row[7], row[8])
-            return Persisted(stored, self._written(ref))
+        row = self._call(
+            _PERSIST_RESULT,
+            (
+                str(ref.org_id),
+                str(ref.session_id),
+                ref.turn_index,
+                str(token),
+                json.dumps(result, ensure_ascii=False),
+                len(result["memories"]),
+                prompt_tokens,
+                completion_tokens,
+                provider,
+                model,
+                lease_seconds,
+            ),
+        ).fetchone()
+        if row is None:
+            raise NotFoundError(f"turn {ref.turn_index} of {ref.session_id} vanished")
+        mine, stored_result, stored_provider, stored_model, pt, ct, written, agent = row
+        stored = PersistedResult.from_row(stored_result, stored_provider, stored_model, pt, ct)
+        if mine:
+            self.slot_cache.put(ref, uuid.UUID(str(agent)), stored)
+        return Persisted(stored, frozenset(int(o) for o in written or ()))
 
     # -- write_memory ----------------------------------------------------------------------
 
     def load_slot(self, ref: TurnRef, ordinal: int) -> SlotView:
         """The turn's stored result, the session's agent, and whether the slot is recorded."""
-        with tenant(self.db, ref.org_id):
-            row = self._sql(
-                "SELECT e.state::text, s.agent_id, e.result, e.provider, e.model,"
-                "       e.prompt_tokens, e.completion_tokens,"
-                "       EXISTS (SELECT 1 FROM ibex_core.extraction_slots x"
-                "                WHERE x.session_id = e.session_id"
-                "                  AND x.turn_index = e.turn_index AND x.ordinal = %s)"
-                "  FROM ibex_core.extraction_turns e"
-                "  JOIN ibex_core.sessions s ON s.id = e.session_id"
-                " WHERE e.session_id = %s AND e.turn_index = %s",
-                (ordinal, str(ref.session_id), ref.turn_index),
-            ).fetchone()
+        row = self._call(
+            "SELECT * FROM ibex_core.load_slot(%s::uuid, %s::uuid, %s, %s)",
+            (str(ref.org_id), str(ref.session_id), ref.turn_index, ordinal),
+        ).fetchone()
         if row is None:
             raise NotFoundError(
                 f"turn {ref.turn_index} of session {ref.session_id} has no extraction state"
@@ -455,39 +367,21 @@ class TurnStore:
 
         Under the turn row's lock: two writes finishing at the same moment are serialized, so
         the second always sees the first's slot and one of them sees the turn complete."""
-        with tenant(self.db, ref.org_id):
-            turn = self._sql(
-                "SELECT memory_count, state::text FROM ibex_core.extraction_turns"
-                " WHERE session_id = %s AND turn_index = %s FOR UPDATE",
-                (str(ref.session_id), ref.turn_index),
-            ).fetchone()
-            if turn is None or turn[0] is None:
-                raise NotFoundError(f"turn {ref.turn_index} of {ref.session_id} has no result")
-            memory_count, state = int(turn[0]), turn[1]
-            # Insert and count in one statement: the count's snapshot (taken after the row lock
-            # above was granted) sees every slot committed before, plus ours if inserted.
-            written = self._sql(
-                "WITH ins AS ("
-                " INSERT INTO ibex_core.extraction_slots"
-                " (org_id, session_id, turn_index, ordinal, idempotency_key, memory_id, outcome)"
-                " VALUES (%s, %s, %s, %s, %s, %s, %s) ON CONFLICT DO NOTHING RETURNING 1)"
-                " SELECT (SELECT count(*) FROM ibex_core.extraction_slots"
-                "          WHERE session_id = %s AND turn_index = %s)"
-                "      + (SELECT count(*) FROM ins)",
-                (
-                    str(ref.org_id),
-                    str(ref.session_id),
-                    ref.turn_index,
-                    ordinal,
-                    idempotency_key,
-                    str(memory_id) if memory_id else None,
-                    outcome,
-                    str(ref.session_id),
-                    ref.turn_index,
-                ),
-            ).fetchone()[0]
-            self.pause("record_slot.counted")
-            return bool(int(written) >= memory_count and state != "done")
+        complete = self._call(
+            "SELECT ibex_core.record_slot(%s::uuid, %s::uuid, %s, %s, %s::uuid, %s::uuid, %s)",
+            (
+                str(ref.org_id),
+                str(ref.session_id),
+                ref.turn_index,
+                ordinal,
+                idempotency_key,
+                str(memory_id) if memory_id else None,
+                outcome,
+            ),
+        ).fetchone()[0]
+        if complete is None:
+            raise NotFoundError(f"turn {ref.turn_index} of {ref.session_id} has no result")
+        return bool(complete)
 
     # -- advance_pointer -------------------------------------------------------------------
 
@@ -497,52 +391,20 @@ class TurnStore:
         """Mark the turn done if every slot is recorded, and move the session pointer to the
         highest t with every turn 1..t done — one transaction under the session row's lock, so
         two turns finishing at once cannot each miss the other. Never moves it backwards."""
-        with tenant(self.db, ref.org_id):
-            session = self._sql(
-                "SELECT last_extracted_turn, turn_count FROM ibex_core.sessions"
-                " WHERE id = %s FOR UPDATE",
-                (str(ref.session_id),),
-            ).fetchone()
-            if session is None:
-                raise NotFoundError(f"session {ref.session_id} not found")
-            pointer, turn_count = int(session[0]), int(session[1])
-            turn = self._sql(
-                "SELECT state::text, memory_count FROM ibex_core.extraction_turns"
-                " WHERE session_id = %s AND turn_index = %s FOR UPDATE",
-                (str(ref.session_id), ref.turn_index),
-            ).fetchone()
-            if turn is None or turn[1] is None:
-                # Nothing stored for this turn (yet): the write that completes it sends its own
-                # advance_pointer, so there is nothing to do here.
-                return PointerOutcome(False, False, pointer, pointer)
-            state, memory_count = turn[0], int(turn[1])
-            newly_done = False
-            if state != "done":
-                written = self._sql(
-                    "SELECT count(*) FROM ibex_core.extraction_slots"
-                    " WHERE session_id = %s AND turn_index = %s",
-                    (str(ref.session_id), ref.turn_index),
-                ).fetchone()[0]
-                if int(written) < memory_count:
-                    return PointerOutcome(False, False, pointer, pointer)
-                self._sql(
-                    "UPDATE ibex_core.extraction_turns"
-                    "   SET state = 'done', done_at = now(), lease_expires_at = NULL,"
-                    "       claim_token = NULL, claim_expires_at = NULL, last_error = NULL"
-                    " WHERE session_id = %s AND turn_index = %s",
-                    (str(ref.session_id), ref.turn_index),
-                )
-                newly_done = True
-            if fault is not None:
-                fault("after_mark_done")
-            walked = self._sql(
-                _WALK_POINTER, {"p": pointer, "n": turn_count, "s": str(ref.session_id)}
-            ).fetchone()[0]
-            self.pause("complete_turn.walked")
-            after = pointer
-            if int(walked) > pointer:
-                after = self._advance_pointer(ref.session_id, int(walked))
-            return PointerOutcome(True, newly_done, pointer, after)
+        params = (str(ref.org_id), str(ref.session_id), ref.turn_index)
+        if fault is None:
+            row = self._call(_COMPLETE_TURN, params).fetchone()
+        else:
+            # The fault point sits inside the transaction, after the turn is marked done: a
+            # crash there rolls all of it back, as a crash at any point before the commit.
+            with transaction(self.db):
+                row = self._call(_COMPLETE_TURN, params).fetchone()
+                if row is not None and row[0]:
+                    fault("after_mark_done")
+        if row is None:
+            raise NotFoundError(f"session {ref.session_id} not found")
+        completed, newly_done, before, after = row
+        return PointerOutcome(bool(completed), bool(newly_done), int(before), int(after))
 
     def advance_pointer(self, org_id: UUIDLike, session_id: UUIDLike, turn: int) -> int:
         """Move ``last_extracted_turn`` up to ``turn`` (never down, never past turn_count);
@@ -653,17 +515,10 @@ class TurnStore:
     # -- inspection ------------------------------------------------------------------------
 
     def turn_status(self, ref: TurnRef) -> TurnStatus | None:
-        with tenant(self.db, ref.org_id):
-            row = self._sql(
-                "SELECT state::text, attempts, llm_calls, memory_count, last_error,"
-                "       COALESCE(lease_expires_at > now(), false),"
-                "       COALESCE(claim_expires_at > now(), false),"
-                "       (SELECT count(*) FROM ibex_core.extraction_slots x"
-                "         WHERE x.session_id = e.session_id AND x.turn_index = e.turn_index)"
-                "  FROM ibex_core.extraction_turns e"
-                " WHERE session_id = %s AND turn_index = %s",
-                (str(ref.session_id), ref.turn_index),
-            ).fetchone()
+        row = self._call(
+            "SELECT * FROM ibex_core.turn_status(%s::uuid, %s::uuid, %s)",
+            (str(ref.org_id), str(ref.session_id), ref.turn_index),
+        ).fetchone()
         if row is None:
             return None
         state, attempts, calls, count, error, lease, claim, slots = row

@@ -143,26 +143,69 @@ def test_a_backend_terminated_before_the_persist_costs_no_llm_call(
 def test_a_backend_terminated_inside_the_persist_transaction_costs_no_llm_call(
     db: Any, deps: StageDeps, provider: FakeProvider, memory: FakeMemoryService
 ) -> None:
-    # Crash point: inside the persist transaction, after its BEGIN and before the UPDATE that
-    # stores the answer, the stage's backend is terminated. The transaction rolls back; the
-    # stage persists the answer again on a fresh connection in the same delivery.
+    # Crash point: inside the persist transaction (one statement, ibex_core.persist_result),
+    # before the UPDATE that stores the answer, the stage's backend is terminated: another
+    # transaction holds the turn row, so the UPDATE waits, and the backend is ended while it
+    # waits. The transaction rolls back; the stage persists the answer again on a fresh
+    # connection in the same delivery.
     ref = make_session(deps.store, TURNS)
-    real_sql = deps.turns._sql
+    real_call = deps.turns._call
     killed: list[int] = []
+    errors: list[BaseException] = []
 
-    def sql(statement: str, params: Any = ()) -> Any:
-        if "SET result = " in statement and len(killed) < TURNS:
-            pid = deps.store.db.connection().get_backend_pid()
-            if pid not in killed:
-                killed.append(pid)
+    def hold_and_kill(turn_index: int, pid: int, locked: threading.Event) -> None:
+        try:
+            with db.atomic():
+                db.execute_sql(
+                    "SELECT 1 FROM ibex_core.extraction_turns"
+                    " WHERE session_id = %s AND turn_index = %s FOR UPDATE",
+                    (str(ref.session_id), turn_index),
+                )
+                locked.set()
+                wait_for(lambda: waits_on_lock(db, pid), f"backend {pid} to wait on the row")
                 db.execute_sql("SELECT pg_terminate_backend(%s)", (pid,))
-                wait_for(lambda: backend_gone(db, pid), f"backend {pid} to end")
-        return real_sql(statement, params)
+                wait_for(lambda: ended(db, pid), f"backend {pid} to end")
+                killed.append(pid)
+        except BaseException as exc:  # surfaced below
+            errors.append(exc)
+            locked.set()
+        finally:
+            db.close()
 
-    deps.turns._sql = sql  # type: ignore[method-assign]
+    def call(statement: str, params: Any) -> Any:
+        if "persist_result" in statement and len(killed) < TURNS:
+            pid = deps.store.db.connection().get_backend_pid()
+            locked = threading.Event()
+            killer = threading.Thread(target=hold_and_kill, args=(params[2], pid, locked))
+            killer.start()
+            assert locked.wait(10), "the turn row was never locked"
+            try:
+                return real_call(statement, params)
+            finally:
+                killer.join(10)
+        return real_call(statement, params)
+
+    deps.turns._call = call  # type: ignore[method-assign]
     Harness(deps).drain(scan(deps).sent, max_retries=0)
+    assert not errors, errors
     assert len(killed) == TURNS
     check_one_call_per_turn(db, ref, provider, memory)
+
+
+def waits_on_lock(db: Any, pid: int) -> bool:
+    """Whether backend ``pid`` waits on a lock, seen from inside a transaction (the activity
+    snapshot is taken afresh on each call)."""
+    db.execute_sql("SELECT pg_stat_clear_snapshot()")
+    row = db.execute_sql(
+        "SELECT wait_event_type FROM pg_stat_activity WHERE pid = %s", (pid,)
+    ).fetchone()
+    return row is not None and row[0] == "Lock"
+
+
+def ended(db: Any, pid: int) -> bool:
+    """:func:`backend_gone`, seen from inside a transaction."""
+    db.execute_sql("SELECT pg_stat_clear_snapshot()")
+    return backend_gone(db, pid)
 
 
 def test_the_persist_retries_through_a_short_outage_in_the_same_delivery(

@@ -1,11 +1,12 @@
 """The races each row lock exists for, forced open on every run.
 
-Each test holds one transaction at a named point of :class:`extraction.turns.TurnStore`
-(``TurnStore.pause``: between the locking read and the write it decides), starts a second
-transaction on the same rows in another thread, and waits on the observable state (the second
-backend waiting on a lock in ``pg_stat_activity``, or the second thread finished) before it lets
-the first one go. With the lock, the second transaction waits and the end state is right; with
-the lock removed, the second one runs through the window and the end state is wrong, every run.
+Each test holds one transaction at a named point of the stage functions
+(``ibex_core.stage_pause``, migration 000010: between the locking read and the write it
+decides), starts a second transaction on the same rows in another thread, and waits on the
+observable state (the second backend waiting on a lock in ``pg_stat_activity``, or the second
+thread finished) before it lets the first one go. With the lock, the second transaction waits
+and the end state is right; with the lock removed, the second one runs through the window and
+the end state is wrong, every run.
 """
 
 from __future__ import annotations
@@ -62,10 +63,37 @@ def waiting_on_lock(db: Any, pid: int | None) -> bool:
     return row is not None and row[0] == "Lock"
 
 
+#: The advisory lock the test holds while the first transaction waits at its point.
+PAUSE_LOCK = 0x1BE7_7E57
+
+#: The seam as a race test replaces it: the backend whose session names ``point`` in
+#: ``ibex_test.pause_at`` waits there until the test lets go of :data:`PAUSE_LOCK`.
+HOLDING_PAUSE = f"""
+CREATE OR REPLACE FUNCTION ibex_core.stage_pause(p_point text) RETURNS void
+LANGUAGE plpgsql VOLATILE AS $$
+BEGIN
+    IF p_point = current_setting('ibex_test.pause_at', true) THEN
+        PERFORM pg_advisory_xact_lock({PAUSE_LOCK});
+    END IF;
+END
+$$
+"""
+
+
+def waiting_at_pause(db: Any, pid: int | None) -> bool:
+    if pid is None:
+        return False
+    row = db.execute_sql(
+        "SELECT wait_event_type, wait_event FROM pg_stat_activity WHERE pid = %s", (pid,)
+    ).fetchone()
+    return row is not None and tuple(row) == ("Lock", "advisory")
+
+
 @dataclass
 class Race:
     """Run ``first`` until it holds at ``point``, then ``second``; release ``first`` once
-    ``second`` waits on a lock or has finished. Every thread is joined and checked."""
+    ``second`` waits on a lock or has finished. Every thread is joined and checked, and the
+    seam is restored to its no-op."""
 
     deps: StageDeps
     db: Any
@@ -73,35 +101,39 @@ class Race:
     results: dict[str, Any] = field(default_factory=dict)
     errors: list[BaseException] = field(default_factory=list)
     pids: dict[str, int] = field(default_factory=dict)
-    reached: threading.Event = field(default_factory=threading.Event)
-    release: threading.Event = field(default_factory=threading.Event)
     second_done: threading.Event = field(default_factory=threading.Event)
     second_waited_on_lock: bool = False
 
-    def pause(self, point: str) -> None:
-        if point == self.point and threading.current_thread().name == FIRST:
-            self.reached.set()
-            assert self.release.wait(TIMEOUT), f"{FIRST} was never released from {point}"
-
     def _run(self, name: str, fn: Callable[[], Any]) -> None:
         try:
-            pid = self.deps.store.db.execute_sql("SELECT pg_backend_pid()").fetchone()[0]
-            self.pids[name] = int(pid)
+            db = self.deps.store.db
+            if name == FIRST:
+                db.execute_sql("SELECT set_config('ibex_test.pause_at', %s, false)", (self.point,))
+            self.pids[name] = int(db.execute_sql("SELECT pg_backend_pid()").fetchone()[0])
             self.results[name] = fn()
         except BaseException as exc:  # surfaced by run()
             self.errors.append(exc)
         finally:
-            self.deps.store.db.close()
+            self.deps.store.db.close()  # a connection of its own: the setting ends with it
             if name == SECOND:
                 self.second_done.set()
 
     def run(self, first: Callable[[], Any], second: Callable[[], Any]) -> tuple[Any, Any]:
-        previous, self.deps.turns.pause = self.deps.turns.pause, self.pause
+        no_op = self.db.execute_sql(
+            "SELECT pg_get_functiondef('ibex_core.stage_pause(text)'::regprocedure)"
+        ).fetchone()[0]
+        self.db.execute_sql(HOLDING_PAUSE)
+        self.db.execute_sql("SELECT pg_advisory_lock(%s)", (PAUSE_LOCK,))
         a = threading.Thread(target=self._run, args=(FIRST, first), name=FIRST)
         b = threading.Thread(target=self._run, args=(SECOND, second), name=SECOND)
         try:
             a.start()
-            assert self.reached.wait(TIMEOUT), f"{FIRST} never reached {self.point}"
+            wait_for(
+                lambda: waiting_at_pause(self.db, self.pids.get(FIRST)) or not a.is_alive(),
+                f"{FIRST} to reach {self.point}",
+                timeout=TIMEOUT,
+            )
+            assert a.is_alive(), f"{FIRST} never reached {self.point}: {self.errors}"
             b.start()
             wait_for(
                 lambda: (
@@ -112,11 +144,11 @@ class Race:
             )
             self.second_waited_on_lock = not self.second_done.is_set()
         finally:
-            self.release.set()
+            self.db.execute_sql("SELECT pg_advisory_unlock(%s)", (PAUSE_LOCK,))
             for t in (a, b):
                 if t.ident is not None:
                     t.join(TIMEOUT)
-            self.deps.turns.pause = previous
+            self.db.execute_sql(no_op)
         assert not a.is_alive() and not b.is_alive(), "a race thread did not finish"
         assert not self.errors, self.errors
         return self.results[FIRST], self.results[SECOND]

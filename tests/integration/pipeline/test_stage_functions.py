@@ -1,0 +1,114 @@
+"""The stage functions of migration 000010 (``ibex_core.begin_extract`` and the rest): row-level
+security applies to every row they touch, only the owner may call them, a call sent again after
+its answer was lost counts nothing twice, and each is one statement with no transaction of its
+own around it."""
+
+from __future__ import annotations
+
+import uuid
+from typing import Any
+
+import psycopg2
+import pytest
+
+from core.errors import NotFoundError
+from extraction.stages import StageDeps, extract_turn, scan
+from extraction.values import Busy, Claimed, TurnRef
+from tests.integration.pipeline.helpers import make_session, turn_rows
+
+
+def test_another_orgs_id_finds_none_of_the_turns_rows(db: Any, store: Any, deps: StageDeps) -> None:
+    session = make_session(store, 2)
+    other = make_session(store, 1, org="globex")
+    scan(deps)
+    extract_turn(deps, session.org_id, session.session_id, 1)  # a result and slots to see
+    for turn in (1, 2):
+        foreign = TurnRef(other.org_id, session.session_id, turn)
+        with pytest.raises(NotFoundError):
+            deps.turns.begin_extract(foreign, claim_seconds=60, lease_seconds=60, max_attempts=3)
+        with pytest.raises(NotFoundError):
+            deps.turns.load_slot(foreign, 0)
+        with pytest.raises(NotFoundError):
+            deps.turns.record_slot(
+                foreign, 0, idempotency_key=str(uuid.uuid4()), memory_id=None, outcome="created"
+            )
+        with pytest.raises(NotFoundError):
+            deps.turns.complete_turn(foreign)
+        assert deps.turns.turn_status(foreign) is None
+    rows = turn_rows(db, session.session_id)
+    assert (rows[1]["state"], rows[1]["slots"], rows[2]["state"]) == ("extracted", 0, "pending")
+    assert rows[2]["attempts"] == 0
+
+
+def test_the_stage_functions_are_the_owners_alone(db: Any, database_url: str) -> None:
+    conn = psycopg2.connect(database_url)
+    try:
+        conn.autocommit = True
+        with conn.cursor() as cur:
+            cur.execute("SET ROLE ibex_app")
+            with pytest.raises(psycopg2.errors.InsufficientPrivilege):
+                cur.execute(
+                    "SELECT * FROM ibex_core.complete_turn(%s::uuid, %s::uuid, 1)",
+                    (str(uuid.uuid4()), str(uuid.uuid4())),
+                )
+            cur.execute("SELECT ibex_core.stage_pause('any point')")  # the seam: callable
+    finally:
+        conn.close()
+
+
+def test_a_claim_sent_again_with_its_token_is_taken_again_without_a_second_count(
+    db: Any, store: Any, deps: StageDeps
+) -> None:
+    # What a call sent again on a fresh connection does when the first one committed and its
+    # answer was lost: the same token finds its own live claim.
+    session = make_session(store, 1)
+    scan(deps)
+    token = str(uuid.uuid4())
+    params = (str(session.org_id), str(session.session_id), 1, 60, 60, 3, 1, None, True, token)
+    sql = "SELECT * FROM ibex_core.begin_extract(%s, %s, %s, %s, %s, %s, %s, %s::uuid, %s, %s)"
+    first = db.execute_sql(sql, params).fetchone()
+    again = db.execute_sql(sql, params).fetchone()
+    assert (first[0], first[9]) == ("claimed", 1)
+    assert (again[0], again[9]) == ("claimed", 1)
+    assert [t["turn_index"] for t in again[11]] == [1]
+    row = turn_rows(db, session.session_id)[1]
+    assert (row["attempts"], row["llm_calls"]) == (1, 1)
+    # Any other delivery still finds the claim live and waits.
+    begun = deps.turns.begin_extract(
+        TurnRef(session.org_id, session.session_id, 1),
+        claim_seconds=60,
+        lease_seconds=60,
+        max_attempts=3,
+    )
+    assert isinstance(begun, Busy)
+
+
+def test_a_stage_step_is_one_statement(db: Any, store: Any, deps: StageDeps) -> None:
+    session = make_session(store, 1)
+    scan(deps)
+    ref = TurnRef(session.org_id, session.session_id, 1)
+    sent: list[str] = []
+    real = deps.store.db.cursor
+
+    class Recording:
+        """A cursor that keeps every statement sent through it (BEGIN and COMMIT too)."""
+
+        def __init__(self, cursor: Any) -> None:
+            self.cursor = cursor
+
+        def execute(self, sql: str, params: Any = None) -> Any:
+            sent.append(sql)
+            return self.cursor.execute(sql, params)
+
+        def __getattr__(self, name: str) -> Any:
+            return getattr(self.cursor, name)
+
+    deps.store.db.cursor = lambda *a, **k: Recording(real(*a, **k))  # type: ignore[method-assign]
+    try:
+        begun = deps.turns.begin_extract(ref, claim_seconds=60, lease_seconds=60, max_attempts=3)
+        status = deps.turns.turn_status(ref)
+    finally:
+        del deps.store.db.cursor
+    assert isinstance(begun, Claimed) and [t.turn_index for t in begun.turns] == [1]
+    assert status is not None and status.state == "pending"
+    assert len(sent) == 2 and all(s.startswith("SELECT * FROM ibex_core.") for s in sent)
