@@ -20,10 +20,17 @@ from schema.messages import ActorName
 
 ROUTE = ROUTES[ActorName.EXTRACT]
 
+#: A worker process runs the messages it has fetched lowest priority first: its writes and
+#: pointer moves (priority 0) before its extractions, so turns whose LLM call is done are
+#: finished before new ones start, instead of their writes queueing behind LLM calls.
+#: Extractions cannot starve: every write and pointer move comes from an extraction.
+EXTRACT_PRIORITY = 10
+
 
 @dramatiq.actor(
     actor_name=ROUTE.actor.value,
     queue_name=ROUTE.queue.value,
+    priority=EXTRACT_PRIORITY,
     throws=(PermanentError,),
     broker=broker,
 )

@@ -23,7 +23,7 @@ from actors.broker import (
     use_broker,
 )
 from actors.guard import GuardedRedisBroker
-from actors.middleware import PipelineRuntime, install_deps
+from actors.middleware import WORKER_SWITCH_INTERVAL_S, PipelineRuntime, install_deps
 from core.config import Settings
 
 
@@ -170,3 +170,18 @@ def test_send_all_on_a_stub_broker_sends_one_at_a_time() -> None:
         assert stub.queues[Queue.EXTRACT.value].qsize() == 2
     finally:
         use_broker(previous)
+
+
+def test_a_worker_process_boot_shortens_the_thread_switch_interval(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Set before anything else at boot, so even a worker that then exits on its
+    configuration has set it; recorded instead of applied to the test process."""
+    applied: list[float] = []
+    monkeypatch.setattr(sys, "setswitchinterval", applied.append)
+    install_deps(None)
+    monkeypatch.delenv("DATABASE_URL", raising=False)
+    with pytest.raises(SystemExit):
+        PipelineRuntime().after_process_boot(make_broker(settings(), stub=True))
+    assert applied == [WORKER_SWITCH_INTERVAL_S]
+    assert WORKER_SWITCH_INTERVAL_S < 0.005  # Python's default

@@ -40,6 +40,16 @@ def test_the_actors_are_declared_from_the_table() -> None:
     assert declared == {str(r.actor): str(r.queue) for r in ROUTES.values()}
 
 
+def test_a_worker_runs_its_fetched_writes_and_pointer_moves_before_its_extractions() -> None:
+    """Dramatiq runs a process's fetched messages lowest priority first: a turn whose LLM
+    call is done gets its writes and pointer move before another turn's LLM call starts."""
+    import actors
+
+    priority = {a.actor_name: a.priority for a in actors.ACTORS}
+    assert priority[ActorName.WRITE] == priority[ActorName.POINTER] == 0
+    assert priority[ActorName.EXTRACT] > priority[ActorName.WRITE]
+
+
 def test_an_unknown_actor_is_an_invalid_message() -> None:
     with pytest.raises(InvalidMessageError, match="unknown actor 'nope'"):
         route_of("nope")
