@@ -23,8 +23,10 @@ from __future__ import annotations
 
 import argparse
 import statistics
+import tempfile
 import time
 from collections.abc import Callable, Sequence
+from pathlib import Path
 from typing import Any
 
 import psycopg2.extensions
@@ -40,7 +42,8 @@ from bench.dbadmin import (
     scalar,
 )
 from bench.report import load_average, machine, run_and_print, table
-from bench.stack import DEFAULT_REDIS_URL
+from bench.stack import DEFAULT_REDIS_URL, start_private_redis
+from core.processes import ROOT, Launcher
 
 DEFAULT_SCAN_DATABASE_URL = "postgresql://postgres@127.0.0.1:5432/ibex_bench_scan"
 
@@ -220,6 +223,17 @@ def profile_once(url: str, redis_url: str, args: argparse.Namespace) -> str:
 
 
 def run(args: argparse.Namespace) -> dict[str, Any]:
+    if not args.private_redis:
+        return _run(args)
+    children = Launcher(Path(tempfile.mkdtemp(prefix="ibex-bench-scan-")), cwd=ROOT)
+    try:
+        args.redis_url = start_private_redis(children)
+        return _run(args)
+    finally:
+        children.stop()
+
+
+def _run(args: argparse.Namespace) -> dict[str, Any]:
     url = args.database_url
     data = generate(url, args)
     conn = admin_connection(url)
@@ -275,6 +289,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             "scan_batch_size": args.batch_size,
             "scan_max_turns_per_agent": args.max_turns_per_agent,
             "redis_url": args.redis_url,
+            "redis_private": args.private_redis,
         },
         "runs": runs,
         "median_total_s": median,
@@ -356,6 +371,11 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--redis-url", default=DEFAULT_REDIS_URL,
                    help="flushed (default: %(default)s)")  # fmt: skip
+    p.add_argument(
+        "--private-redis",
+        action="store_true",
+        help="start a private redis-server instead of flushing a database of a shared one",
+    )
     p.add_argument("--sessions", type=int, default=1_000_000)
     p.add_argument("--pending-sessions", type=int, default=2_500)
     p.add_argument("--turns", type=int, default=4, help="turns per session")
