@@ -189,10 +189,11 @@ SEND_PIPELINE_SIZE = 1000
 def send_all(messages: Iterable[Send]) -> int:
     """Send follow-up messages through the current broker; return how many were sent.
 
-    On a :class:`RedisBroker` the messages go out in pipelines of :data:`SEND_PIPELINE_SIZE`:
-    each message runs the broker's own ``enqueue`` script exactly as ``RedisBroker.enqueue``
-    runs it (a fresh ``redis_message_id``, the enqueue middleware hooks), but the round trips
-    are batched. Any other broker sends one message at a time."""
+    On a :class:`RedisBroker` the messages go out in batches of :data:`SEND_PIPELINE_SIZE`, one
+    pipeline each, holding what ``RedisBroker.enqueue`` would store for every message (a fresh
+    ``redis_message_id``, the enqueue middleware hooks, the same queue list and message hash)
+    in a few commands per queue instead of one script call per message: see
+    :func:`_send_batch`. Any other broker sends one message at a time."""
     current = broker
     if _pipelinable(current):
         assert isinstance(current, RedisBroker)
@@ -212,6 +213,7 @@ def _pipelinable(candidate: dramatiq.Broker) -> bool:
         and callable(getattr(candidate, "_should_do_maintenance", None))
         and callable(getattr(candidate, "_max_unpack_size", None))
         and "dispatch" in getattr(candidate, "scripts", {})
+        and isinstance(getattr(candidate, "namespace", None), str)
     )
 
 
@@ -228,45 +230,75 @@ def _send_pipelined(redis_broker: RedisBroker, messages: Iterable[Send]) -> int:
     return count
 
 
+def _overrides(middleware: Iterable[Middleware], hook: str) -> bool:
+    """Whether any of ``middleware`` implements ``hook`` (the base class's does nothing)."""
+    return any(getattr(type(m), hook, None) is not getattr(Middleware, hook) for m in middleware)
+
+
 def _send_batch(redis_broker: RedisBroker, batch: list[Send]) -> int:
-    """``RedisBroker.enqueue`` (no delay) for every message of ``batch``, in one pipeline."""
+    """``RedisBroker.enqueue`` (no delay) for every message of ``batch``, in one pipeline.
+
+    Per queue, the first message runs the broker's ``dispatch`` script exactly as ``enqueue``
+    runs it (the broker's heartbeat, the chance of queue maintenance, the message stored and
+    queued); the others are stored with one ``HSET`` on the queue's message hash and queued
+    with one ``RPUSH``, in order, which is what the script does for each. With more than one
+    message the pipeline is a MULTI/EXEC transaction, so a sender dying mid-send leaves no
+    stored message that is not queued. The middleware hooks run per message as ``enqueue``
+    runs them, unless no middleware implements them."""
     dispatch = redis_broker.scripts["dispatch"]
     keys = [redis_broker.namespace]
-    unpack = redis_broker._max_unpack_size()
+    before = _overrides(redis_broker.middleware, "before_enqueue")
+    after = _overrides(redis_broker.middleware, "after_enqueue")
+    actors: dict[str, dramatiq.Actor[Any, Any]] = {}
+    queues: dict[str, list[tuple[str, bytes]]] = {}
     enqueued: list[dramatiq.Message[Any]] = []
-    with redis_broker.client.pipeline(transaction=False) as pipe:
-        for send in batch:
-            actor = redis_broker.get_actor(send.actor_name)
-            # What actor.message_with_options(kwargs=...) builds, with enqueue's fresh
-            # redis_message_id set at once instead of in a copy.
-            message: dramatiq.Message[Any] = dramatiq.Message(
-                queue_name=actor.queue_name,
-                actor_name=actor.actor_name,
-                args=(),
-                kwargs=send.kwargs,
-                options={"redis_message_id": str(uuid4())},
-            )
+    for send in batch:
+        actor = actors.get(send.actor_name)
+        if actor is None:
+            actor = actors[send.actor_name] = redis_broker.get_actor(send.actor_name)
+        # What actor.message_with_options(kwargs=...) builds, with enqueue's fresh
+        # redis_message_id set at once instead of in a copy.
+        redis_id = str(uuid4())
+        message: dramatiq.Message[Any] = dramatiq.Message(
+            queue_name=actor.queue_name,
+            actor_name=actor.actor_name,
+            args=(),
+            kwargs=send.kwargs,
+            options={"redis_message_id": redis_id},
+        )
+        if before:
             redis_broker.emit_before("enqueue", message, None)
+        queues.setdefault(message.queue_name, []).append((redis_id, message.encode()))
+        enqueued.append(message)
+    unpack = redis_broker._max_unpack_size()
+    with redis_broker.client.pipeline(transaction=len(enqueued) > 1) as pipe:
+        for queue_name, stored in queues.items():
+            first_id, first_data = stored[0]
             dispatch(
                 keys=keys,
                 args=[
                     "enqueue",
                     current_millis(),
-                    message.queue_name,
+                    queue_name,
                     redis_broker.broker_id,
                     redis_broker.heartbeat_timeout,
                     redis_broker.dead_message_ttl,
                     redis_broker._should_do_maintenance("enqueue"),
                     unpack,
-                    message.options["redis_message_id"],
-                    message.encode(),
+                    first_id,
+                    first_data,
                 ],
                 client=pipe,
             )
-            enqueued.append(message)
+            rest = stored[1:]
+            if rest:
+                queue_key = f"{redis_broker.namespace}:{queue_name}"
+                pipe.hset(f"{queue_key}.msgs", mapping=dict(rest))
+                pipe.rpush(queue_key, *(redis_id for redis_id, _ in rest))
         pipe.execute()
-    for message in enqueued:
-        redis_broker.emit_after("enqueue", message, None)
+    if after:
+        for message in enqueued:
+            redis_broker.emit_after("enqueue", message, None)
     return len(enqueued)
 
 
