@@ -48,7 +48,7 @@ _ZERO = "00000000-0000-0000-0000-000000000000"
 # that org's ``ibex.org_id``; the turns come back in the order they are sent in: by the agent's
 # first appearance in the batch (``order``), then by turn and session.
 _RECORD_AND_LEASE = """
-SELECT l.org_id, l.session_id, l.turn_index
+SELECT l.session_id::text, l.turn_index
   FROM ibex_core.scan_record_and_lease(
            %(orgs)s::uuid[], %(session_ends)s::int[], %(sessions)s::uuid[],
            %(agent_ends)s::int[], %(agents)s::uuid[], %(budgets)s::int[], %(lease)s) l
@@ -111,14 +111,16 @@ class ScanQueries:
             agent_order.setdefault(c.agent_id)
         if not by_org:
             return []
-        sessions: list[str] = []
+        # The leased turns name their session as text, mapped back to the candidate: no UUID
+        # is parsed per turn.
+        by_text: dict[str, Candidate] = {}
         session_ends: list[int] = []
         agents: list[str] = []
         agent_budgets: list[int] = []
         agent_ends: list[int] = []
         for group in by_org.values():
-            sessions.extend(str(c.session_id) for c in group)
-            session_ends.append(len(sessions))
+            by_text.update((str(c.session_id), c) for c in group)
+            session_ends.append(len(by_text))
             for agent in dict.fromkeys(c.agent_id for c in group):
                 agents.append(str(agent))
                 agent_budgets.append(int(budgets[agent]))
@@ -129,7 +131,7 @@ class ScanQueries:
                 {
                     "orgs": [str(org) for org in by_org],
                     "session_ends": session_ends,
-                    "sessions": sessions,
+                    "sessions": list(by_text),
                     "agent_ends": agent_ends,
                     "agents": agents,
                     "budgets": agent_budgets,
@@ -137,7 +139,11 @@ class ScanQueries:
                     "order": [str(a) for a in agent_order],
                 },
             ).fetchall()
-        return [TurnRef(_uuid(org), _uuid(sid), ti) for org, sid, ti in rows]
+        refs = []
+        for sid, ti in rows:
+            c = by_text[sid]
+            refs.append(TurnRef(c.org_id, c.session_id, ti))
+        return refs
 
 
 def _uuid(value: Any) -> uuid.UUID:
