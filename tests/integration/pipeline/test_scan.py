@@ -1,4 +1,4 @@
-"""The scan's recording and leasing: one statement per org and batch, same semantics as ever."""
+"""The scan's recording and leasing: one server call per batch, one statement per org in it."""
 
 from __future__ import annotations
 
@@ -82,3 +82,48 @@ def test_expired_leases_are_sent_again_but_failed_and_done_turns_never(
         [(str(a.session_id), 1), (str(a.session_id), 3), (str(b.session_id), 2)]
     )
     assert _sent(scan(deps)) == []
+
+
+def test_the_turns_are_sent_by_agent_in_candidate_order_then_by_turn_and_session(
+    store: Any, db: Any, settings: Settings, provider: FakeProvider, memory: FakeMemoryService
+) -> None:
+    deps = _deps(store, settings, provider, memory)
+    sessions = [
+        make_session(store, 2, agent=agent, org=org)
+        for org, agent in [("acme", "a"), ("globex", "b"), ("acme", "a"), ("initech", "c")]
+    ]
+    report = scan(deps)
+    agent_of = {str(s.session_id): s.agent_id for s in sessions}
+    # Candidates come by (agent, session): the agents' first appearance is their id order.
+    expected = sorted(
+        ((s.agent_id, turn, str(s.session_id)) for s in sessions for turn in (1, 2)),
+    )
+    assert [(agent_of[s], t, s) for s, t in _sent(report)] == expected
+
+
+def test_record_and_lease_applies_row_level_security_per_org_whoever_calls(
+    store: Any, db: Any
+) -> None:
+    """The function switches to the tenant role itself: a session listed under another org
+    (here by the test's superuser connection, which row-level security would not stop) is
+    invisible to that org's statement, so it is neither recorded nor leased."""
+    mine = make_session(store, 2)
+    theirs = make_session(store, 2, org="globex")
+    rows = db.execute_sql(
+        "SELECT session_id, turn_index FROM ibex_core.scan_record_and_lease("
+        " %s::uuid[], %s::int[], %s::uuid[], %s::int[], %s::uuid[], %s::int[], 60)",
+        (
+            [str(mine.org_id)],
+            [2],
+            [str(mine.session_id), str(theirs.session_id)],
+            [2],
+            [str(mine.agent_id), str(theirs.agent_id)],
+            [10, 10],
+        ),
+    ).fetchall()
+    assert sorted((str(s), t) for s, t in rows) == [
+        (str(mine.session_id), 1),
+        (str(mine.session_id), 2),
+    ]
+    assert sorted(turn_rows(db, mine.session_id)) == [1, 2]
+    assert turn_rows(db, theirs.session_id) == {}
