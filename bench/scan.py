@@ -42,10 +42,14 @@ from bench.dbadmin import (
     scalar,
 )
 from bench.report import load_average, machine, run_and_print, table
+from bench.sampling import redis_counters
 from bench.stack import DEFAULT_REDIS_URL, start_private_redis
 from core.processes import ROOT, Launcher
 
 DEFAULT_SCAN_DATABASE_URL = "postgresql://postgres@127.0.0.1:5432/ibex_bench_scan"
+
+#: The target: the median scan sends 10,000 turns over 1,000,000 sessions in under this (s).
+TARGET_S = 1.0
 
 GENERATE_SQL = """
 SET synchronous_commit = off;
@@ -254,14 +258,24 @@ def _run(args: argparse.Namespace) -> dict[str, Any]:
             runs.append(scan_once(url, args.redis_url, args))
         queued = int(client.llen("dramatiq:extract"))
         statement_count = None
+        redis_commands = None
         if args.count_sql and statements.available:
             _reset(conn, client)
             statements.enable()
             try:
                 statements.mark()
+                redis_before = redis_counters(client)
                 scan_once(url, args.redis_url, args)
+                redis_after = redis_counters(client)
                 counted = statements.count()
                 statement_count = sum(counted[0].values()) if counted else None
+                # INFO commandstats is server-wide: exact with --private-redis. The two INFO
+                # calls of the count itself are left out.
+                redis_commands = {
+                    name: calls - redis_before["per_command"].get(name, 0)
+                    for name, calls in redis_after["per_command"].items()
+                    if name != "info" and calls != redis_before["per_command"].get(name, 0)
+                }
             finally:
                 statements.disable()
         plan = explain(url, args.batch_size)
@@ -295,13 +309,15 @@ def _run(args: argparse.Namespace) -> dict[str, Any]:
         "median_total_s": median,
         "queued_after_last_run": queued,
         "sql_statements_per_scan": statement_count,
+        "redis_commands_per_scan": None if redis_commands is None else sum(redis_commands.values()),
+        "redis_commands_by_name": redis_commands,
         "plan": plan,
         "uses_partial_index": "idx_sessions_agent_extraction" in plan,
         "target": {
-            "target": "scan over 1,000,000 sessions sends 10,000 turns in < 2 s",
+            "target": f"scan over 1,000,000 sessions sends 10,000 turns in < {TARGET_S:g} s",
             "value_s": median,
             "met": bool(
-                median < 2.0
+                median < TARGET_S
                 and args.sessions >= 1_000_000
                 and all(r["turns_sent"] >= 10_000 for r in runs)
             ),
@@ -344,11 +360,16 @@ def render(document: dict[str, Any]) -> str:
         ),
         "",
         f"median total: {document['median_total_s']} s"
-        f" ({'MET' if document['target']['met'] else 'MISSED'}: < 2 s for 10,000 turns"
+        f" ({'MET' if document['target']['met'] else 'MISSED'}: < {TARGET_S:g} s for 10,000 turns"
         " over 1,000,000 sessions)",
     ]
     if document["sql_statements_per_scan"] is not None:
         out.append(f"SQL statements in one scan: {document['sql_statements_per_scan']}")
+    if document.get("redis_commands_per_scan") is not None:
+        by_name = ", ".join(
+            f"{k} {v}" for k, v in sorted(document["redis_commands_by_name"].items())
+        )
+        out.append(f"Redis commands in one scan: {document['redis_commands_per_scan']} ({by_name})")
     out += [
         f"candidate query uses idx_sessions_agent_extraction: {document['uses_partial_index']}",
         "",
@@ -389,7 +410,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--count-sql",
         action="store_true",
-        help="one more scan with log_statement on, to count its statements",
+        help="one more scan with log_statement on, to count its statements (and Redis commands)",
     )
     p.add_argument("--profile", action="store_true", help="pyinstrument profile of one scan")
     p.add_argument("--json", action="store_true", help="print a stable JSON document")
