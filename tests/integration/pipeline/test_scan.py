@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import threading
 from typing import Any
 
 from core.config import Settings
@@ -127,3 +128,42 @@ def test_record_and_lease_applies_row_level_security_per_org_whoever_calls(
     ]
     assert sorted(turn_rows(db, mine.session_id)) == [1, 2]
     assert turn_rows(db, theirs.session_id) == {}
+
+
+def test_two_scans_at_once_send_every_turn_once_new_or_expired(
+    store: Any, db: Any, settings: Settings, provider: FakeProvider, memory: FakeMemoryService
+) -> None:
+    """Two scans started together (each on its own connection) over the same sessions: the
+    new turns are inserted by one of them (the other's insert conflicts and leaves the row to
+    its lease), and after the leases expire the recorded rows are taken with SKIP LOCKED and
+    leased by one of them. Either way no turn is sent twice and none is left out."""
+    deps = _deps(store, settings, provider, memory, SCAN_BATCH_SIZE="4")
+    sessions = [
+        make_session(store, 3, org=f"org-{n % 3}", agent=f"agent-{n % 2}") for n in range(12)
+    ]
+    everything = sorted((str(s.session_id), t) for s in sessions for t in (1, 2, 3))
+
+    def both() -> list[tuple[str, int]]:
+        barrier = threading.Barrier(2)
+        found: list[list[tuple[str, int]]] = []
+
+        def run() -> None:
+            barrier.wait()
+            try:
+                found.append(_sent(scan(deps)))
+            finally:
+                db.close()
+
+        threads = [threading.Thread(target=run) for _ in range(2)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        assert len(found) == 2
+        return found[0] + found[1]
+
+    first = both()
+    assert sorted(first) == everything
+    expire_leases(db)
+    again = both()
+    assert sorted(again) == everything
