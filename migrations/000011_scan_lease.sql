@@ -3,7 +3,7 @@
 -- The scan records every unextracted turn of its candidate sessions and leases, per agent, up
 -- to that agent's budget of the turns that are not done, not failed and not leased: the turns
 -- it sends. Row-level security admits one org per statement, so the batch costs one statement
--- per org; run from the client that was one round trip and one planning per org (about a
+-- per org; run from the client, that would be one round trip and one planning per org (about a
 -- hundred per scan). Here the loop runs in the server: one round trip for the batch, and the
 -- statement's plan is cached by PL/pgSQL across the orgs.
 --
@@ -18,9 +18,17 @@
 -- earlier whose lease is free or expired are taken with SKIP LOCKED, so two scans never lease
 -- the same turn, and leased through the same INSERT's ON CONFLICT DO UPDATE, which finds them
 -- by the primary key (a row another scan inserted meanwhile is leased only if its lease is
--- free). No statement here reads the whole table: the plan is made once for every org. A lease runs at most p_lease_seconds from now: lowering the setting shortens
--- the leases granted under the old one. Returns the leased turns with their agent, in no
--- particular order; ibex.org_id is cleared before returning.
+-- free). A lease runs at most p_lease_seconds from now: lowering the setting shortens the
+-- leases granted under the old one.
+--
+-- The statement is planned once for all the orgs of a call, possibly while extraction_turns
+-- is still small (the first scan of a large backlog), so its lookups of single turns are
+-- written to stay primary-key probes as the table grows during the call: the existence test
+-- cannot become a join over the whole table (OFFSET 0), and there is no UPDATE joined to the
+-- batch. ANALYZE invalidates the cached plan, so a long-lived connection plans it again.
+--
+-- Returns the leased turns with their agent, in no particular order; ibex.org_id is cleared
+-- before returning.
 CREATE FUNCTION ibex_core.scan_record_and_lease(
     p_orgs uuid[], p_session_ends integer[], p_sessions uuid[],
     p_agent_ends integer[], p_agents uuid[], p_budgets integer[], p_lease_seconds integer)
