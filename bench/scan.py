@@ -7,7 +7,7 @@
    all fully extracted except the first ``--pending-sessions``, which have every turn pending
    and are spread round-robin over every agent (so over every org). The scan reads sessions
    only, so no checkpoints are generated. ``--reuse`` keeps an existing data set of the same
-   shape instead of generating it again.
+   shape instead of generating it again (applying the migrations added since).
 2. Times the scan stage as the scheduler's ``scan_sessions`` actor runs it:
    :func:`extraction.stages.scan` (candidate query, recording and leasing every pending turn)
    with real Postgres, then sending the ``extract_turn`` messages through a real
@@ -104,10 +104,14 @@ def generate(url: str, args: argparse.Namespace) -> dict[str, Any]:
             conn = None
         if conn is not None:
             try:
-                if _data_matches(conn, shape):
-                    return {"generated": False, "seconds": 0.0}
+                matches = _data_matches(conn, shape)
             finally:
                 conn.close()
+            if matches:
+                from core.migrate import migrate
+
+                # Functions and indexes added since the data set was generated.
+                return {"generated": False, "seconds": 0.0, "migrated": migrate(url)}
     started = time.monotonic()
     recreate_database(url)
     conn = admin_connection(url)
