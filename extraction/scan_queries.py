@@ -15,7 +15,7 @@ from typing import Any
 
 import peewee
 
-from core.db import APP_ROLE, scan_scope, transaction
+from core.db import scan_scope, transaction
 from extraction.values import Candidate, TurnRef, UUIDLike, uuid_text
 
 #: A session with unextracted turns: the predicate of ``idx_sessions_agent_extraction``.
@@ -44,9 +44,10 @@ _ZERO = "00000000-0000-0000-0000-000000000000"
 
 
 # The batch's record-and-lease: one call of ``ibex_core.scan_record_and_lease`` (migration
-# 000011), which runs one statement per org inside the server, each as the tenant role under
-# that org's ``ibex.org_id``; the turns come back in the order they are sent in: by the agent's
-# first appearance in the batch (``order``), then by turn and session.
+# 000011) by the login role, which the function switches from: it runs one statement per org
+# inside the server, each as the tenant role under that org's ``ibex.org_id``. The turns come
+# back in the order they are sent in: by the agent's first appearance in the batch
+# (``order``), then by turn and session.
 _RECORD_AND_LEASE = """
 SELECT l.session_id::text, l.turn_index
   FROM ibex_core.scan_record_and_lease(
@@ -127,7 +128,7 @@ class ScanQueries:
             agent_ends.append(len(agents))
         with transaction(self.db):
             rows = self._sql(
-                f"SET LOCAL ROLE {APP_ROLE}; " + _RECORD_AND_LEASE,
+                _RECORD_AND_LEASE,
                 {
                     "orgs": [str(org) for org in by_org],
                     "session_ends": session_ends,

@@ -121,7 +121,7 @@ BEGIN
 END
 $$;
 
+-- Like create_memory, it is called by the application's login role (a member of ibex_app),
+-- which the function switches from; no role is granted EXECUTE.
 REVOKE ALL ON FUNCTION ibex_core.scan_record_and_lease(
     uuid[], integer[], uuid[], integer[], uuid[], integer[], integer) FROM PUBLIC;
-GRANT EXECUTE ON FUNCTION ibex_core.scan_record_and_lease(
-    uuid[], integer[], uuid[], integer[], uuid[], integer[], integer) TO ibex_app;
