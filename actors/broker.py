@@ -217,28 +217,42 @@ def _send_pipelined(redis_broker: GuardedRedisBroker, messages: Iterable[Send]) 
     return count
 
 
+def _overrides(middleware: Iterable[Middleware], hook: str) -> bool:
+    """Whether any of ``middleware`` implements ``hook`` (the base class's does nothing)."""
+    return any(getattr(type(m), hook, None) is not getattr(Middleware, hook) for m in middleware)
+
+
 def _send_batch(redis_broker: GuardedRedisBroker, batch: list[Send]) -> int:
-    """``RedisBroker.enqueue`` (no delay) for every message of ``batch``, in one round trip."""
+    """``RedisBroker.enqueue`` (no delay) for every message of ``batch``, in one round trip.
+    The middleware hooks run per message as ``enqueue`` runs them, unless no middleware
+    implements them."""
+    before = _overrides(redis_broker.middleware, "before_enqueue")
+    after = _overrides(redis_broker.middleware, "after_enqueue")
+    actors: dict[str, dramatiq.Actor[Any, Any]] = {}
     enqueued: list[dramatiq.Message[Any]] = []
     by_queue: dict[str, list[tuple[str, bytes]]] = {}
     for send in batch:
-        actor = redis_broker.get_actor(send.actor_name)
+        actor = actors.get(send.actor_name)
+        if actor is None:
+            actor = actors[send.actor_name] = redis_broker.get_actor(send.actor_name)
         # What actor.message_with_options(kwargs=...) builds, with enqueue's fresh
         # redis_message_id set at once instead of in a copy.
+        redis_id = str(uuid4())
         message: dramatiq.Message[Any] = dramatiq.Message(
             queue_name=actor.queue_name,
             actor_name=actor.actor_name,
             args=(),
             kwargs=send.kwargs,
-            options={"redis_message_id": str(uuid4())},
+            options={"redis_message_id": redis_id},
         )
-        redis_broker.emit_before("enqueue", message, None)
-        entries = by_queue.setdefault(message.queue_name, [])
-        entries.append((message.options["redis_message_id"], message.encode()))
+        if before:
+            redis_broker.emit_before("enqueue", message, None)
+        by_queue.setdefault(message.queue_name, []).append((redis_id, message.encode()))
         enqueued.append(message)
     redis_broker.push(by_queue)
-    for message in enqueued:
-        redis_broker.emit_after("enqueue", message, None)
+    if after:
+        for message in enqueued:
+            redis_broker.emit_after("enqueue", message, None)
     return len(enqueued)
 
 

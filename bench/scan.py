@@ -7,7 +7,7 @@
    all fully extracted except the first ``--pending-sessions``, which have every turn pending
    and are spread round-robin over every agent (so over every org). The scan reads sessions
    only, so no checkpoints are generated. ``--reuse`` keeps an existing data set of the same
-   shape instead of generating it again.
+   shape instead of generating it again (applying the migrations added since).
 2. Times the scan stage as the scheduler's ``scan_sessions`` actor runs it:
    :func:`extraction.stages.scan` (candidate query, recording and leasing every pending turn)
    with real Postgres, then sending the ``extract_turn`` messages through a real
@@ -23,8 +23,10 @@ from __future__ import annotations
 
 import argparse
 import statistics
+import tempfile
 import time
 from collections.abc import Callable, Sequence
+from pathlib import Path
 from typing import Any
 
 import psycopg2.extensions
@@ -40,9 +42,14 @@ from bench.dbadmin import (
     scalar,
 )
 from bench.report import load_average, machine, run_and_print, table
-from bench.stack import DEFAULT_REDIS_URL
+from bench.sampling import redis_counters
+from bench.stack import DEFAULT_REDIS_URL, start_private_redis
+from core.processes import ROOT, Launcher
 
 DEFAULT_SCAN_DATABASE_URL = "postgresql://postgres@127.0.0.1:5432/ibex_bench_scan"
+
+#: The target: the median scan sends 10,000 turns over 1,000,000 sessions in under this (s).
+TARGET_S = 1.0
 
 GENERATE_SQL = """
 SET synchronous_commit = off;
@@ -97,10 +104,14 @@ def generate(url: str, args: argparse.Namespace) -> dict[str, Any]:
             conn = None
         if conn is not None:
             try:
-                if _data_matches(conn, shape):
-                    return {"generated": False, "seconds": 0.0}
+                matches = _data_matches(conn, shape)
             finally:
                 conn.close()
+            if matches:
+                from core.migrate import migrate
+
+                # Functions and indexes added since the data set was generated.
+                return {"generated": False, "seconds": 0.0, "migrated": migrate(url)}
     started = time.monotonic()
     recreate_database(url)
     conn = admin_connection(url)
@@ -220,6 +231,17 @@ def profile_once(url: str, redis_url: str, args: argparse.Namespace) -> str:
 
 
 def run(args: argparse.Namespace) -> dict[str, Any]:
+    if not args.private_redis:
+        return _run(args)
+    children = Launcher(Path(tempfile.mkdtemp(prefix="ibex-bench-scan-")), cwd=ROOT)
+    try:
+        args.redis_url = start_private_redis(children)
+        return _run(args)
+    finally:
+        children.stop()
+
+
+def _run(args: argparse.Namespace) -> dict[str, Any]:
     url = args.database_url
     data = generate(url, args)
     conn = admin_connection(url)
@@ -240,14 +262,24 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             runs.append(scan_once(url, args.redis_url, args))
         queued = int(client.llen("dramatiq:extract"))
         statement_count = None
+        redis_commands = None
         if args.count_sql and statements.available:
             _reset(conn, client)
             statements.enable()
             try:
                 statements.mark()
+                redis_before = redis_counters(client)
                 scan_once(url, args.redis_url, args)
+                redis_after = redis_counters(client)
                 counted = statements.count()
                 statement_count = sum(counted[0].values()) if counted else None
+                # INFO commandstats is server-wide: exact with --private-redis. The two INFO
+                # calls of the count itself are left out.
+                redis_commands = {
+                    name: calls - redis_before["per_command"].get(name, 0)
+                    for name, calls in redis_after["per_command"].items()
+                    if name != "info" and calls != redis_before["per_command"].get(name, 0)
+                }
             finally:
                 statements.disable()
         plan = explain(url, args.batch_size)
@@ -275,18 +307,21 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             "scan_batch_size": args.batch_size,
             "scan_max_turns_per_agent": args.max_turns_per_agent,
             "redis_url": args.redis_url,
+            "redis_private": args.private_redis,
         },
         "runs": runs,
         "median_total_s": median,
         "queued_after_last_run": queued,
         "sql_statements_per_scan": statement_count,
+        "redis_commands_per_scan": None if redis_commands is None else sum(redis_commands.values()),
+        "redis_commands_by_name": redis_commands,
         "plan": plan,
         "uses_partial_index": "idx_sessions_agent_extraction" in plan,
         "target": {
-            "target": "scan over 1,000,000 sessions sends 10,000 turns in < 2 s",
+            "target": f"scan over 1,000,000 sessions sends 10,000 turns in < {TARGET_S:g} s",
             "value_s": median,
             "met": bool(
-                median < 2.0
+                median < TARGET_S
                 and args.sessions >= 1_000_000
                 and all(r["turns_sent"] >= 10_000 for r in runs)
             ),
@@ -329,11 +364,16 @@ def render(document: dict[str, Any]) -> str:
         ),
         "",
         f"median total: {document['median_total_s']} s"
-        f" ({'MET' if document['target']['met'] else 'MISSED'}: < 2 s for 10,000 turns"
+        f" ({'MET' if document['target']['met'] else 'MISSED'}: < {TARGET_S:g} s for 10,000 turns"
         " over 1,000,000 sessions)",
     ]
     if document["sql_statements_per_scan"] is not None:
         out.append(f"SQL statements in one scan: {document['sql_statements_per_scan']}")
+    if document.get("redis_commands_per_scan") is not None:
+        by_name = ", ".join(
+            f"{k} {v}" for k, v in sorted(document["redis_commands_by_name"].items())
+        )
+        out.append(f"Redis commands in one scan: {document['redis_commands_per_scan']} ({by_name})")
     out += [
         f"candidate query uses idx_sessions_agent_extraction: {document['uses_partial_index']}",
         "",
@@ -356,6 +396,11 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--redis-url", default=DEFAULT_REDIS_URL,
                    help="flushed (default: %(default)s)")  # fmt: skip
+    p.add_argument(
+        "--private-redis",
+        action="store_true",
+        help="start a private redis-server instead of flushing a database of a shared one",
+    )
     p.add_argument("--sessions", type=int, default=1_000_000)
     p.add_argument("--pending-sessions", type=int, default=2_500)
     p.add_argument("--turns", type=int, default=4, help="turns per session")
@@ -369,7 +414,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--count-sql",
         action="store_true",
-        help="one more scan with log_statement on, to count its statements",
+        help="one more scan with log_statement on, to count its statements (and Redis commands)",
     )
     p.add_argument("--profile", action="store_true", help="pyinstrument profile of one scan")
     p.add_argument("--json", action="store_true", help="print a stable JSON document")

@@ -1,9 +1,10 @@
-"""The scan's statements: which sessions have unextracted turns, and the one statement per
-org that records their turns and leases the ones to send.
+"""The scan's statements: which sessions have unextracted turns, and the one call per batch
+that records their turns and leases the ones to send.
 
 Candidates are read across orgs as the scan role, which sees identities only; every candidate
 query shares :data:`CANDIDATE_WHERE`, the predicate of the partial index
-``idx_sessions_agent_extraction``. Recording and leasing run per org under row-level security.
+``idx_sessions_agent_extraction``. Recording and leasing run per org under row-level security,
+in the server function ``ibex_core.scan_record_and_lease``: one round trip for the batch.
 """
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ from typing import Any
 
 import peewee
 
-from core.db import APP_ROLE, scan_scope, transaction
+from core.db import scan_scope, transaction
 from extraction.values import Candidate, TurnRef, UUIDLike, uuid_text
 
 #: A session with unextracted turns: the predicate of ``idx_sessions_agent_extraction``.
@@ -42,81 +43,25 @@ SELECT {_CANDIDATE_COLUMNS}
 _ZERO = "00000000-0000-0000-0000-000000000000"
 
 
-# One statement per org and batch: record every unextracted turn of the org's candidate
-# sessions and lease, per agent, up to that agent's budget of the turns that are not done, not
-# failed and not leased, lowest turn first across the agent's sessions. New rows are inserted
-# carrying their lease (no UPDATE, no row triggers); rows recorded earlier whose lease is free
-# or expired are taken with SKIP LOCKED, so two scans never lease the same turn.
+# The batch's record-and-lease: one call of ``ibex_core.scan_record_and_lease`` (migration
+# 000011) by the login role, which the function switches from: it runs one statement per org
+# inside the server, each as the tenant role under that org's ``ibex.org_id``. The turns come
+# back in the order they are sent in: by the agent's first appearance in the batch
+# (``order``), then by turn and session.
 _RECORD_AND_LEASE = """
-WITH budget AS (
-    SELECT b.agent_id, b.budget
-      FROM unnest(%(agents)s::uuid[], %(budgets)s::int[]) AS b(agent_id, budget)
-),
-sess AS (
-    SELECT s.id, s.org_id, s.agent_id, s.last_extracted_turn, s.turn_count,
-           (s.status = 'completed' AND s.deleted_at IS NULL) AS recordable
-      FROM ibex_core.sessions s
-     WHERE s.id = ANY(%(ids)s::uuid[])
-),
-free AS (
-    SELECT e.org_id, e.session_id, e.turn_index, s.agent_id
-      FROM ibex_core.extraction_turns e
-      JOIN sess s ON s.id = e.session_id
-     WHERE e.session_id = ANY(%(ids)s::uuid[])
-       AND e.state IN ('pending', 'extracted')
-       AND e.turn_index > s.last_extracted_turn
-       AND e.turn_index <= s.turn_count
-       -- A lease runs at most EXTRACTION_LEASE_SECONDS from now as currently set: lowering
-       -- the setting shortens the leases granted under the old one.
-       AND (e.lease_expires_at IS NULL OR e.lease_expires_at <= now()
-            OR e.lease_expires_at > now() + make_interval(secs => %(lease)s))
-       FOR UPDATE OF e SKIP LOCKED
-),
-missing AS (
-    SELECT s.org_id, s.id AS session_id, g AS turn_index, s.agent_id
-      FROM sess s
-     CROSS JOIN LATERAL generate_series(s.last_extracted_turn + 1, s.turn_count) AS g
-     WHERE s.recordable
-       AND NOT EXISTS (SELECT 1 FROM ibex_core.extraction_turns x
-                        WHERE x.session_id = s.id AND x.turn_index = g)
-),
-ranked AS (
-    SELECT c.org_id, c.session_id, c.turn_index, c.is_new,
-           row_number() OVER (PARTITION BY c.agent_id ORDER BY c.turn_index, c.session_id)
-               <= b.budget AS lease
-      FROM (SELECT org_id, session_id, turn_index, agent_id, false AS is_new FROM free
-            UNION ALL
-            SELECT org_id, session_id, turn_index, agent_id, true FROM missing) c
-      JOIN budget b ON b.agent_id = c.agent_id
-),
-inserted AS (
-    INSERT INTO ibex_core.extraction_turns (org_id, session_id, turn_index, lease_expires_at)
-    SELECT org_id, session_id, turn_index,
-           CASE WHEN lease THEN now() + make_interval(secs => %(lease)s) END
-      FROM ranked
-     WHERE is_new
-    ON CONFLICT DO NOTHING
-    RETURNING session_id, turn_index, lease_expires_at IS NOT NULL AS leased
-),
-updated AS (
-    UPDATE ibex_core.extraction_turns t
-       SET lease_expires_at = now() + make_interval(secs => %(lease)s)
-      FROM ranked r
-     WHERE NOT r.is_new AND r.lease
-       AND t.session_id = r.session_id AND t.turn_index = r.turn_index
-    RETURNING t.session_id, t.turn_index
-)
-SELECT session_id, turn_index FROM inserted WHERE leased
-UNION ALL
-SELECT session_id, turn_index FROM updated
+SELECT l.session_id::text, l.turn_index
+  FROM ibex_core.scan_record_and_lease(
+           %(orgs)s::uuid[], %(session_ends)s::int[], %(sessions)s::uuid[],
+           %(agent_ends)s::int[], %(agents)s::uuid[], %(budgets)s::int[], %(lease)s) l
+  JOIN unnest(%(order)s::uuid[]) WITH ORDINALITY AS o(agent_id, rank)
+    ON o.agent_id = l.agent_id
+ ORDER BY o.rank, l.turn_index, l.session_id
 """
 
 
 def _candidate(row: Sequence[Any]) -> Candidate:
     org, agent, sid, pointer, count = row
-    return Candidate(
-        uuid.UUID(str(org)), uuid.UUID(str(agent)), uuid.UUID(str(sid)), int(pointer), int(count)
-    )
+    return Candidate(_uuid(org), _uuid(agent), _uuid(sid), int(pointer), int(count))
 
 
 class ScanQueries:
@@ -154,44 +99,56 @@ class ScanQueries:
         per agent, up to ``budgets[agent]`` of those that are not done, not failed and not
         leased: the turns to send. Agents without a positive budget are left out altogether.
 
-        One transaction for the batch and one statement per org in it (row-level security
-        applies per statement, under that org's ``ibex.org_id``). The turns come back ordered
-        by the agent's first appearance in ``candidates``, then by turn and session."""
+        One transaction and one round trip for the batch: the server runs one statement per
+        org in it (row-level security applies per statement, as the tenant role under that
+        org's ``ibex.org_id``). The turns come back ordered by the agent's first appearance in
+        ``candidates``, then by turn and session."""
         by_org: dict[uuid.UUID, list[Candidate]] = {}
-        agent_order: dict[uuid.UUID, int] = {}
+        agent_order: dict[uuid.UUID, None] = {}
         for c in candidates:
             if budgets.get(c.agent_id, 0) <= 0:
                 continue
             by_org.setdefault(c.org_id, []).append(c)
-            agent_order.setdefault(c.agent_id, len(agent_order))
+            agent_order.setdefault(c.agent_id)
         if not by_org:
             return []
-        agent_of: dict[uuid.UUID, uuid.UUID] = {}
-        refs: list[TurnRef] = []
+        # The leased turns name their session as text, mapped back to the candidate: no UUID
+        # is parsed per turn.
+        by_text: dict[str, Candidate] = {}
+        session_ends: list[int] = []
+        agents: list[str] = []
+        agent_budgets: list[int] = []
+        agent_ends: list[int] = []
+        for group in by_org.values():
+            by_text.update((str(c.session_id), c) for c in group)
+            session_ends.append(len(by_text))
+            for agent in dict.fromkeys(c.agent_id for c in group):
+                agents.append(str(agent))
+                agent_budgets.append(int(budgets[agent]))
+            agent_ends.append(len(agents))
         with transaction(self.db):
-            switch_role = f"SET LOCAL ROLE {APP_ROLE}; "
-            for org, group in by_org.items():
-                agents = sorted({c.agent_id for c in group}, key=agent_order.__getitem__)
-                for c in group:
-                    agent_of[c.session_id] = c.agent_id
-                rows = self._sql(
-                    switch_role
-                    + "SELECT set_config('ibex.org_id', %(org)s, true); "
-                    + _RECORD_AND_LEASE,
-                    {
-                        "org": str(org),
-                        "agents": [str(a) for a in agents],
-                        "budgets": [int(budgets[a]) for a in agents],
-                        "ids": [str(c.session_id) for c in group],
-                        "lease": lease_seconds,
-                    },
-                ).fetchall()
-                switch_role = ""
-                refs.extend(TurnRef(org, uuid.UUID(str(sid)), int(ti)) for sid, ti in rows)
-        return sorted(
-            refs,
-            key=lambda r: (agent_order[agent_of[r.session_id]], r.turn_index, str(r.session_id)),
-        )
+            rows = self._sql(
+                _RECORD_AND_LEASE,
+                {
+                    "orgs": [str(org) for org in by_org],
+                    "session_ends": session_ends,
+                    "sessions": list(by_text),
+                    "agent_ends": agent_ends,
+                    "agents": agents,
+                    "budgets": agent_budgets,
+                    "lease": lease_seconds,
+                    "order": [str(a) for a in agent_order],
+                },
+            ).fetchall()
+        refs = []
+        for sid, ti in rows:
+            c = by_text[sid]
+            refs.append(TurnRef(c.org_id, c.session_id, ti))
+        return refs
+
+
+def _uuid(value: Any) -> uuid.UUID:
+    return value if isinstance(value, uuid.UUID) else uuid.UUID(value)
 
 
 __all__ = ["CANDIDATES_SQL", "CANDIDATE_SQL", "CANDIDATE_WHERE", "ScanQueries"]

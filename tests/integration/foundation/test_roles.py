@@ -103,6 +103,12 @@ SEARCH = {
 #: A session's extraction progress for the sessions API, under the caller's row-level security.
 PROGRESS = "ibex_core.session_progress(uuid[])"
 
+#: The scan's record-and-lease: called by the login role and switching to the tenant role
+#: itself (as create_memory does), so no role here may execute it.
+SCAN_LEASE = (
+    "ibex_core.scan_record_and_lease(uuid[],integer[],uuid[],integer[],uuid[],integer[],integer)"
+)
+
 #: case -> table -> privilege -> ALL or the columns; plus the functions it may execute.
 EXPECTED: dict[str, dict[str, Any]] = {
     "tenant": {
@@ -139,6 +145,7 @@ KNOWN_FUNCTIONS = {
     "ibex_memory.memory_of_deleted_session()",
     "ibex_memory.create_memory(uuid,uuid,uuid,integer,integer,text,text,text,jsonb,text,text)",
     PROGRESS,
+    SCAN_LEASE,
     *SEARCH,
 }
 

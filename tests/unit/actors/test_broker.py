@@ -151,6 +151,72 @@ def test_send_all_pipelines_redis_enqueues_exactly_as_the_broker_enqueues_them(
     assert len(redis_ids) == 7 and len({m.message_id for m in piped}) == 7
 
 
+class _EnqueueLog(dramatiq.Middleware):
+    """Records the enqueue hooks as the broker calls them."""
+
+    def __init__(self) -> None:
+        self.calls: list[tuple[str, str]] = []
+
+    def before_enqueue(self, broker: Any, message: Any, delay: Any) -> None:
+        self.calls.append(("before", message.options["redis_message_id"]))
+
+    def after_enqueue(self, broker: Any, message: Any, delay: Any) -> None:
+        self.calls.append(("after", message.options["redis_message_id"]))
+
+
+def test_send_all_stores_a_batch_over_two_queues_in_one_round_trip() -> None:
+    """Per queue one HSET of the payloads and one RPUSH of the ids, in one pipeline, no script
+    and no heartbeat; every message stored and queued in order on its own queue, and the
+    enqueue hooks called per message when a middleware implements them."""
+    import actors  # noqa: F401
+    from actors.broker import send_all
+    from extraction.stages import Send
+    from schema.messages import ActorName
+
+    client = fakeredis.FakeRedis()
+    log = _EnqueueLog()
+    broker = make_broker(settings(), client=client, extra_middleware=[log])
+    previous = current_broker()
+    use_broker(broker)
+    commands: list[str] = []
+    real_pipeline = client.pipeline
+
+    def recording_pipeline(*a: Any, **kw: Any) -> Any:
+        pipe = real_pipeline(*a, **kw)
+        real_execute = pipe.execute
+
+        def execute(*ea: Any, **ekw: Any) -> Any:
+            commands.extend(str(c[0][0]).upper() for c in pipe.command_stack)
+            commands.append("MULTI/EXEC" if pipe.transaction else "PIPELINE")
+            return real_execute(*ea, **ekw)
+
+        pipe.execute = execute
+        return pipe
+
+    client.pipeline = recording_pipeline  # type: ignore[method-assign]
+    try:
+        org, session = str(uuid.uuid4()), str(uuid.uuid4())
+        ref = {"org_id": org, "session_id": session, "turn_index": 1}
+        sends = [Send(ActorName.WRITE, {**ref, "ordinal": o}) for o in range(3)]
+        sends.insert(1, Send(ActorName.POINTER, ref))
+        sends.append(Send(ActorName.POINTER, {**ref, "turn_index": 2}))
+        assert send_all(sends) == 5
+        writes = _queued(client, Queue.WRITE.value)
+        pointers = _queued(client, Queue.POINTER.value)
+    finally:
+        use_broker(previous)
+    assert [m.kwargs for m in writes] == [s.kwargs for s in sends if s.actor_name == "write_memory"]
+    assert [m.kwargs for m in pointers] == [
+        s.kwargs for s in sends if s.actor_name == "advance_pointer"
+    ]
+    assert [m.actor_name for m in pointers] == ["advance_pointer"] * 2
+    # Per queue: one HSET and one RPUSH, payloads before ids, in one round trip.
+    assert commands == ["HSET", "RPUSH", "HSET", "RPUSH", "PIPELINE"]
+    ids = [m.options["redis_message_id"] for m in writes + pointers]
+    assert sorted(i for kind, i in log.calls if kind == "before") == sorted(ids)
+    assert sorted(i for kind, i in log.calls if kind == "after") == sorted(ids)
+
+
 def test_send_all_on_a_stub_broker_sends_one_at_a_time() -> None:
     import actors  # noqa: F401
     from actors.broker import send_all
