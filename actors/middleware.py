@@ -39,7 +39,7 @@ from playhouse.postgres_ext import PooledPostgresqlExtDatabase
 
 from actors.envelope import MALFORMED, decode_problem, salvage
 from core.config import Settings
-from core.db import make_pool
+from core.db import make_pool, transaction
 from core.errors import ConfigError, InvalidMessageError, PermanentError
 from extraction import deadletter_rows
 from extraction.deadletter_rows import DeadLetterRecord
@@ -310,15 +310,18 @@ class DeadLetterMirror(Middleware):
         if deps is None:
             log.error("no database in this process: dead letter %s not mirrored", record.message_id)
             return
-        deadletter_rows.mirror(deps.store.db, record)
-        if (
-            record.actor_name in TURN_ACTORS
-            and record.org_id
-            and record.session_id
-            and record.turn_index
-        ):
-            ref = TurnRef(record.org_id, record.session_id, record.turn_index)
-            deps.turns.mark_failed(ref, f"{exc_type}: {exc_message}")
+        # One transaction: a worker killed in between must not leave a mirrored dead letter
+        # whose turn is still pending (the scan would send it again behind the operator's back).
+        with transaction(deps.store.db):
+            deadletter_rows.mirror(deps.store.db, record)
+            if (
+                record.actor_name in TURN_ACTORS
+                and record.org_id
+                and record.session_id
+                and record.turn_index
+            ):
+                ref = TurnRef(record.org_id, record.session_id, record.turn_index)
+                deps.turns.mark_failed(ref, f"{exc_type}: {exc_message}")
 
 
 def mirror_malformed(queue: str, redis_message_id: str, raw: bytes, reason: str) -> None:

@@ -85,3 +85,40 @@ def test_transient_memory_failures_retry_and_then_write_once(
     assert_complete(db, memory, [ref])
     assert memory.replays == 1 and memory.conflicts == 0
     assert dead_letter_rows(db) == []
+
+
+def test_a_dead_letter_is_mirrored_together_with_its_failed_turn_or_not_at_all(
+    store: Any,
+    db: Any,
+    deps: StageDeps,
+    provider: FakeProvider,
+    memory: FakeMemoryService,
+    monkeypatch: Any,
+) -> None:
+    """Crash point simulated: the worker dies after inserting the dead letter's mirror row and
+    before marking its turn failed (here the turn update raises). The two are one transaction,
+    so neither is left: no mirrored dead letter whose turn the scan would send again as
+    pending. The Redis dead letter stays, and a later run of the same failure records both."""
+    ref = make_session(store, 2)
+    provider.reject_always(ref.session_id, 2)
+
+    def crash(*_: Any, **__: Any) -> bool:
+        raise RuntimeError("worker killed between the mirror and the turn update")
+
+    with monkeypatch.context() as patch:
+        patch.setattr(deps.turns, "mark_failed", crash)
+        with stub_worker(deps.settings, deps) as stub:
+            stub.get_actor("scan_sessions").send()
+            drain(stub)
+            assert len(stub.dead_letters) == 1
+    assert dead_letter_rows(db) == []
+    assert turn_rows(db, ref.session_id)[2]["state"] == "pending"
+
+    with stub_worker(deps.settings, deps) as stub:
+        stub.get_actor("extract_turn").send_with_options(
+            kwargs={"org_id": str(ref.org_id), "session_id": str(ref.session_id), "turn_index": 2}
+        )
+        drain(stub)
+        assert len(stub.dead_letters) == 1
+    assert [r["turn_index"] for r in dead_letter_rows(db)] == [2]
+    assert turn_rows(db, ref.session_id)[2]["state"] == "failed"
