@@ -108,6 +108,13 @@ class FaultRecord:
 LANDING_WAIT_S = 4.0
 LANDING_ATTEMPTS = 3
 
+#: How long Postgres stays up after a restart before the next restart (the test's next one,
+#: or the same one fired again because it caught no transaction) may stop it: two maximum
+#: backoffs, so that the messages the first outage sent into retries run again in between
+#: and two restarts stay two outages (fired at once, the second stopped the server 80 ms
+#: after it came back: one outage of over 5 s).
+RESTART_SETTLE_S = 1.0
+
 
 class PostgresControlError(AssertionError):
     """``pg_ctl`` failed on a :class:`PrivatePostgres` (its stderr and the server log)."""
@@ -551,14 +558,28 @@ class ChaosStack:
         """Restart the test's :class:`PrivatePostgres` (fast shutdown, ``pause`` seconds down)
         at a moment when a worker or memory-service backend is inside a transaction (waiting
         for one, bounded; restarted again when it caught none). Returns the seconds it was
-        down. No turn is put at risk: an answer in hand must survive the outage."""
+        down. No turn is put at risk: an answer in hand must survive the outage.
+
+        Each restart after the first waits until the server has been up
+        :data:`RESTART_SETTLE_S` since the previous one. The transaction count that decides
+        the landing is the one read just before the stop (read again, it was often 0 by then:
+        a miss that was not one)."""
         pg = self.postgres
         assert pg is not None, "restart_postgres needs a stack on a PrivatePostgres"
+        seen = {"claims": 0, "in_transaction": 0}
+
+        def caught_one() -> bool:
+            seen["claims"] = self.live_claims()
+            seen["in_transaction"] = self.backends_in_transaction()
+            return seen["in_transaction"] > 0
+
         for attempt in range(1, LANDING_ATTEMPTS + 1):
-            self._wait_for(lambda: self.backends_in_transaction() > 0)
-            in_transaction = self.backends_in_transaction()
+            if pg.restarts:
+                time.sleep(max(0.0, pg.restarts[-1][1] + RESTART_SETTLE_S - time.monotonic()))
+            seen.update(claims=0, in_transaction=0)
+            self._wait_for(caught_one)
+            in_transaction, claims = seen["in_transaction"], seen["claims"]
             in_flight = self.messages_in_flight()
-            claims = self.live_claims()
             down = pg.restart(pause)
             detail = (
                 f"down {down:.1f}s; hit {in_transaction} backends mid-transaction,"
