@@ -17,7 +17,7 @@ then ``--rounds`` alternating runs: real, calibration, real, ...). It reports bo
 POST/s with p50/p99, the ratio real/calibration (median POST/s over median POST/s), and the
 Redis commands per POST of each (INFO commandstats of the private Redis, which only the
 server under load uses); ``--profile`` adds a py-spy run of each server's workers under the
-same load after the timed rounds::
+same load after the timed rounds (``--gil``: the Python CPU, not the threads waiting in C)::
 
     python -m bench.memory_load --compare --seconds 15 --concurrency 16 \
         --database-url postgresql://postgres@127.0.0.1:5432/ibex_bench_memsvc [--json] [--profile]
@@ -55,7 +55,7 @@ from bench import BenchError
 from bench.calibration_app import create_table
 from bench.dbadmin import database_name, recreate_database
 from bench.report import dumps, table
-from bench.sampling import finish_py_spy, redis_counters, start_py_spy
+from bench.sampling import CpuSampler, finish_py_spy, redis_counters, start_py_spy
 from bench.stack import (
     check,
     child_env,
@@ -65,7 +65,7 @@ from bench.stack import (
     wait_http,
 )
 from core.db import make_database
-from core.processes import ROOT, Launcher, Procfile, free_port
+from core.processes import ROOT, Launcher, Process, Procfile, free_port
 from memory_service.tokens import TokenStore
 from models.store import SessionStore
 
@@ -250,7 +250,7 @@ OWN_COMMANDS = frozenset({"info", "ping", "config|get", "config|set"})
 
 def start_calibration(
     launcher: Launcher, env: dict[str, str], *, workers: int, threads: int
-) -> tuple[Any, str]:
+) -> tuple[Process, str]:
     """The Procfile's ``web`` line with the calibration app in place of the service's."""
     port = free_port()
     env = {**env, "PORT": str(port), "WEB_CONCURRENCY": str(workers), "WEB_THREADS": str(threads)}
@@ -270,16 +270,27 @@ def _commands(client: redis.Redis) -> Counter[str]:
 
 
 def measured_run(
-    launcher: Launcher, client: redis.Redis, url: str, load: Load, args: argparse.Namespace
+    launcher: Launcher,
+    client: redis.Redis,
+    server: Process,
+    url: str,
+    load: Load,
+    args: argparse.Namespace,
 ) -> dict[str, Any]:
     """One wrk run against ``url`` (its own script: keys and contents never seen before), with
-    the Redis commands per request it caused."""
+    the Redis commands and the CPU (the server's processes, the database's backends) per
+    request it caused."""
     script = launcher.folder / "post.lua"
     script.write_text(wrk_script(*load))
     time.sleep(SETTLE_SECONDS)
+    cpu = CpuSampler()
+    cpu.add_tree("server", [server.pid])
+    cpu.add_postgres("postgres", database_name(args.database_url))
     before = _commands(client)
+    cpu.begin()
     command = wrk_command(args.seconds, args.concurrency, args.wrk_threads, str(script), url)
     done = subprocess.run(command, capture_output=True, text=True, check=False)
+    spent_cpu = cpu.end()
     if done.returncode != 0:
         raise BenchError(f"wrk failed: {done.stderr.strip() or done.stdout.strip()}")
     check(launcher)
@@ -287,6 +298,7 @@ def measured_run(
     spent = _commands(client)
     spent.subtract(before)
     n = max(1, result["requests"])
+    result["cpu_ms_per_request"] = {k: round(1000 * v / n, 3) for k, v in spent_cpu.items()}
     result["redis_commands_per_request"] = round(sum(spent.values()) / n, 2)
     result["redis_per_command"] = {
         k: round(v / n, 2) for k, v in sorted(spent.items()) if round(v / n, 2) > 0
@@ -303,6 +315,9 @@ def _summary(runs: list[dict[str, Any]]) -> dict[str, Any]:
         "p50_ms": median([r["latency_ms"].get("p50", 0.0) for r in runs]),
         "p99_ms": median([r["latency_ms"].get("p99", 0.0) for r in runs]),
         "non_2xx": sum(r["non_2xx"] for r in runs),
+        "cpu_ms_per_request": {
+            k: median([r["cpu_ms_per_request"][k] for r in runs]) for k in ("server", "postgres")
+        },
         "redis_commands_per_request": runs[-1]["redis_commands_per_request"],
         "redis_per_command": runs[-1]["redis_per_command"],
         "runs": runs,
@@ -327,18 +342,18 @@ def compare(args: argparse.Namespace) -> dict[str, Any]:
         )
         servers = {"real": (real, real_url), "calibration": (calibration, calibration_url)}
         warm = argparse.Namespace(**{**vars(args), "seconds": args.warmup})
-        for _, url in servers.values():
-            measured_run(children, client, url, load, warm)
+        for process, url in servers.values():
+            measured_run(children, client, process, url, load, warm)
         runs: dict[str, list[dict[str, Any]]] = {name: [] for name in servers}
         for _ in range(args.rounds):
-            for name, (_, url) in servers.items():
-                runs[name].append(measured_run(children, client, url, load, args))
+            for name, (process, url) in servers.items():
+                runs[name].append(measured_run(children, client, process, url, load, args))
         profiles: dict[str, Any] = {}
         if args.profile:
             for name, (process, url) in servers.items():
-                spy = start_py_spy(children, name, process.pid, args.seconds)
+                spy = start_py_spy(children, name, process.pid, args.seconds, gil=True)
                 time.sleep(1.0)  # py-spy attaches to every worker before the load starts
-                measured_run(children, client, url, load, args)
+                measured_run(children, client, process, url, load, args)
                 profiles[name] = finish_py_spy(children, spy)
         client.close()
     real_summary, calibration_summary = _summary(runs["real"]), _summary(runs["calibration"])
@@ -374,7 +389,8 @@ def compare(args: argparse.Namespace) -> dict[str, Any]:
     }
 
 
-HEADERS = ["server", "POST/s", "p50 ms", "p99 ms", "non-2xx", "Redis cmds/POST", "by command"]
+HEADERS = ["server", "POST/s", "p50 ms", "p99 ms", "non-2xx", "CPU ms/POST (server + Postgres)",
+           "Redis cmds/POST", "by command"]  # fmt: skip
 
 
 def render_compare(document: dict[str, Any]) -> str:
@@ -382,8 +398,10 @@ def render_compare(document: dict[str, Any]) -> str:
     for name in ("real", "calibration"):
         side = document[name]
         per = ", ".join(f"{k} {v:g}" for k, v in side["redis_per_command"].items())
+        cpu = side["cpu_ms_per_request"]
         rows.append([name, side["requests_per_s"], side["p50_ms"], side["p99_ms"],
-                     side["non_2xx"], side["redis_commands_per_request"], per])  # fmt: skip
+                     side["non_2xx"], f"{cpu['server']:.2f} + {cpu['postgres']:.2f}",
+                     side["redis_commands_per_request"], per])  # fmt: skip
     out = [
         table(HEADERS, rows),
         "",
