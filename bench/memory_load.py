@@ -438,8 +438,8 @@ def main() -> None:
         sys.exit("set DATABASE_URL (or --database-url) to the service's database")
     args.seconds = min(args.seconds, MAX_SECONDS)
     if args.compare:
-        if not re.search(r"/ibex_bench_\w+$", args.database_url):
-            sys.exit("--compare recreates its database: name one ibex_bench_<something>")
+        if not re.search(r"bench|test", database_name(args.database_url)):
+            sys.exit("--compare drops and recreates its database: name one with bench or test")
         try:
             document = compare(args)
         except KeyboardInterrupt:
