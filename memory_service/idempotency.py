@@ -64,9 +64,8 @@ from redis.exceptions import NoScriptError
 
 log = logging.getLogger(__name__)
 
-#: Records are strings under this prefix (the hash records of the earlier layout, under
-#: ``ibex:idem:<digest>``, are never read: a Redis that still holds some answers as if it had
-#: lost them, from Postgres, until their TTL ends).
+#: Records are strings under this prefix; records an older release wrote under other names
+#: are not read (their keys are answered from Postgres, as if lost) and expire with their TTL.
 KEY_PREFIX = "ibex:idem:s:"
 #: After a Redis failure, requests skip Redis for this long instead of each paying a timeout.
 REDIS_BACKOFF_SECONDS = 5.0
