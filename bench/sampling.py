@@ -156,9 +156,13 @@ def py_spy() -> str | None:
     return str(local) if local.is_file() else shutil.which("py-spy")
 
 
-def start_py_spy(launcher: Launcher, name: str, pid: int, seconds: float) -> Process | None:
+def start_py_spy(
+    launcher: Launcher, name: str, pid: int, seconds: float, *, gil: bool = False
+) -> Process | None:
     """Sample ``pid`` and its subprocesses for ``seconds`` (100 Hz, on-CPU threads only) into
-    ``profile-<name>.txt`` in py-spy's raw (collapsed stacks) format."""
+    ``profile-<name>.txt`` in py-spy's raw (collapsed stacks) format. With ``gil``, only the
+    thread holding the GIL is sampled: the Python CPU of each process, without the threads
+    that wait in C (a socket read, a Postgres round trip) and still look busy to py-spy."""
     exe = py_spy()
     if exe is None:
         return None
@@ -166,6 +170,8 @@ def start_py_spy(launcher: Launcher, name: str, pid: int, seconds: float) -> Pro
     argv = [exe, "record", "--pid", str(pid), "--subprocesses", "--nonblocking",
             "--format", "raw", "--rate", "100", "--duration", str(max(1, int(seconds))),
             "--output", str(out)]  # fmt: skip
+    if gil:
+        argv.append("--gil")
     return launcher.start(f"py-spy-{name}", argv, child_env({}), may_exit=True)
 
 

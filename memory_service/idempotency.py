@@ -1,18 +1,35 @@
-"""Idempotency records in Redis: claim, complete and release, each one atomic Lua script.
+"""Idempotency records in Redis: a claim is one ``SET``, a completion one short script.
 
-A record is a small hash at :func:`record_key` (a fixed-size digest of the org and the key, so a
-255-character key costs no more than a short one) holding only what the claim and the replay
-decision need:
+A record is one small string at :func:`record_key` (a fixed-size digest of the org and the key,
+so a 255-character key costs no more than a short one) holding only what the claim and the
+replay decision need, in fixed binary fields:
 
-- ``fp``: the first 128 bits of a hash of the request fingerprint (enough to tell the same
-  request from another under one key);
-- ``state``: ``running`` or ``done``;
-- ``owner``: the random token of the request that runs the key (8 bytes);
-- ``lease_until``: while running, the lease deadline in milliseconds of *Redis server time*
-  (``TIME`` inside the script, so clock skew between web processes cannot shorten or stretch a
-  lease);
-- once done, ``id`` (the memory's 16-byte UUID) and ``status`` (:class:`Answer`: which response
-  the key gives).
+- running: the first 128 bits of a hash of the request fingerprint (enough to tell the same
+  request from another under one key), ``R``, and the random token of the request that runs
+  the key (8 bytes): 25 bytes;
+- done: the same fingerprint, ``D``, the memory's 16-byte UUID and :class:`Answer` (which
+  response the key gives).
+
+The commands of a POST, as ``INFO commandstats`` counts them (a script and each command it
+runs):
+
+- the claim is ``SET key running NX PX lease``: it creates the running record with the lease
+  as its expiry, atomically, or finds a record there, which one ``GET`` then reads (and only
+  an "in progress" answer reads the lease left, with ``PTTL``, for ``Retry-After``). The
+  lease is thus kept by *Redis server time* (clock skew between web processes cannot shorten
+  or stretch it), and an expired lease is gone with its record: the next request claims the
+  key anew, as a new owner;
+- the completion is one script that replaces the running record by the done one (``SET`` with
+  the idempotency TTL) only if the record is still this request's own (``GET``): a request
+  whose lease expired, and whose key another request then claimed, is refused, atomically,
+  however late it arrives, and a vanished record is not recreated;
+- a failure that stored nothing (validation, 5xx) frees the key with a script that deletes
+  the record only if it is still this request's own (``release``), so the next attempt runs
+  at once.
+
+So a POST with a new key costs 4 Redis commands (``SET``; ``EVALSHA``, ``GET``, ``SET``), and
+a replay 2 (``SET``, ``GET``). (``SET NX GET`` would read the record in the claim's own
+command, but needs Redis 7; the service runs on 6.2 too.)
 
 The response itself is not stored: a replay of a created memory is rebuilt from the Postgres row
 found by the key, which is the response first given byte for byte (the row is immutable but for
@@ -20,10 +37,11 @@ found by the key, which is the response first given byte for byte (the row is im
 memory (``MEMORY USAGE``) for the idempotency TTL.
 
 This record is an optimisation and the "in progress" signal, not the source of truth: the row in
-Postgres (``UNIQUE(org_id, idempotency_key)`` and the live-content index) is. Losing the record
-(TTL, FLUSHALL, eviction, failover) can therefore never produce a duplicate; it only means the
-next request with that key is answered from Postgres instead. Any Redis error, an out-of-memory
-refusal included, is handled the same way as an unreachable Redis.
+Postgres (``UNIQUE(org_id, idempotency_key)`` and the live-content index) is, and the write
+itself answers with the row holding the key when there is one (``create_memory``). Losing the
+record (lease expiry, TTL, FLUSHALL, eviction, failover) can therefore never produce a
+duplicate; it only means the next request with that key is answered from Postgres instead. Any
+Redis error, an out-of-memory refusal included, is handled the same way as an unreachable Redis.
 """
 
 from __future__ import annotations
@@ -46,55 +64,30 @@ from redis.exceptions import NoScriptError
 
 log = logging.getLogger(__name__)
 
-KEY_PREFIX = "ibex:idem:"
+#: Records are strings under this prefix; records an older release wrote under other names
+#: are not read (their keys are answered from Postgres, as if lost) and expire with their TTL.
+KEY_PREFIX = "ibex:idem:s:"
 #: After a Redis failure, requests skip Redis for this long instead of each paying a timeout.
 REDIS_BACKOFF_SECONDS = 5.0
 
-# Order matters: a different fingerprint is a conflict whatever the state (conflict is checked
-# before in-progress), then a finished record replays, then a live lease means in progress, and
-# only an expired lease is taken over (with a new owner, so the old owner cannot complete).
-CLAIM_LUA = """
-local t = redis.call('TIME')
-local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
-local lease_until = string.format('%.0f', now + tonumber(ARGV[3]))
-local rec = redis.call('HMGET', KEYS[1], 'fp', 'state', 'lease_until', 'status', 'id')
-if not rec[1] then
-  redis.call('HSET', KEYS[1], 'fp', ARGV[1], 'state', 'running', 'owner', ARGV[2],
-             'lease_until', lease_until)
-  redis.call('EXPIRE', KEYS[1], tonumber(ARGV[4]))
-  return {'claimed'}
-end
-if rec[1] ~= ARGV[1] then
-  return {'conflict'}
-end
-if rec[2] == 'done' then
-  return {'done', rec[4] or '', rec[5] or ''}
-end
-local left = tonumber(rec[3] or '0') - now
-if left > 0 then
-  return {'running', string.format('%.0f', left)}
-end
-redis.call('HSET', KEYS[1], 'owner', ARGV[2], 'lease_until', lease_until)
-return {'takeover'}
-"""
+FINGERPRINT_BYTES = 16
+#: A claim that finds a record which then vanishes before it is read claims again, this often.
+CLAIM_ATTEMPTS = 3
+RUNNING = b"R"
+DONE = b"D"
 
-# Only the current owner may complete: a request whose lease was taken over is refused here,
-# atomically, however late it arrives. A vanished record is not recreated (Postgres holds the
-# truth; the next request is answered from there).
+# Only the current owner may complete: the record must still be this request's running record
+# (its fingerprint and owner token), else another request owns the key now, or it is gone.
 COMPLETE_LUA = """
-if redis.call('HGET', KEYS[1], 'owner') ~= ARGV[1] then
+if redis.call('GET', KEYS[1]) ~= ARGV[1] then
   return 0
 end
-redis.call('HSET', KEYS[1], 'state', 'done', 'status', ARGV[2], 'id', ARGV[3])
-redis.call('HDEL', KEYS[1], 'lease_until')
-redis.call('EXPIRE', KEYS[1], tonumber(ARGV[4]))
+redis.call('SET', KEYS[1], ARGV[2], 'EX', ARGV[3])
 return 1
 """
 
-# A failure that stored nothing (validation, 5xx) frees the key at once for the next attempt.
 RELEASE_LUA = """
-if redis.call('HGET', KEYS[1], 'owner') == ARGV[1]
-   and redis.call('HGET', KEYS[1], 'state') == 'running' then
+if redis.call('GET', KEYS[1]) == ARGV[1] then
   return redis.call('DEL', KEYS[1])
 end
 return 0
@@ -102,8 +95,9 @@ return 0
 
 
 class ClaimState(enum.StrEnum):
+    #: This request runs the key: no record held it (never used, released, or its lease or
+    #: TTL ended).
     CLAIMED = "claimed"
-    TAKEOVER = "takeover"
     RUNNING = "running"
     DONE = "done"
     CONFLICT = "conflict"
@@ -134,18 +128,24 @@ class StoredAnswer:
 class Claim:
     state: ClaimState
     key: str
-    owner: bytes
+    #: The running record this request set (or would have set): fingerprint, ``R``, owner.
+    running: bytes
     retry_after_ms: int = 0
     stored: StoredAnswer | None = None
 
     @property
+    def owner(self) -> bytes:
+        """The random token of the request (8 bytes)."""
+        return self.running[FINGERPRINT_BYTES + 1 :]
+
+    @property
     def owned(self) -> bool:
         """Whether this request now runs the key (and must complete or release it)."""
-        return self.state in (ClaimState.CLAIMED, ClaimState.TAKEOVER)
+        return self.state is ClaimState.CLAIMED
 
 
 def record_key(org_id: uuid.UUID | str, idempotency_key: str) -> str:
-    """``ibex:idem:`` + 22 characters: a 128-bit digest of the org and the key, so records
+    """``ibex:idem:s:`` + 22 characters: a 128-bit digest of the org and the key, so records
     have one small size whatever the key's length, and keys of different orgs never meet."""
     digest = hashlib.blake2b(f"{org_id}:{idempotency_key}".encode(), digest_size=16).digest()
     return KEY_PREFIX + base64.urlsafe_b64encode(digest).rstrip(b"=").decode("ascii")
@@ -157,60 +157,66 @@ def compact_fingerprint(fingerprint: str) -> bytes:
     return hashlib.blake2b(fingerprint.encode(), digest_size=16).digest()
 
 
+def done_record(fingerprint: bytes, stored: StoredAnswer) -> bytes:
+    """A finished key's record: fingerprint, ``D``, the memory id, the answer."""
+    return fingerprint + DONE + stored.memory_id.bytes + stored.answer.value.encode("ascii")
+
+
+def _send(conn: ConnectionInterface, *args: Any) -> Any:
+    conn.send_command(*args)
+    return conn.read_response()
+
+
 def _evalsha(conn: ConnectionInterface, script: Script, keys: list[str], args: list[Any]) -> Any:
     try:
-        conn.send_command("EVALSHA", script.sha, len(keys), *keys, *args)
-        return conn.read_response()
+        return _send(conn, "EVALSHA", script.sha, len(keys), *keys, *args)
     except NoScriptError:
-        conn.send_command("EVAL", script.script, len(keys), *keys, *args)
-        return conn.read_response()
-
-
-def _text(value: Any) -> str:
-    return value.decode("utf-8") if isinstance(value, bytes) else str(value)
+        return _send(conn, "EVAL", script.script, len(keys), *keys, *args)
 
 
 class IdempotencyStore:
-    """The three scripts over one Redis client (thread-safe; the client pools connections)."""
+    """The claim, completion and release over one Redis client (thread-safe)."""
 
     def __init__(self, client: redis.Redis, *, ttl_seconds: int, lease_seconds: int) -> None:
         self.client = client
         self.ttl_seconds = ttl_seconds
         self.lease_ms = lease_seconds * 1000
-        self._claim = client.register_script(CLAIM_LUA)
         self._complete = client.register_script(COMPLETE_LUA)
         self._release = client.register_script(RELEASE_LUA)
         self._down_until = 0.0
         self._lock = threading.Lock()
         self._local = threading.local()
 
-    def _eval(self, script: Script, keys: list[str], args: list[Any]) -> Any:
-        """Run ``script`` with EVALSHA on a connection of this thread's own.
+    def _run(self, command: Any, *args: Any) -> Any:
+        """``command(connection, *args)`` on a Redis connection of this thread's own.
 
-        Every POST runs two scripts, and redis-py's per-command path (pool checkout and
-        release, retry wrapper, instrumentation) cost more CPU than the request's own work
-        with them, so the request path talks to a connection it keeps: one socket write and
-        one read per script. As with the pooled client, a connection found broken (Redis
-        restarted) is retried once on a fresh one; a timeout is not retried, a slow Redis must
-        not hold requests. NOSCRIPT (a restarted or flushed Redis) runs the source once with
-        EVAL, which caches it again.
+        redis-py's per-command path (pool checkout and release, retry wrapper,
+        instrumentation) costs more CPU than the request's own use of Redis, so the request
+        path talks to a connection it keeps: one socket write and one read per command. As
+        with the pooled client, a connection found broken (Redis restarted) is retried once on
+        a fresh one; a timeout is not retried, a slow Redis must not hold requests.
         """
         conn = getattr(self._local, "conn", None)
         if conn is None:
             conn = self._local.conn = self.client.connection_pool.make_connection()
         try:
-            return _evalsha(conn, script, keys, args)
+            return command(conn, *args)
         except redis.ConnectionError:
             conn.disconnect()
-        return _evalsha(conn, script, keys, args)
+        return command(conn, *args)
+
+    def _eval(self, script: Script, keys: list[str], args: list[Any]) -> Any:
+        """``script`` with EVALSHA; NOSCRIPT (a restarted or flushed Redis) runs the source
+        once with EVAL, which caches it again."""
+        return self._run(_evalsha, script, keys, args)
 
     def _available(self) -> bool:
         return time.monotonic() >= self._down_until
 
     def _failed(self, exc: redis.RedisError) -> None:
         """Any Redis error: unreachable, timed out, or refusing writes when out of memory
-        (``noeviction`` at ``maxmemory``; inside a script the OOM arrives as a plain
-        ResponseError). None of them can cost a guarantee, the Postgres keys decide alone."""
+        (``noeviction`` at ``maxmemory``). None of them can cost a guarantee, the Postgres
+        keys decide alone."""
         reason = type(exc).__name__
         if isinstance(exc, redis.exceptions.OutOfMemoryError) or "OOM" in str(exc):
             reason = "out of memory"
@@ -224,44 +230,63 @@ class IdempotencyStore:
             self._down_until = time.monotonic() + REDIS_BACKOFF_SECONDS
 
     def claim(self, org_id: uuid.UUID | str, idempotency_key: str, fingerprint: str) -> Claim:
+        """Run the key, or say why not. The order of the answers: a different fingerprint is
+        a conflict whatever the state (conflict is checked before in-progress), then a
+        finished record replays, then a running one (its lease is live: an expired one is
+        gone) is in progress."""
         key = record_key(org_id, idempotency_key)
-        owner = secrets.token_bytes(8)
+        compact = compact_fingerprint(fingerprint)
+        running = compact + RUNNING + secrets.token_bytes(8)
         if not self._available():
-            return Claim(ClaimState.UNAVAILABLE, key, owner)
+            return Claim(ClaimState.UNAVAILABLE, key, running)
         try:
-            reply = self._eval(
-                self._claim,
-                [key],
-                [compact_fingerprint(fingerprint), owner, self.lease_ms, self.ttl_seconds],
-            )
+            for _ in range(CLAIM_ATTEMPTS):
+                if self._run(_send, "SET", key, running, "NX", "PX", self.lease_ms) is not None:
+                    return Claim(ClaimState.CLAIMED, key, running)
+                found = self._run(_send, "GET", key)
+                if found is not None:
+                    break
+                # The record ended between the two commands (its lease or TTL): claim again.
+            else:
+                return Claim(ClaimState.UNAVAILABLE, key, running)
+            record = bytes(found)
+            if record[:FINGERPRINT_BYTES] != compact:
+                return Claim(ClaimState.CONFLICT, key, running)
+            state = record[FINGERPRINT_BYTES : FINGERPRINT_BYTES + 1]
+            if state == DONE:
+                return Claim(ClaimState.DONE, key, running, stored=_stored(record))
+            if state != RUNNING:  # not a record of ours: Postgres decides alone
+                log.warning("unreadable idempotency record at %s", key)
+                return Claim(ClaimState.UNAVAILABLE, key, running)
+            left = int(self._run(_send, "PTTL", key))  # -2: it expired since
         except redis.RedisError as exc:
             self._failed(exc)
-            return Claim(ClaimState.UNAVAILABLE, key, owner)
-        state = ClaimState(_text(reply[0]))
-        if state is ClaimState.RUNNING:
-            return Claim(state, key, owner, retry_after_ms=int(_text(reply[1])))
-        if state is ClaimState.DONE:
-            stored = StoredAnswer(Answer(_text(reply[1])), uuid.UUID(bytes=bytes(reply[2])))
-            return Claim(state, key, owner, stored=stored)
-        return Claim(state, key, owner)
+            return Claim(ClaimState.UNAVAILABLE, key, running)
+        return Claim(ClaimState.RUNNING, key, running, retry_after_ms=max(left, 0))
 
     def complete(self, claim: Claim, stored: StoredAnswer) -> bool:
-        """Store the answer under the key; False if another request owns it now."""
+        """Store the answer under the key; False if another request owns it now, or the
+        record is gone."""
+        done = done_record(claim.running[:FINGERPRINT_BYTES], stored)
         try:
-            done = self._eval(
-                self._complete,
-                [claim.key],
-                [claim.owner, stored.answer.value, stored.memory_id.bytes, self.ttl_seconds],
+            completed = self._eval(
+                self._complete, [claim.key], [claim.running, done, self.ttl_seconds]
             )
         except redis.RedisError as exc:
             self._failed(exc)
             return False
-        return bool(done)
+        return bool(completed)
 
     def release(self, claim: Claim) -> bool:
         """Drop a running claim this request owns, so the key can be used again at once."""
         try:
-            return bool(self._eval(self._release, [claim.key], [claim.owner]))
+            return bool(self._eval(self._release, [claim.key], [claim.running]))
         except redis.RedisError as exc:
             self._failed(exc)
             return False
+
+
+def _stored(record: bytes) -> StoredAnswer:
+    start = FINGERPRINT_BYTES + 1
+    memory_id = uuid.UUID(bytes=record[start : start + 16])
+    return StoredAnswer(Answer(record[start + 16 :].decode("ascii")), memory_id)

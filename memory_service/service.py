@@ -9,12 +9,12 @@ With a key, the Redis record (:mod:`memory_service.idempotency`) is claimed firs
 - another fingerprint under the key is a conflict; a finished record answers as it records
   (a created memory is replayed from its row, read by key from Postgres; a 409 is rebuilt
   from the memory id it names); a live lease answers "in progress" with a retry-after;
-- otherwise this request runs the write. After a takeover (the previous owner died or stalled
-  past its lease, and may have committed) the row holding the key is read first and answers
-  when there is one. The decided answer is stored under the key (``complete``) when it is one
-  the key keeps (its :class:`~memory_service.idempotency.StoredAnswer`), else the key is
-  freed (``release``), and freed as well when the write raised,
-  so a 5xx never consumes a key;
+- otherwise this request runs the write. When a previous owner died or stalled past its
+  lease (the record then expired with the lease) it may have committed: the write answers
+  with the row holding the key when there is one. The decided answer is stored under the key
+  (``complete``) when it is one the key keeps (its
+  :class:`~memory_service.idempotency.StoredAnswer`), else the key is freed (``release``), and
+  freed as well when the write raised, so a 5xx never consumes a key;
 - when Redis is unavailable the write runs on the Postgres keys alone: the unique constraints
   still allow one row per key and per content, so a repeat is answered from the row.
 
@@ -236,7 +236,7 @@ class MemoryService:
             return self._answer(org_id, key, new, claim.stored)
         if claim.state is ClaimState.UNAVAILABLE:
             self.metrics.idempotency_unavailable.inc()
-        return self._run_claimed(org_id, key, new, claim)
+        return self._run_claimed(org_id, new, claim)
 
     def _answer(self, org_id: uuid.UUID, key: str, new: NewMemory, stored: StoredAnswer) -> Outcome:
         """The answer a finished record gives (its fingerprint matched this request's)."""
@@ -251,16 +251,11 @@ class MemoryService:
             return self._write(org_id, new)
         return for_key_row(row, new.fingerprint, "redis")
 
-    def _run_claimed(self, org_id: uuid.UUID, key: str, new: NewMemory, claim: Claim) -> Outcome:
+    def _run_claimed(self, org_id: uuid.UUID, new: NewMemory, claim: Claim) -> Outcome:
         try:
-            outcome: Outcome | None = None
-            if claim.state is ClaimState.TAKEOVER:
-                # The previous owner died or stalled past its lease; it may have committed.
-                row = self.store.find_by_key(org_id, key)
-                if row is not None:
-                    outcome = for_key_row(row, new.fingerprint)
-            if outcome is None:
-                outcome = self._write(org_id, new)
+            # A previous owner of the key may have committed before its lease ended: the
+            # write then answers with the row holding the key (a replay or a conflict).
+            outcome = self._write(org_id, new)
         except Exception:
             # Nothing stored for this key (5xx, or a failure we did not decide): free it.
             if claim.owned:
@@ -270,7 +265,7 @@ class MemoryService:
             stored = stored_answer(outcome)
             if stored is not None:
                 if not self.idempotency.complete(claim, stored):
-                    log.info("idempotency record of %s was taken over; not completing", claim.key)
+                    log.info("idempotency record %s is no longer ours; not completing", claim.key)
             else:
                 self.idempotency.release(claim)
         return outcome

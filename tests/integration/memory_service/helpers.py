@@ -7,6 +7,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from core.db import tenant
+from memory_service.idempotency import FINGERPRINT_BYTES, record_key
 from memory_service.tokens import TokenStore
 
 BASE_URL = "http://memory.test"
@@ -96,3 +97,15 @@ def memory_count(db: Any, org_id: uuid.UUID | None = None) -> int:
 def memory_ids(db: Any) -> list[uuid.UUID]:
     rows = db.execute_sql("SELECT id FROM ibex_memory.memories ORDER BY created_at").fetchall()
     return [uuid.UUID(str(r[0])) for r in rows]
+
+
+def idempotency_record(client: Any, org_id: uuid.UUID, key: str) -> dict[str, bytes]:
+    """The fields of a key's idempotency record: ``state`` (``running`` or ``done``), and
+    ``owner`` while running, ``id`` and ``answer`` once done; {} when there is none."""
+    raw = client.get(record_key(org_id, key))
+    if raw is None:
+        return {}
+    state, rest = raw[FINGERPRINT_BYTES : FINGERPRINT_BYTES + 1], raw[FINGERPRINT_BYTES + 1 :]
+    if state == b"R":
+        return {"state": b"running", "owner": rest}
+    return {"state": b"done", "id": rest[:16], "answer": rest[16:]}

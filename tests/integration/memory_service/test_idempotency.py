@@ -25,6 +25,7 @@ from memory_service.idempotency import IdempotencyStore, record_key
 from memory_service.memories import CREATE_SQL, MemoryStore, create_params
 from tests.integration.memory_service.helpers import (
     Tenant,
+    idempotency_record,
     make_source_session,
     memory_body,
     memory_count,
@@ -48,9 +49,11 @@ def code(response: httpx.Response) -> str:
 
 
 def expire_lease(client: redis.Redis, org_id: uuid.UUID, key: str) -> None:
-    """Simulated clock: move the claim's lease deadline into the past."""
-    assert client.hget(record_key(org_id, key), "state") == b"running"
-    client.hset(record_key(org_id, key), "lease_until", 0)
+    """Simulated clock: the lease ends now (it is the running record's expiry in Redis)."""
+    assert idempotency_record(client, org_id, key)["state"] == b"running"
+    record = record_key(org_id, key)
+    assert client.pexpire(record, 1)
+    wait_for(lambda: not client.exists(record), "the lease to end", timeout=5)
 
 
 # -- the semantics table, row by row ---------------------------------------------------------
@@ -292,7 +295,7 @@ def test_4_crash_after_commit_before_redis_completion(
     after = post(http, acme, body, key="k")
     assert (after.status_code, after.headers[REPLAYED]) == (201, "true")
     assert after.json()["id"] == str(committed_id)
-    assert redis_client.hget(record_key(acme.org_id, "k"), "state") == b"done"
+    assert idempotency_record(redis_client, acme.org_id, "k")["state"] == b"done"
     again = post(http, acme, body, key="k")
     assert again.content == after.content
     assert memory_count(db) == 1
@@ -331,8 +334,9 @@ def test_6_late_original_owner_cannot_complete_over_a_takeover(
     http: httpx.Client, acme: Tenant, redis_client: redis.Redis, db, monkeypatch
 ) -> None:
     """Crash point: the original request stalls after its claim, past its lease (a GC pause, a
-    stuck socket). A retry takes the key over and commits. The original then wakes: its insert
-    meets the key's row, and its completion is refused by the owner check. One row."""
+    stuck socket). A retry claims the key as a new owner and commits. The original then
+    wakes: its insert meets the key's row, and its completion is refused by the owner check.
+    One row."""
     real_create = MemoryStore.create
     stalled, resume = threading.Event(), threading.Event()
     completions: list[tuple[str, bool]] = []
@@ -370,7 +374,7 @@ def test_6_late_original_owner_cannot_complete_over_a_takeover(
     assert (late.status_code, late.headers[REPLAYED]) == (201, "true")
     assert late.json()["id"] == retry.json()["id"]
     assert completions == [("MainThread", True), ("original", False)]
-    stored = redis_client.hget(record_key(acme.org_id, "k"), "id") or bytes(16)
+    stored = idempotency_record(redis_client, acme.org_id, "k")["id"]
     assert str(uuid.UUID(bytes=stored)) == retry.json()["id"]
     assert memory_count(db) == 1
 
@@ -379,7 +383,8 @@ def test_6b_late_owner_after_its_own_commit(
     http: httpx.Client, acme: Tenant, redis_client: redis.Redis, db, monkeypatch
 ) -> None:
     """Crash point: the original commits, then stalls before completing, past its lease. The
-    takeover finds the committed row first and replays it; the late completion is refused."""
+    next owner's write meets the committed row and replays it; the late completion is
+    refused."""
     real_complete = IdempotencyStore.complete
     stalled, resume = threading.Event(), threading.Event()
     completions: list[tuple[str, bool]] = []

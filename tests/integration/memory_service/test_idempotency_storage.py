@@ -13,8 +13,13 @@ import uuid
 import httpx
 import redis
 
-from memory_service.idempotency import IdempotencyStore, record_key
-from tests.integration.memory_service.helpers import Tenant, memory_body, memory_count
+from memory_service.idempotency import IdempotencyStore
+from tests.integration.memory_service.helpers import (
+    Tenant,
+    idempotency_record,
+    memory_body,
+    memory_count,
+)
 
 MAX_RECORD_BYTES = 200
 
@@ -53,11 +58,11 @@ def test_every_post_leaves_at_most_200_bytes_of_redis(
     assert memory_count(db) == len(bodies)
     # The slim records still answer: a replay of the long body is the first response.
     key, body = bodies[-2]
-    first_id = redis_client.hget(record_key(acme.org_id, key), "id")
+    first_id = idempotency_record(redis_client, acme.org_id, key)["id"]
     replay = http.post("/v1/memories", json=body, headers=acme.headers(key=key))
     assert replay.headers["Idempotent-Replayed"] == "true"
     assert replay.json()["content"] == long_content
-    assert replay.json()["id"] == str(uuid.UUID(bytes=first_id or bytes(16)))
+    assert replay.json()["id"] == str(uuid.UUID(bytes=first_id))
 
 
 def test_a_running_claim_is_within_the_bound_too(acme: Tenant, redis_client: redis.Redis) -> None:

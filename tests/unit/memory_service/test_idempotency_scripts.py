@@ -1,7 +1,7 @@
-"""The claim, complete and release Lua scripts, run by fakeredis's Lua engine (no sockets).
+"""The claim (one SET), complete and release (Lua scripts) run by fakeredis (no sockets).
 
-Lease expiry is simulated by moving ``lease_until`` into the past: the scripts read the clock
-with TIME, so this is the only clock a test needs to move.
+Lease expiry is simulated by expiring the running record: the lease is the record's expiry,
+kept by the Redis server's clock, so this is the only clock a test needs to move.
 """
 
 from __future__ import annotations
@@ -11,12 +11,14 @@ import uuid
 import fakeredis
 import pytest
 
+from memory_service import idempotency
 from memory_service.idempotency import (
     Answer,
     ClaimState,
     IdempotencyStore,
     StoredAnswer,
     compact_fingerprint,
+    done_record,
     record_key,
 )
 
@@ -36,18 +38,18 @@ def idem(client: fakeredis.FakeRedis) -> IdempotencyStore:
 
 
 def expire(client: fakeredis.FakeRedis, key: str = "k") -> None:
-    client.hset(record_key(ORG, key), "lease_until", 0)
+    """The lease ends: the running record expires with it."""
+    assert client.pexpire(record_key(ORG, key), 1)
+    client.delete(record_key(ORG, key))  # what the expiry does once the millisecond passes
 
 
-def test_first_claim_runs_and_sets_ttl_and_lease(idem, client) -> None:
+def test_first_claim_runs_with_the_lease_as_the_records_expiry(idem, client) -> None:
     claim = idem.claim(ORG, "k", "fp")
     assert claim.state is ClaimState.CLAIMED and claim.owned
-    record = client.hgetall(record_key(ORG, "k"))
-    assert record[b"state"] == b"running"
-    assert record[b"owner"] == claim.owner
-    assert record[b"fp"] == compact_fingerprint("fp")
-    assert int(record[b"lease_until"]) > 0
-    assert 590 < client.ttl(record_key(ORG, "k")) <= 600
+    record = client.get(record_key(ORG, "k"))
+    assert record == compact_fingerprint("fp") + b"R" + claim.owner
+    assert len(claim.owner) == 8
+    assert 29_000 < client.pttl(record_key(ORG, "k")) <= 30_000
 
 
 def test_same_fingerprint_while_running_is_in_progress(idem) -> None:
@@ -68,13 +70,14 @@ def test_done_answers_with_the_stored_answer_and_memory(idem, client) -> None:
     first = idem.claim(ORG, "k", "fp")
     assert idem.complete(first, CREATED)
     replay = idem.claim(ORG, "k", "fp")
-    assert replay.state is ClaimState.DONE
+    assert replay.state is ClaimState.DONE and not replay.owned
     assert replay.stored == CREATED
-    record = client.hgetall(record_key(ORG, "k"))
-    assert set(record) == {b"fp", b"state", b"owner", b"id", b"status"}  # the lease is gone
+    record = client.get(record_key(ORG, "k"))
+    assert record == done_record(compact_fingerprint("fp"), CREATED)  # the owner is gone
+    assert 590 < client.ttl(record_key(ORG, "k")) <= 600  # the lease became the TTL
     duplicate = StoredAnswer(Answer.DUPLICATE, uuid.uuid4())
-    assert idem.complete(first, duplicate)  # the owner may rewrite it
-    assert idem.claim(ORG, "k", "fp").stored == duplicate
+    assert not idem.complete(first, duplicate)  # done: no completion rewrites it
+    assert idem.claim(ORG, "k", "fp").stored == CREATED
 
 
 @pytest.mark.parametrize("answer", list(Answer))
@@ -86,15 +89,15 @@ def test_every_answer_round_trips(idem, answer: Answer) -> None:
 
 def test_a_record_key_has_one_size_whatever_the_key(idem) -> None:
     short, long = record_key(ORG, "k"), record_key(ORG, "x" * 255)
-    assert len(short) == len(long) == len("ibex:idem:") + 22
+    assert len(short) == len(long) == len("ibex:idem:s:") + 22
     assert short != long != record_key("22222222-2222-4222-8222-222222222222", "k")
 
 
-def test_expired_lease_is_taken_over_and_the_old_owner_cannot_complete(idem, client) -> None:
+def test_an_expired_lease_is_taken_over_and_the_old_owner_cannot_complete(idem, client) -> None:
     original = idem.claim(ORG, "k", "fp")
     expire(client)
     takeover = idem.claim(ORG, "k", "fp")
-    assert takeover.state is ClaimState.TAKEOVER and takeover.owned
+    assert takeover.state is ClaimState.CLAIMED and takeover.owned
     assert takeover.owner != original.owner
     assert idem.claim(ORG, "k", "fp").state is ClaimState.RUNNING  # the new lease is live
     late = StoredAnswer(Answer.CREATED, uuid.uuid4())
@@ -102,6 +105,35 @@ def test_expired_lease_is_taken_over_and_the_old_owner_cannot_complete(idem, cli
     assert not idem.release(original)
     assert idem.complete(takeover, CREATED)
     assert idem.claim(ORG, "k", "fp").stored == CREATED
+
+
+def test_an_in_progress_answer_right_as_the_lease_ends_retries_soon(idem, client) -> None:
+    idem.claim(ORG, "k", "fp")
+    client.persist(record_key(ORG, "k"))  # PTTL then says -1: no lease left to report
+    assert idem.claim(ORG, "k", "fp").retry_after_ms == 0
+
+
+def test_a_record_of_another_shape_leaves_the_decision_to_postgres(idem, client) -> None:
+    client.set(record_key(ORG, "k"), compact_fingerprint("fp") + b"?")
+    claim = idem.claim(ORG, "k", "fp")
+    assert claim.state is ClaimState.UNAVAILABLE and not claim.owned
+    assert idem.claim(ORG, "other", "fp").state is ClaimState.CLAIMED  # no back-off
+
+
+def test_a_record_that_ends_between_the_set_and_its_read_is_claimed_again(
+    idem, client, monkeypatch
+) -> None:
+    first = idem.claim(ORG, "k", "fp")
+    send = idempotency._send
+
+    def lease_ends_first(conn, *args):  # type: ignore[no-untyped-def]
+        if args[0] == "GET":
+            client.delete(record_key(ORG, "k"))
+        return send(conn, *args)
+
+    monkeypatch.setattr(idempotency, "_send", lease_ends_first)
+    second = idem.claim(ORG, "k", "fp")
+    assert second.state is ClaimState.CLAIMED and second.owner != first.owner
 
 
 def test_release_frees_the_key_only_for_its_owner(idem, client) -> None:

@@ -65,11 +65,11 @@ class FakeMemories:
             return CreateResult(WriteOutcome.UNKNOWN_AGENT)
         if new.session_id is not None and (org_id, new.session_id) not in self.sessions:
             return CreateResult(WriteOutcome.UNKNOWN_SESSION)
-        for row in self.rows:
-            if row.org_id != org_id:
-                continue
+        mine = [row for row in self.rows if row.org_id == org_id]
+        for row in mine:  # the key's row first, as create_memory orders them
             if new.idempotency_key is not None and row.idempotency_key == new.idempotency_key:
                 return CreateResult(WriteOutcome.KEY_EXISTS, row)
+        for row in mine:
             if row.agent_id == new.agent_id and row.content_hash == new.content_hash:
                 return CreateResult(WriteOutcome.CONTENT_EXISTS, row)
         row = MemoryRow(
@@ -150,7 +150,14 @@ def replays(metrics: Metrics, source: str) -> float:
 
 
 def record(redis_client: fakeredis.FakeRedis, key: str) -> dict[bytes, bytes]:
-    return redis_client.hgetall(record_key(ORG, key))
+    """The key's record by field ({} when there is none)."""
+    raw = redis_client.get(record_key(ORG, key))
+    if raw is None:
+        return {}
+    fp, state, rest = raw[:16], raw[16:17], raw[17:]
+    if state == b"R":
+        return {b"fp": fp, b"state": b"running", b"owner": rest}
+    return {b"fp": fp, b"state": b"done", b"id": rest[:16], b"status": rest[16:]}
 
 
 def test_a_new_memory_is_created_and_its_response_kept_by_the_key(
@@ -283,52 +290,39 @@ def test_an_unknown_org_is_forbidden_and_frees_the_key(
     assert outcome == UnknownOrg()
     assert outcome.response().status == 403
     assert json.loads(outcome.response().body)["error"]["code"] == "FORBIDDEN_ORG"
-    assert redis_client.hgetall(record_key(stray, "k1")) == {}
+    assert redis_client.get(record_key(stray, "k1")) is None
 
 
-def _expire_lease(redis_client: fakeredis.FakeRedis, key: str) -> None:
-    redis_client.hset(record_key(ORG, key), "lease_until", 0)
-
-
-def test_after_the_owner_died_having_committed_a_takeover_replays_the_row(
+def test_after_the_owner_died_having_committed_the_next_owner_replays_the_row(
     service: MemoryService, memories: FakeMemories, redis_client, metrics: Metrics
 ) -> None:
     # Crash point: the first request committed its row and died before completing the record.
     created = service.create(ORG, "k1", document())
     assert isinstance(created, Created)
-    redis_client.hset(record_key(ORG, "k1"), mapping={"state": "running", "owner": "dead"})
-    _expire_lease(redis_client, "k1")
+    running = compact_fingerprint(fingerprint_of(document())) + b"R" + b"deadbeef"
+    redis_client.set(record_key(ORG, "k1"), running, px=30_000)
+    assert isinstance(service.create(ORG, "k1", document()), InProgress)  # the lease is live
+    redis_client.delete(record_key(ORG, "k1"))  # the lease ended: the record expired with it
     outcome = service.create(ORG, "k1", document())
     assert isinstance(outcome, Replayed) and outcome.source == "postgres"
     assert outcome.response().body == created.response().body
     assert outcome.response().headers == {"Idempotent-Replayed": "true"}
-    assert memories.creates == 1  # the row answered; nothing written again
+    assert len(memories.rows) == 1  # the write answered with the key's row
     assert record(redis_client, "k1")[b"state"] == b"done"
     assert replays(metrics, "postgres") == 1
 
 
-def test_a_takeover_whose_row_holds_another_body_is_a_conflict_naming_it(
+def test_a_key_whose_row_holds_another_body_is_a_conflict_naming_it(
     service: MemoryService, redis_client, metrics: Metrics
 ) -> None:
     created = service.create(ORG, "k1", document())
     assert isinstance(created, Created)
-    # The record (lost, then re-made by a request with another body) is running and stale.
-    redis_client.delete(record_key(ORG, "k1"))
-    other = document("Dana likes tea.")
-    fingerprint = fingerprint_of(other)
-    redis_client.hset(
-        record_key(ORG, "k1"),
-        mapping={
-            "fp": compact_fingerprint(fingerprint),
-            "state": "running",
-            "owner": "dead",
-            "lease_until": 0,
-        },
-    )
-    outcome = service.create(ORG, "k1", other)
+    redis_client.delete(record_key(ORG, "k1"))  # the record is lost (TTL, eviction, flush)
+    outcome = service.create(ORG, "k1", document("Dana likes tea."))
     assert outcome == KeyConflict(created.row.id)
     assert json.loads(outcome.response().body)["error"]["existing_id"] == str(created.row.id)
     assert conflicts(metrics, "IDEMPOTENCY_CONFLICT") == 1
+    assert record(redis_client, "k1")[b"status"] == b"key"  # the key keeps the conflict
 
 
 def test_without_redis_the_rows_keys_decide(
