@@ -109,15 +109,28 @@ SCAN_LEASE = (
     "ibex_core.scan_record_and_lease(uuid[],integer[],uuid[],integer[],uuid[],integer[],integer)"
 )
 
+#: The pipeline's stage steps: called by the login role and switching to the tenant role
+#: themselves, so no role here may execute them; the race tests' seam they call runs as the
+#: tenant role.
+STAGE_STEPS = {
+    "ibex_core.begin_extract(uuid,uuid,integer,integer,integer,integer,integer,uuid,boolean,uuid)",
+    "ibex_core.persist_result(uuid,uuid,integer,uuid,jsonb,integer,integer,integer,text,text,integer)",
+    "ibex_core.load_slot(uuid,uuid,integer,integer)",
+    "ibex_core.record_slot(uuid,uuid,integer,integer,uuid,uuid,text)",
+    "ibex_core.complete_turn(uuid,uuid,integer)",
+    "ibex_core.turn_status(uuid,uuid,integer)",
+}
+STAGE_PAUSE = "ibex_core.stage_pause(text)"
+
 #: case -> table -> privilege -> ALL or the columns; plus the functions it may execute.
 EXPECTED: dict[str, dict[str, Any]] = {
     "tenant": {
         "tables": TENANT_TABLES,
-        "functions": {POLICY_PREDICATE, TOKEN_LOOKUP, PROGRESS, *SEARCH},
+        "functions": {POLICY_PREDICATE, TOKEN_LOOKUP, PROGRESS, STAGE_PAUSE, *SEARCH},
     },
     "tenant without org": {
         "tables": {},
-        "functions": {POLICY_PREDICATE, TOKEN_LOOKUP, PROGRESS, *SEARCH},
+        "functions": {POLICY_PREDICATE, TOKEN_LOOKUP, PROGRESS, STAGE_PAUSE, *SEARCH},
     },
     "scan": {
         "tables": {"ibex_core.sessions": {"SELECT": SCAN_COLUMNS}},
@@ -146,6 +159,8 @@ KNOWN_FUNCTIONS = {
     "ibex_memory.create_memory(uuid,uuid,uuid,integer,integer,text,text,text,jsonb,text,text)",
     PROGRESS,
     SCAN_LEASE,
+    STAGE_PAUSE,
+    *STAGE_STEPS,
     *SEARCH,
 }
 

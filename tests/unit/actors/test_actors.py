@@ -7,6 +7,7 @@ waits without using up retries, and follow-up messages are sent to the right act
 
 from __future__ import annotations
 
+import contextlib
 import threading
 import uuid
 from collections import Counter
@@ -51,6 +52,9 @@ class FakeDB:
 
     def in_transaction(self) -> bool:
         return False
+
+    def atomic(self) -> contextlib.AbstractContextManager[None]:
+        return contextlib.nullcontext()
 
     def close(self) -> None:
         with self._lock:
