@@ -336,7 +336,11 @@ class GuardedRedisBroker(RedisBroker):
             return taken
 
     def flush_acks(self, queue_name: str, redis_ids: list[str]) -> None:
-        """Ack ``redis_ids`` now: one HDEL and one SREM for them all (see :meth:`do_ack`)."""
+        """Ack ``redis_ids`` now: one HDEL of their payloads, then one SREM from this worker's
+        in-flight set, in one round trip. Unlike Dramatiq's script the payload goes even when
+        an id was no longer in flight (the broker requeued it, taking this worker for dead):
+        the message is done, and a copy fetched later without its payload is dropped by the
+        consumer (one with its payload already fetched runs as before)."""
         key = f"{self.namespace}:{queue_name}"
         with self.client.pipeline(transaction=False) as pipe:
             pipe.hdel(f"{key}.msgs", *redis_ids)
@@ -344,17 +348,8 @@ class GuardedRedisBroker(RedisBroker):
             pipe.execute()
 
     def do_ack(self, queue_name: str, message_id: str) -> None:
-        """Dramatiq's ``ack`` at once, without the heartbeat: HDEL of the payload, then SREM
-        from this worker's in-flight set, in one round trip (deferred acks go the same way,
-        many ids at a time). Unlike Dramatiq's script the payload goes
-        even when the id was no longer in flight (the broker requeued it, taking this worker
-        for dead): the message is done, and a copy fetched later without its payload is
-        dropped by the consumer (one with its payload already fetched runs as before)."""
-        key = f"{self.namespace}:{queue_name}"
-        with self.client.pipeline(transaction=False) as pipe:
-            pipe.hdel(f"{key}.msgs", message_id)
-            pipe.srem(f"{self.namespace}:__acks__.{self.broker_id}.{queue_name}", message_id)
-            pipe.execute()
+        """Dramatiq's ``ack`` at once, without the heartbeat (:meth:`flush_acks` of one id)."""
+        self.flush_acks(queue_name, [message_id])
 
 
 __all__ = [

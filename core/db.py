@@ -12,8 +12,8 @@ from __future__ import annotations
 import contextlib
 import sys
 import uuid
-from collections.abc import Iterator
-from typing import Any
+from collections.abc import Callable, Iterator
+from typing import Any, TypeVar
 from urllib.parse import unquote, urlparse
 
 import peewee
@@ -21,6 +21,8 @@ import psycopg2.extensions
 from playhouse.postgres_ext import PooledPostgresqlExtDatabase, PostgresqlExtDatabase
 
 from core.errors import ConfigError, DatabaseUnavailableError
+
+T = TypeVar("T")
 
 APP_ROLE = "ibex_app"
 SCAN_ROLE = "ibex_scan"
@@ -139,18 +141,7 @@ def transaction(db: peewee.Database) -> Iterator[None]:
             with db.atomic():  # a savepoint: the enclosing transaction owns the connection
                 yield
             return
-        attempt = 0
-        while True:
-            attempt += 1
-            txn = db.atomic()
-            try:
-                txn.__enter__()
-            except (peewee.OperationalError, peewee.InterfaceError):
-                if attempt >= BEGIN_ATTEMPTS or not connection_lost(db):
-                    raise
-                replace_broken_connection(db)
-                continue
-            break
+        txn = _on_a_live_connection(db, lambda: _entered(db.atomic()))
         try:
             yield
         except BaseException:
@@ -172,15 +163,26 @@ def one_statement(db: peewee.Database, sql: str, params: Any = ()) -> Any:
     with db_errors():
         if db.in_transaction():
             return db.execute_sql(sql, params)
-        attempt = 0
-        while True:
-            attempt += 1
-            try:
-                return db.execute_sql(sql, params)
-            except (peewee.OperationalError, peewee.InterfaceError):
-                if attempt >= BEGIN_ATTEMPTS or not connection_lost(db):
-                    raise
-                replace_broken_connection(db)
+        return _on_a_live_connection(db, lambda: db.execute_sql(sql, params))
+
+
+def _entered(txn: Any) -> Any:
+    txn.__enter__()
+    return txn
+
+
+def _on_a_live_connection(db: peewee.Database, first_round_trip: Callable[[], T]) -> T:
+    """``first_round_trip()``, run again on a fresh connection when it failed on a connection
+    psycopg2 then marks broken (at most :data:`BEGIN_ATTEMPTS` times in all)."""
+    attempt = 0
+    while True:
+        attempt += 1
+        try:
+            return first_round_trip()
+        except (peewee.OperationalError, peewee.InterfaceError):
+            if attempt >= BEGIN_ATTEMPTS or not connection_lost(db):
+                raise
+            replace_broken_connection(db)
 
 
 @contextlib.contextmanager
