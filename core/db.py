@@ -101,6 +101,12 @@ def make_pool(
     )
 
 
+def uuid_column(value: Any) -> uuid.UUID:
+    """A uuid column's value as a UUID: already one when psycopg2's uuid caster is registered
+    (peewee does), else parsed from its text."""
+    return value if type(value) is uuid.UUID else uuid.UUID(str(value))
+
+
 def _as_uuid(value: uuid.UUID | str) -> str:
     return str(value if isinstance(value, uuid.UUID) else uuid.UUID(str(value)))
 

@@ -15,7 +15,7 @@ from typing import Any
 
 import peewee
 
-from core.db import scan_scope, transaction
+from core.db import scan_scope, transaction, uuid_column
 from extraction.values import Candidate, TurnRef, UUIDLike, uuid_text
 
 #: A session with unextracted turns: the predicate of ``idx_sessions_agent_extraction``.
@@ -61,7 +61,9 @@ SELECT l.session_id::text, l.turn_index
 
 def _candidate(row: Sequence[Any]) -> Candidate:
     org, agent, sid, pointer, count = row
-    return Candidate(_uuid(org), _uuid(agent), _uuid(sid), int(pointer), int(count))
+    return Candidate(
+        uuid_column(org), uuid_column(agent), uuid_column(sid), int(pointer), int(count)
+    )
 
 
 class ScanQueries:
@@ -145,10 +147,6 @@ class ScanQueries:
             c = by_text[sid]
             refs.append(TurnRef(c.org_id, c.session_id, ti))
         return refs
-
-
-def _uuid(value: Any) -> uuid.UUID:
-    return value if isinstance(value, uuid.UUID) else uuid.UUID(value)
 
 
 __all__ = ["CANDIDATES_SQL", "CANDIDATE_SQL", "CANDIDATE_WHERE", "ScanQueries"]

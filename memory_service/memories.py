@@ -35,6 +35,7 @@ from core.db import (
     replace_broken_connection,
     tenant,
     transaction,
+    uuid_column,
 )
 from core.errors import DatabaseUnavailableError
 
@@ -98,11 +99,6 @@ class NewMemory:
     fingerprint: str
 
 
-def _uuid(value: Any) -> uuid.UUID:
-    """A uuid column: already a UUID when psycopg2's uuid caster is registered (peewee does)."""
-    return value if type(value) is uuid.UUID else uuid.UUID(str(value))
-
-
 @dataclass(frozen=True)
 class MemoryRow:
     id: uuid.UUID
@@ -122,10 +118,10 @@ class MemoryRow:
     @classmethod
     def from_db(cls, row: Sequence[Any]) -> MemoryRow:
         return cls(
-            id=_uuid(row[0]),
-            org_id=_uuid(row[1]),
-            agent_id=_uuid(row[2]),
-            session_id=_uuid(row[3]) if row[3] is not None else None,
+            id=uuid_column(row[0]),
+            org_id=uuid_column(row[1]),
+            agent_id=uuid_column(row[2]),
+            session_id=uuid_column(row[3]) if row[3] is not None else None,
             turn_index=row[4],
             ordinal=row[5],
             content=row[6],
