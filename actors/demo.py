@@ -5,7 +5,7 @@ extra), migrations, a service token, the sample sessions of ``examples/``, the P
 ``web`` (the memory service under gunicorn) and ``worker`` (``dramatiq``) processes, one
 scan, a progress bar until the backlog drains, then a summary and a few memories, and the read
 path: a search and an assembled context for one sample agent, through the HTTP API with the
-demo's token, as an application asks for them (:class:`~memory_service.client.IbexClient`).
+demo's token, as an application asks for them (:class:`~ibex_client.IbexClient`).
 Everything
 it started is stopped on the way out, Ctrl-C included. Data stays under ``~/.ibex/demo``
 (``--data-dir``), so a second run is fast; ``--fresh`` starts over.
@@ -119,7 +119,7 @@ def run_demo(args: argparse.Namespace, settings: Settings) -> int:
 def _run_demo(args: argparse.Namespace, settings: Settings) -> int:
     from core.db import make_database
     from core.migrate import migrate
-    from memory_service.tokens import TokenStore
+    from memory_service.tokens.store import TokenStore
     from models import bind
     from models.importer import import_lines
     from models.store import SessionStore
@@ -290,7 +290,7 @@ def _print_samples(db: Any, limit: int = 8) -> None:
 def _print_recall(db: Any, url: str, token: str) -> None:
     """Search one sample agent's memories and assemble its context, over HTTP."""
     from core.db import operator_scope
-    from memory_service.client import IbexClient, IbexClientError
+    from ibex_client import IbexClient, IbexClientError
 
     with operator_scope(db):
         row = db.execute_sql(

@@ -94,8 +94,8 @@ def pooled_database(url: str, max_connections: int) -> PooledPostgresqlExtDataba
 
 def build_worker_deps(settings: Settings) -> StageDeps:
     """Everything a worker process needs, or a ConfigError naming the missing variable."""
+    from extraction.memory_client import MemoryClient
     from extraction.providers import make_provider
-    from memory_service.client import MemoryClient
 
     url = settings.require_database_url()
     if not settings.memory_service_token:

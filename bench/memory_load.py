@@ -66,7 +66,7 @@ from bench.stack import (
 )
 from core.db import make_database
 from core.processes import ROOT, Launcher, Process, Procfile, free_port
-from memory_service.tokens import TokenStore
+from memory_service.tokens.store import TokenStore
 from models.store import SessionStore
 
 MAX_SECONDS = 60

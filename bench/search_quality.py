@@ -250,8 +250,8 @@ def _summary(rows: list[tuple[str, float, float]]) -> dict[str, Any]:
 def run(args: argparse.Namespace) -> dict[str, Any]:
     from core.db import make_database
     from memory_service.canonical import content_hash
-    from memory_service.memories import MemoryStore, NewMemory
-    from memory_service.search_store import SearchStore
+    from memory_service.memories.store import MemoryStore, NewMemory
+    from memory_service.search.store import SearchStore
     from models.store import SessionStore
 
     dataset = generate(args.agents, args.seed)

@@ -193,7 +193,7 @@ def generate(url: str, args: argparse.Namespace) -> dict[str, Any]:
 
 def run(args: argparse.Namespace) -> dict[str, Any]:
     from core.db import make_database
-    from memory_service.search_store import SearchStore
+    from memory_service.search.store import SearchStore
 
     if args.memories < args.agents or args.agents < 1:
         raise BenchError("need at least one agent and one memory per agent")

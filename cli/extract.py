@@ -124,9 +124,9 @@ def _ref(kwargs: Mapping[str, Any]) -> Any:
 
 
 def run(args: argparse.Namespace, settings: Settings) -> int:
+    from extraction.memory_client import MemoryClient
     from extraction.providers import make_provider
     from extraction.stages import StageDeps, scan
-    from memory_service.client import MemoryClient
     from models.store import SessionStore
 
     # Fail closed: no database, no extraction (the ConfigError names DATABASE_URL).

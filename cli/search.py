@@ -56,7 +56,7 @@ def run(args: argparse.Namespace, settings: Settings) -> int:
     import peewee
 
     from core.db import make_database
-    from memory_service.search_store import SearchStore
+    from memory_service.search.store import SearchStore
     from models.store import SessionStore
 
     if not args.query.split() or "\x00" in args.query:

@@ -52,7 +52,7 @@ def add_parser(sub: Any) -> None:
 
 def run(args: argparse.Namespace, settings: Settings) -> int:
     from core.db import make_database
-    from memory_service.tokens import TokenStore
+    from memory_service.tokens.store import TokenStore
 
     store = TokenStore(make_database(settings.require_database_url()))
     try:

@@ -19,7 +19,7 @@ import time
 import uuid
 from collections.abc import Callable
 
-from memory_service.client import Context, IbexClient, Session, Turn
+from ibex_client import Context, IbexClient, Session, Turn
 
 CONVERSATION = [
     Turn(

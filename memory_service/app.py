@@ -1,6 +1,6 @@
 """``create_app(settings)``: the memory service as a Falcon WSGI app. No import-time state.
 
-Resources live in :mod:`memory_service.resources` and :mod:`.search`, the write flow in
+Resources live in :mod:`memory_service.memories.endpoints` and :mod:`.search`, the write flow in
 :mod:`.service`; Postgres access in :mod:`.memories` (under
 row-level security), idempotency records in :mod:`.idempotency`, tokens in :mod:`.tokens`,
 ``GET /metrics`` in :mod:`.metrics`.
@@ -26,10 +26,7 @@ from core.db import make_pool as db_pool
 from memory_service import errors
 from memory_service.auth import Authenticator
 from memory_service.idempotency import IdempotencyStore
-from memory_service.memories import MemoryStore
-from memory_service.metrics import Metrics, MetricsResource, RequestMetrics
-from memory_service.openapi import build_spec
-from memory_service.resources import (
+from memory_service.memories.endpoints import (
     Api,
     HealthResource,
     MemoriesResource,
@@ -37,11 +34,14 @@ from memory_service.resources import (
     OpenApiResource,
     ReadyResource,
 )
-from memory_service.search import ContextResource, SearchResource
-from memory_service.search_store import SearchStore
-from memory_service.service import MemoryService
-from memory_service.sessions import add_routes as add_session_routes
-from memory_service.tokens import TokenStore
+from memory_service.memories.service import MemoryService
+from memory_service.memories.store import MemoryStore
+from memory_service.metrics import Metrics, MetricsResource, RequestMetrics
+from memory_service.openapi.document import build_spec
+from memory_service.search.endpoints import ContextResource, SearchResource
+from memory_service.search.store import SearchStore
+from memory_service.sessions.endpoints import add_routes as add_session_routes
+from memory_service.tokens.store import TokenStore
 
 log = logging.getLogger(__name__)
 

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from memory_service.tokens import TokenStore
+from memory_service.tokens.store import TokenStore
 from tests.chaos.stack import ChaosConfig, ChaosStack, PrivatePostgres
 
 HERE = Path(__file__).resolve().parent

@@ -39,7 +39,7 @@ import pytest
 from psycopg2 import sql
 
 from core.db import connect_params
-from memory_service.tokens import TokenStore
+from memory_service.tokens.store import TokenStore
 from tests.integration.foundation.helpers import make_session
 
 SCHEMAS = ("ibex_core", "ibex_memory")

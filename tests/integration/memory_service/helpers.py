@@ -8,7 +8,7 @@ from typing import Any
 
 from core.db import tenant
 from memory_service.idempotency import FINGERPRINT_BYTES, record_key
-from memory_service.tokens import TokenStore
+from memory_service.tokens.store import TokenStore
 
 BASE_URL = "http://memory.test"
 

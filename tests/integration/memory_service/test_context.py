@@ -8,7 +8,7 @@ from typing import Any
 import httpx
 import pytest
 
-from memory_service.context import estimate_tokens
+from memory_service.search.context import estimate_tokens
 from schema.search import ContextResultSchema
 from tests.integration.memory_service.helpers import Tenant
 from tests.integration.memory_service.test_search import write

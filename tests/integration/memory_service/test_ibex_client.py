@@ -10,7 +10,7 @@ from typing import Any
 import httpx
 import pytest
 
-from memory_service.client import (
+from ibex_client import (
     AuthenticationError,
     BadRequestError,
     ConflictError,

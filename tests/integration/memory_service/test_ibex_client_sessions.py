@@ -15,9 +15,9 @@ from typing import Any, Protocol
 import httpx
 import pytest
 
-import memory_service.client
+import ibex_client
 from core.processes import ROOT
-from memory_service.client import (
+from ibex_client import (
     AsyncIbexClient,
     IbexClient,
     MemorySource,
@@ -205,7 +205,7 @@ def test_the_readme_client_example_runs_against_the_service(
         def __init__(self, base_url: str, token: str, **kwargs: Any) -> None:
             super().__init__(base_url, token, transport=httpx.WSGITransport(app=app), **kwargs)
 
-    monkeypatch.setattr(memory_service.client, "IbexClient", Local)
+    monkeypatch.setattr(ibex_client, "IbexClient", Local)
     scope: dict[str, Any] = {"token": token}
     exec(compile(code, "README.md", "exec"), scope)  # noqa: S102 (the README, as documentation)
 

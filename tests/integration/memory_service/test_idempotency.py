@@ -22,7 +22,7 @@ import redis
 
 from core.errors import DatabaseUnavailableError
 from memory_service.idempotency import IdempotencyStore, record_key
-from memory_service.memories import CREATE_SQL, MemoryStore, create_params
+from memory_service.memories.store import CREATE_SQL, MemoryStore, create_params
 from tests.integration.memory_service.helpers import (
     Tenant,
     idempotency_record,

@@ -8,7 +8,7 @@ from typing import Any
 import httpx
 import pytest
 
-from memory_service.search_store import WORD_CANDIDATES, SearchStore
+from memory_service.search.store import WORD_CANDIDATES, SearchStore
 from schema.search import SearchResultSchema
 from tests.integration.memory_service.helpers import Tenant, memory_body
 

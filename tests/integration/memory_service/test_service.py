@@ -10,9 +10,15 @@ import pytest
 import redis
 
 from memory_service.idempotency import IdempotencyStore
-from memory_service.memories import MemoryStore
+from memory_service.memories.service import (
+    Created,
+    DuplicateContent,
+    Invalid,
+    MemoryService,
+    Replayed,
+)
+from memory_service.memories.store import MemoryStore
 from memory_service.metrics import Metrics
-from memory_service.service import Created, DuplicateContent, Invalid, MemoryService, Replayed
 from tests.integration.memory_service.helpers import Tenant, memory_body, memory_count
 
 

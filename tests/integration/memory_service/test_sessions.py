@@ -13,7 +13,7 @@ import pytest
 
 from core.db import make_database, tenant
 from memory_service.canonical import content_hash
-from memory_service.memories import MemoryStore, NewMemory
+from memory_service.memories.store import MemoryStore, NewMemory
 from models.store import SessionStore, content_digest
 from schema.memory import ErrorSchema
 from schema.sessions import SessionPageSchema, SessionSchema, TurnsAppendedSchema

@@ -15,7 +15,13 @@ import peewee
 import pytest
 
 from memory_service.canonical import content_hash
-from memory_service.memories import CREATE_SQL, MemoryStore, NewMemory, WriteOutcome, create_params
+from memory_service.memories.store import (
+    CREATE_SQL,
+    MemoryStore,
+    NewMemory,
+    WriteOutcome,
+    create_params,
+)
 from tests.integration.memory_service.helpers import Tenant, memory_count
 
 

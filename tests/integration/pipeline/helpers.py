@@ -36,10 +36,10 @@ from core.errors import (
 )
 from extraction.dispatch import run_message
 from extraction.keys import idempotency_key
+from extraction.memory_client import WriteOutcome
 from extraction.result import ExtractedMemory, ExtractionResult
 from extraction.retry import RetryPolicy
 from extraction.stages import Send, StageDeps
-from memory_service.client import WriteOutcome
 from models.store import SessionStore, Turn, TurnInput
 
 PIPELINE_ENV = {

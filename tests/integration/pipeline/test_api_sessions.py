@@ -23,12 +23,12 @@ import redis
 from cli.extract import InlineReport, drain_inline
 from core.config import Settings
 from core.processes import ROOT, Launcher
+from extraction.memory_client import MemoryClient
 from extraction.providers import make_provider
 from extraction.scan_queries import ScanQueries
 from extraction.stages import StageDeps, scan
 from memory_service.app import create_app, make_pool
-from memory_service.client import MemoryClient
-from memory_service.tokens import TokenStore
+from memory_service.tokens.store import TokenStore
 from models.importer import import_lines
 from models.session_status import SessionStatusStore
 from models.store import SessionStore, TurnInput

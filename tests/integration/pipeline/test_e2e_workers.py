@@ -20,7 +20,7 @@ import pytest
 
 from bench.fake_llm import FakeLLM
 from core.processes import ROOT, Launcher, Process, free_port
-from memory_service.tokens import TokenStore
+from memory_service.tokens.store import TokenStore
 
 pytestmark = [pytest.mark.chaos, pytest.mark.slow]
 

@@ -19,7 +19,7 @@ from typing import Any
 import pytest
 
 from core.processes import ROOT, Launcher, free_port
-from memory_service.tokens import TokenStore
+from memory_service.tokens.store import TokenStore
 
 pytestmark = pytest.mark.slow
 

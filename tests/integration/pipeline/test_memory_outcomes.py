@@ -16,11 +16,11 @@ import redis
 
 from core.config import Settings
 from core.errors import LLMUnavailableError, MemoryRejectedError, MemoryUnavailableError
+from extraction.memory_client import MemoryClient
 from extraction.stages import StageDeps, extract_turn, memory_body, scan, write_memory
 from extraction.values import TurnRef
 from memory_service.app import create_app, make_pool
-from memory_service.client import MemoryClient
-from memory_service.tokens import TokenStore
+from memory_service.tokens.store import TokenStore
 from schema.messages import ActorName
 from tests.integration.pipeline.helpers import (
     FakeProvider,

@@ -22,9 +22,7 @@ from memory_service.idempotency import (
     compact_fingerprint,
     record_key,
 )
-from memory_service.memories import CreateResult, MemoryRow, NewMemory, WriteOutcome
-from memory_service.metrics import Metrics
-from memory_service.service import (
+from memory_service.memories.service import (
     CREATE_SCHEMA,
     Created,
     DuplicateContent,
@@ -36,6 +34,8 @@ from memory_service.service import (
     UnknownOrg,
     new_memory,
 )
+from memory_service.memories.store import CreateResult, MemoryRow, NewMemory, WriteOutcome
+from memory_service.metrics import Metrics
 
 ORG = uuid.UUID("11111111-1111-4111-8111-111111111111")
 AGENT = uuid.UUID("22222222-2222-4222-8222-222222222222")

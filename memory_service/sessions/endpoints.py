@@ -23,7 +23,7 @@ from core.db import tenant
 from core.errors import ImmutableTurnError, NotFoundError, TurnGapError
 from memory_service.cursor import encode_cursor
 from memory_service.errors import ApiError, dumps
-from memory_service.resources import (
+from memory_service.memories.endpoints import (
     Api,
     authenticate,
     cursor_param,

@@ -10,8 +10,8 @@ import httpx
 import pytest
 
 from examples.chat_with_memory import CONVERSATION, NEXT_QUESTION, run, wait_until_extracted
-from memory_service.client import IbexClient, Session
-from tests.unit.memory_service.test_ibex_client import AGENT, BASE, SESSION, hit_json, session_json
+from ibex_client import IbexClient, Session
+from test_ibex_client import AGENT, BASE, SESSION, hit_json, session_json
 
 BLOCK = "<memories>\n- Dana is allergic to peanuts.\n</memories>"
 

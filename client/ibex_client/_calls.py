@@ -1,6 +1,6 @@
 """One builder per API call: the request and how its answer is read, for both public clients.
 
-Each builder returns a :class:`~memory_service.client._base.Call`; the sync and async clients
+Each builder returns a :class:`~ibex_client._base.Call`; the sync and async clients
 only send it. Everything that must be the same on every attempt (the body bytes, the
 idempotency key) is fixed here, once per call.
 """
@@ -13,9 +13,9 @@ from typing import Any
 
 import httpx
 
-from memory_service.client._base import IDEMPOTENCY_HEADER, Call, canonical_body
-from memory_service.client.errors import UnexpectedResponseError
-from memory_service.client.types import (
+from ibex_client._base import IDEMPOTENCY_HEADER, Call, canonical_body
+from ibex_client.errors import UnexpectedResponseError
+from ibex_client.types import (
     Context,
     Memory,
     MemorySource,

@@ -43,7 +43,7 @@ from memory_service.idempotency import (
     IdempotencyStore,
     StoredAnswer,
 )
-from memory_service.memories import MemoryRow, MemoryStore, NewMemory, WriteOutcome
+from memory_service.memories.store import MemoryRow, MemoryStore, NewMemory, WriteOutcome
 from memory_service.metrics import Metrics
 from memory_service.validation import quick_load_create
 from schema import describe_errors

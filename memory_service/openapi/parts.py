@@ -1,7 +1,7 @@
 """The pieces every route's OpenAPI description shares: error answers and the org header.
 
-:mod:`memory_service.openapi` (memories, search, health) and
-:mod:`memory_service.openapi_sessions` (the sessions API) both build on them.
+:mod:`memory_service.openapi.document` (memories, search, health) and
+:mod:`memory_service.openapi.sessions` (the sessions API) both build on them.
 """
 
 from __future__ import annotations

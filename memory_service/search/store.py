@@ -46,7 +46,7 @@ from typing import Any
 import peewee
 
 from core.db import db_errors, tenant
-from memory_service.memories import COLUMNS, MemoryRow
+from memory_service.memories.store import COLUMNS, MemoryRow
 
 #: Rows taken from each index before ranking; bounds the work of a search. The branch of all
 #: the query's words finds a memory with every word beyond the per-word cap.

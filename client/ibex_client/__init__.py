@@ -1,22 +1,22 @@
 """Clients of the IBEX web service.
 
-- :class:`IbexClient` and :class:`AsyncIbexClient`: the public API for applications
-  (sessions, turns, memories, search, context), typed, retrying what is safe to retry.
-- :class:`MemoryClient`: the pipeline's own client of ``/v1/memories``, which maps every answer
-  onto what the queue should do and leaves retrying to the queue.
+:class:`IbexClient` and :class:`AsyncIbexClient` are the public API for applications
+(sessions, turns, memories, search, context), typed, retrying what is safe to retry. The
+package depends on httpx alone. (The pipeline's own client of ``/v1/memories``, which maps
+every answer onto what the queue should do, is ``extraction.memory_client``.)
 
     with IbexClient("https://ibex.example.com", token) as ibex:
         hits = ibex.search("what is Dana allergic to?", agent_id=agent_id)
 """
 
-from memory_service.client._base import (
+from ibex_client._base import (
     RetryPolicy,
     canonical_body,
     parse_error,
     parse_retry_after,
 )
-from memory_service.client.aio import AsyncIbexClient
-from memory_service.client.errors import (
+from ibex_client.aio import AsyncIbexClient
+from ibex_client.errors import (
     ApiError,
     AuthenticationError,
     BadRequestError,
@@ -36,8 +36,8 @@ from memory_service.client.errors import (
     TurnGapError,
     UnexpectedResponseError,
 )
-from memory_service.client.sync import IbexClient
-from memory_service.client.types import (
+from ibex_client.sync import IbexClient
+from ibex_client.types import (
     Context,
     Memory,
     MemorySource,
@@ -49,7 +49,6 @@ from memory_service.client.types import (
     Turn,
     TurnsAppended,
 )
-from memory_service.client.worker import MemoryClient, WriteOutcome, classify_write
 
 __all__ = [
     "ApiError",
@@ -66,7 +65,6 @@ __all__ = [
     "IbexTransportError",
     "InvalidRequestError",
     "Memory",
-    "MemoryClient",
     "MemorySource",
     "NotFoundError",
     "Page",
@@ -84,9 +82,7 @@ __all__ = [
     "TurnGapError",
     "TurnsAppended",
     "UnexpectedResponseError",
-    "WriteOutcome",
     "canonical_body",
-    "classify_write",
     "parse_error",
     "parse_retry_after",
 ]

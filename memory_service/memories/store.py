@@ -156,7 +156,7 @@ class MemoryRow:
 
 
 class WriteOutcome(enum.Enum):
-    """What a write did; :mod:`memory_service.service` decides what it answers."""
+    """What a write did; :mod:`memory_service.memories.service` decides what it answers."""
 
     CREATED = "created"
     #: A row with this key exists (compare fingerprints: a replay or a conflict).

@@ -1,9 +1,10 @@
 """The HTTP resources: /v1/memories, /v1/memories/{id}, health and the OpenAPI document.
 
 Resources authenticate, parse and respond; what a write does is decided by
-:class:`~memory_service.service.MemoryService`. ``POST /v1/memories`` in order: authenticate,
-check the scope and the org, check the idempotency key header, read at most the body limit,
-parse, and hand the document to the service, which validates it before it touches the key.
+:class:`~memory_service.memories.service.MemoryService`. ``POST /v1/memories`` in order:
+authenticate, check the scope and the org, check the idempotency key header, read at most the
+body limit, parse, and hand the document to the service, which validates it before it touches
+the key.
 """
 
 from __future__ import annotations
@@ -31,8 +32,8 @@ from memory_service.auth import (
 )
 from memory_service.cursor import InvalidCursorError, Position, decode_cursor, encode_cursor
 from memory_service.errors import ApiError, dumps
-from memory_service.memories import MemoryStore
-from memory_service.service import MemoryService, Response
+from memory_service.memories.service import MemoryService, Response
+from memory_service.memories.store import MemoryStore
 from schema import describe_errors
 from schema.memory import MAX_IDEMPOTENCY_KEY_CHARS, MemoryListQuerySchema
 

@@ -11,13 +11,13 @@ from typing import Any
 from apispec import APISpec
 from apispec.ext.marshmallow import MarshmallowPlugin
 
-from memory_service.openapi_parts import (
+from memory_service.openapi.parts import (
     ORG_HEADER,
     RETRY_AFTER,
     error,
     with_org_errors,
 )
-from memory_service.openapi_sessions import document as document_sessions
+from memory_service.openapi.sessions import document as document_sessions
 from schema.memory import (
     ERROR_CODES,
     MAX_IDEMPOTENCY_KEY_CHARS,

@@ -2,7 +2,7 @@
 
 Both validate the body with the schemas of :mod:`schema.search` (422 field by field), resolve
 the org the same way as every other route, and rank in Postgres through
-:class:`~memory_service.search_store.SearchStore`, under row-level security: another org's
+:class:`~memory_service.search.store.SearchStore`, under row-level security: another org's
 memories are never candidates.
 """
 
@@ -10,10 +10,10 @@ from __future__ import annotations
 
 import falcon
 
-from memory_service.context import pack, query_from_messages
 from memory_service.errors import dumps
-from memory_service.resources import READ, Api, authenticate, load, parse_json, read_body
-from memory_service.search_store import SearchStore
+from memory_service.memories.endpoints import READ, Api, authenticate, load, parse_json, read_body
+from memory_service.search.context import pack, query_from_messages
+from memory_service.search.store import SearchStore
 from schema.search import MAX_SEARCH_LIMIT, ContextRequestSchema, SearchRequestSchema
 
 SEARCH_SCHEMA = SearchRequestSchema()

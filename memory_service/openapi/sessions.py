@@ -1,6 +1,6 @@
 """The OpenAPI description of the sessions API (:mod:`memory_service.sessions`): its schemas,
 routes, status codes and headers, added to the service's document by
-:func:`memory_service.openapi.build_spec`.
+:func:`memory_service.openapi.document.build_spec`.
 """
 
 from __future__ import annotations
@@ -9,8 +9,8 @@ from typing import Any
 
 from apispec import APISpec
 
-from memory_service.openapi_parts import ORG_HEADER, error, with_org_errors
-from memory_service.sessions import SESSION_HEADER
+from memory_service.openapi.parts import ORG_HEADER, error, with_org_errors
+from memory_service.sessions.endpoints import SESSION_HEADER
 from schema.sessions import (
     MAX_EXTERNAL_ID_CHARS,
     SessionCreateSchema,

@@ -27,7 +27,7 @@ from typing import Any, NoReturn
 import httpx
 
 from core.errors import MemoryRejectedError, MemoryUnavailableError
-from memory_service.client._base import (
+from ibex_client._base import (
     ErrorBody,
     canonical_body,
     is_retryable,

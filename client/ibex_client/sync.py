@@ -1,30 +1,30 @@
-"""``AsyncIbexClient``: the same API as :class:`~memory_service.client.sync.IbexClient`, on
-``httpx.AsyncClient``: nothing blocks the event loop, waits between attempts included.
+"""``IbexClient``: the sessions, memories, search and context API for applications (sync).
 
 Every call is safe to repeat, so every call is retried on 408, 429, 5xx, 409
 ``IDEMPOTENCY_IN_PROGRESS``, timeouts and connection errors, honouring ``Retry-After``, up to
-the :class:`~memory_service.client._base.RetryPolicy`'s attempts; other errors are raised at
-once as typed :mod:`~memory_service.client.errors`. One pooled ``httpx.AsyncClient``.
+the :class:`~ibex_client._base.RetryPolicy`'s attempts; other errors are raised at
+once as typed :mod:`~ibex_client.errors`. Thread-safe (one pooled ``httpx.Client``).
 
-The signatures and the retry loop repeat :mod:`~memory_service.client.sync`'s but for
-``async``/``await``, which Python cannot share between the two; everything else (requests,
-answers, retry decisions) is built once in :mod:`~memory_service.client._calls` and
-:mod:`~memory_service.client._base`.
+This file and :mod:`~ibex_client.aio` mirror each other on purpose, as httpx's
+``Client`` and ``AsyncClient`` do: every request and every reading of an answer is built once
+in :mod:`~ibex_client._calls` and every retry decision in
+:mod:`~ibex_client._base`, so each method here is one line. What repeats between the
+two files is the public signatures and ``_run``'s loop, which differ only by ``async``/``await``.
 """
 
 from __future__ import annotations
 
-import asyncio
-from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
+import time
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from types import TracebackType
 from typing import Any, TypeVar
 
 import httpx
 
-from memory_service.client import _calls
-from memory_service.client._base import Call, ClientCore, Retry, RetryPolicy
-from memory_service.client._calls import Id
-from memory_service.client.types import (
+from ibex_client import _calls
+from ibex_client._base import Call, ClientCore, Retry, RetryPolicy
+from ibex_client._calls import Id
+from ibex_client.types import (
     Context,
     Memory,
     MemorySource,
@@ -38,12 +38,12 @@ from memory_service.client.types import (
 T = TypeVar("T")
 
 
-class AsyncIbexClient:
+class IbexClient:
     """A client of one IBEX service for one token.
 
     ``org_id`` is sent as ``X-IBEX-Org-ID`` (needed with a service token). ``transport=``
     swaps the network for another httpx transport (``httpx.MockTransport`` in tests);
-    ``client=`` uses an ``httpx.AsyncClient`` of the caller's, which this client then does not
+    ``client=`` uses an ``httpx.Client`` of the caller's, which this client then does not
     close. ``sleep`` is how the client waits between attempts.
     """
 
@@ -55,42 +55,42 @@ class AsyncIbexClient:
         org_id: Id | None = None,
         timeout: float = 10.0,
         retry: RetryPolicy | None = None,
-        transport: httpx.AsyncBaseTransport | None = None,
-        client: httpx.AsyncClient | None = None,
-        sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
+        transport: httpx.BaseTransport | None = None,
+        client: httpx.Client | None = None,
+        sleep: Callable[[float], None] = time.sleep,
     ) -> None:
         if client is not None and transport is not None:
             raise ValueError("give transport= or client=, not both")
         self._base = ClientCore(base_url, token, org_id, retry or RetryPolicy())
         self._owns_http = client is None
-        self._http = client or httpx.AsyncClient(
+        self._http = client or httpx.Client(
             timeout=httpx.Timeout(timeout), transport=transport, follow_redirects=False
         )
         self._sleep = sleep
 
     def __repr__(self) -> str:
-        return f"AsyncIbexClient({self._base.base_url!r})"
+        return f"IbexClient({self._base.base_url!r})"
 
     # -- lifetime ----------------------------------------------------------------------------
 
-    async def aclose(self) -> None:
+    def close(self) -> None:
         if self._owns_http:
-            await self._http.aclose()
+            self._http.close()
 
-    async def __aenter__(self) -> AsyncIbexClient:
+    def __enter__(self) -> IbexClient:
         return self
 
-    async def __aexit__(
+    def __exit__(
         self,
         exc_type: type[BaseException] | None,
         exc: BaseException | None,
         tb: TracebackType | None,
     ) -> None:
-        await self.aclose()
+        self.close()
 
     # -- sessions ----------------------------------------------------------------------------
 
-    async def create_session(
+    def create_session(
         self,
         agent: str | None = None,
         *,
@@ -102,27 +102,27 @@ class AsyncIbexClient:
         """Start a session of ``agent`` (a slug, created when missing) or ``agent_id``; the
         same ``external_id`` again returns the existing session. Without an external id every
         call opens a new session, so the call is retried only when it could not connect."""
-        return await self._run(_calls.create_session(agent, agent_id, external_id, model, provider))
+        return self._run(_calls.create_session(agent, agent_id, external_id, model, provider))
 
-    async def append_turns(self, session_id: Id, turns: Sequence[Turn]) -> TurnsAppended:
+    def append_turns(self, session_id: Id, turns: Sequence[Turn]) -> TurnsAppended:
         """Append turns in order; turns already stored with the same content are no-ops
         (``turns_added`` counts the others). Raises
-        :class:`~memory_service.client.errors.TurnConflictError` or
-        :class:`~memory_service.client.errors.TurnGapError`."""
-        return await self._run(_calls.append_turns(session_id, turns))
+        :class:`~ibex_client.errors.TurnConflictError` or
+        :class:`~ibex_client.errors.TurnGapError`."""
+        return self._run(_calls.append_turns(session_id, turns))
 
-    async def complete_session(self, session_id: Id) -> Session:
+    def complete_session(self, session_id: Id) -> Session:
         """Mark the session completed: its turns will be extracted."""
-        return await self._run(_calls.change_status(session_id, "complete"))
+        return self._run(_calls.change_status(session_id, "complete"))
 
-    async def abandon_session(self, session_id: Id) -> Session:
+    def abandon_session(self, session_id: Id) -> Session:
         """Mark the session abandoned: it will never be extracted."""
-        return await self._run(_calls.change_status(session_id, "abandon"))
+        return self._run(_calls.change_status(session_id, "abandon"))
 
-    async def get_session(self, session_id: Id) -> Session:
-        return await self._run(_calls.get_session(session_id))
+    def get_session(self, session_id: Id) -> Session:
+        return self._run(_calls.get_session(session_id))
 
-    async def list_sessions(
+    def list_sessions(
         self,
         *,
         agent_id: Id | None = None,
@@ -131,40 +131,39 @@ class AsyncIbexClient:
         limit: int | None = None,
         cursor: str | None = None,
     ) -> Page[Session]:
-        return await self._run(_calls.list_sessions(agent_id, external_id, status, limit, cursor))
+        return self._run(_calls.list_sessions(agent_id, external_id, status, limit, cursor))
 
-    async def iter_sessions(
+    def iter_sessions(
         self,
         *,
         agent_id: Id | None = None,
         external_id: str | None = None,
         status: str | None = None,
         page_size: int | None = None,
-    ) -> AsyncIterator[Session]:
+    ) -> Iterator[Session]:
         """Every matching session, fetching page after page as the iteration goes."""
         cursor: str | None = None
         while True:
-            page = await self.list_sessions(
+            page = self.list_sessions(
                 agent_id=agent_id,
                 external_id=external_id,
                 status=status,
                 limit=page_size,
                 cursor=cursor,
             )
-            for item in page.items:
-                yield item
+            yield from page.items
             if not page.next_cursor:
                 return
             cursor = page.next_cursor
 
-    async def delete_session(self, session_id: Id) -> bool:
+    def delete_session(self, session_id: Id) -> bool:
         """Soft-delete the session and every memory extracted from it. False when there was
         no such session (including when an earlier attempt of this call deleted it)."""
-        return await self._run(_calls.delete_session(session_id))
+        return self._run(_calls.delete_session(session_id))
 
     # -- memories ----------------------------------------------------------------------------
 
-    async def create_memory(
+    def create_memory(
         self,
         agent_id: Id,
         content: str,
@@ -176,15 +175,15 @@ class AsyncIbexClient:
     ) -> Memory:
         """Store a memory under ``idempotency_key`` (a fresh one per call when not given; the
         same on every retry of the call). Content the agent already has raises
-        :class:`~memory_service.client.errors.DuplicateContentError` with ``existing_id``."""
-        return await self._run(
+        :class:`~ibex_client.errors.DuplicateContentError` with ``existing_id``."""
+        return self._run(
             _calls.create_memory(agent_id, content, kind, source, metadata, idempotency_key)
         )
 
-    async def get_memory(self, memory_id: Id) -> Memory:
-        return await self._run(_calls.get_memory(memory_id))
+    def get_memory(self, memory_id: Id) -> Memory:
+        return self._run(_calls.get_memory(memory_id))
 
-    async def list_memories(
+    def list_memories(
         self,
         *,
         agent_id: Id | None = None,
@@ -193,35 +192,34 @@ class AsyncIbexClient:
         cursor: str | None = None,
     ) -> Page[Memory]:
         """One page, newest first."""
-        return await self._run(_calls.list_memories(agent_id, session_id, limit, cursor))
+        return self._run(_calls.list_memories(agent_id, session_id, limit, cursor))
 
-    async def iter_memories(
+    def iter_memories(
         self,
         *,
         agent_id: Id | None = None,
         session_id: Id | None = None,
         page_size: int | None = None,
-    ) -> AsyncIterator[Memory]:
+    ) -> Iterator[Memory]:
         """Every matching memory, newest first, fetching page after page as needed."""
         cursor: str | None = None
         while True:
-            page = await self.list_memories(
+            page = self.list_memories(
                 agent_id=agent_id, session_id=session_id, limit=page_size, cursor=cursor
             )
-            for item in page.items:
-                yield item
+            yield from page.items
             if not page.next_cursor:
                 return
             cursor = page.next_cursor
 
-    async def delete_memory(self, memory_id: Id) -> bool:
+    def delete_memory(self, memory_id: Id) -> bool:
         """Soft-delete a memory. False when there was no such memory (including when an
         earlier attempt of this call deleted it)."""
-        return await self._run(_calls.delete_memory(memory_id))
+        return self._run(_calls.delete_memory(memory_id))
 
     # -- read path ---------------------------------------------------------------------------
 
-    async def search(
+    def search(
         self,
         query: str,
         *,
@@ -231,9 +229,9 @@ class AsyncIbexClient:
         limit: int | None = None,
     ) -> tuple[SearchHit, ...]:
         """The agent's memories that match ``query``, best first."""
-        return await self._run(_calls.search(query, agent_id, session_id, kinds, limit))
+        return self._run(_calls.search(query, agent_id, session_id, kinds, limit))
 
-    async def context(
+    def context(
         self,
         agent_id: Id,
         *,
@@ -245,23 +243,21 @@ class AsyncIbexClient:
     ) -> Context:
         """The best memories for ``query`` (or the conversation's last ``messages``) packed
         into ``max_tokens``, as a block for a system prompt."""
-        return await self._run(
-            _calls.context(agent_id, query, messages, session_id, kinds, max_tokens)
-        )
+        return self._run(_calls.context(agent_id, query, messages, session_id, kinds, max_tokens))
 
     # -- plumbing ----------------------------------------------------------------------------
 
-    async def _run(self, call: Call[T]) -> T:
+    def _run(self, call: Call[T]) -> T:
         request = self._base.request(self._http, call)
         attempt = 0
         while True:
             attempt += 1
             try:
-                response = await self._http.send(request)
+                response = self._http.send(request)
             except httpx.TransportError as exc:
                 outcome: T | Retry = self._base.failed(call, exc, attempt)
             else:
                 outcome = self._base.decide(call, response, attempt)
             if not isinstance(outcome, Retry):
                 return outcome
-            await self._sleep(outcome.delay)
+            self._sleep(outcome.delay)

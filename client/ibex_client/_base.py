@@ -1,6 +1,6 @@
 """What every client of the service shares: error bodies, retry classification, backoff.
 
-Both the pipeline's :class:`~memory_service.client.worker.MemoryClient` (which leaves retrying
+Both the pipeline's :class:`~ibex_client.worker.MemoryClient` (which leaves retrying
 to the queue) and the public clients (which retry in process) classify an answer with
 :func:`is_retryable`: 408, 429, every 5xx and 409 ``IDEMPOTENCY_IN_PROGRESS`` are worth another
 attempt; anything else is final. Repeating is safe for every call of the API: creates carry an
@@ -28,7 +28,7 @@ from typing import Any, Generic, TypeVar
 import httpx
 
 from core.canonical import canonical_json
-from memory_service.client.errors import (
+from ibex_client.errors import (
     IbexConnectionError,
     IbexTimeoutError,
     IbexTransportError,

@@ -1,30 +1,30 @@
-"""``IbexClient``: the sessions, memories, search and context API for applications (sync).
+"""``AsyncIbexClient``: the same API as :class:`~ibex_client.sync.IbexClient`, on
+``httpx.AsyncClient``: nothing blocks the event loop, waits between attempts included.
 
 Every call is safe to repeat, so every call is retried on 408, 429, 5xx, 409
 ``IDEMPOTENCY_IN_PROGRESS``, timeouts and connection errors, honouring ``Retry-After``, up to
-the :class:`~memory_service.client._base.RetryPolicy`'s attempts; other errors are raised at
-once as typed :mod:`~memory_service.client.errors`. Thread-safe (one pooled ``httpx.Client``).
+the :class:`~ibex_client._base.RetryPolicy`'s attempts; other errors are raised at
+once as typed :mod:`~ibex_client.errors`. One pooled ``httpx.AsyncClient``.
 
-This file and :mod:`~memory_service.client.aio` mirror each other on purpose, as httpx's
-``Client`` and ``AsyncClient`` do: every request and every reading of an answer is built once
-in :mod:`~memory_service.client._calls` and every retry decision in
-:mod:`~memory_service.client._base`, so each method here is one line. What repeats between the
-two files is the public signatures and ``_run``'s loop, which differ only by ``async``/``await``.
+The signatures and the retry loop repeat :mod:`~ibex_client.sync`'s but for
+``async``/``await``, which Python cannot share between the two; everything else (requests,
+answers, retry decisions) is built once in :mod:`~ibex_client._calls` and
+:mod:`~ibex_client._base`.
 """
 
 from __future__ import annotations
 
-import time
-from collections.abc import Callable, Iterator, Mapping, Sequence
+import asyncio
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
 from types import TracebackType
 from typing import Any, TypeVar
 
 import httpx
 
-from memory_service.client import _calls
-from memory_service.client._base import Call, ClientCore, Retry, RetryPolicy
-from memory_service.client._calls import Id
-from memory_service.client.types import (
+from ibex_client import _calls
+from ibex_client._base import Call, ClientCore, Retry, RetryPolicy
+from ibex_client._calls import Id
+from ibex_client.types import (
     Context,
     Memory,
     MemorySource,
@@ -38,12 +38,12 @@ from memory_service.client.types import (
 T = TypeVar("T")
 
 
-class IbexClient:
+class AsyncIbexClient:
     """A client of one IBEX service for one token.
 
     ``org_id`` is sent as ``X-IBEX-Org-ID`` (needed with a service token). ``transport=``
     swaps the network for another httpx transport (``httpx.MockTransport`` in tests);
-    ``client=`` uses an ``httpx.Client`` of the caller's, which this client then does not
+    ``client=`` uses an ``httpx.AsyncClient`` of the caller's, which this client then does not
     close. ``sleep`` is how the client waits between attempts.
     """
 
@@ -55,42 +55,42 @@ class IbexClient:
         org_id: Id | None = None,
         timeout: float = 10.0,
         retry: RetryPolicy | None = None,
-        transport: httpx.BaseTransport | None = None,
-        client: httpx.Client | None = None,
-        sleep: Callable[[float], None] = time.sleep,
+        transport: httpx.AsyncBaseTransport | None = None,
+        client: httpx.AsyncClient | None = None,
+        sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
     ) -> None:
         if client is not None and transport is not None:
             raise ValueError("give transport= or client=, not both")
         self._base = ClientCore(base_url, token, org_id, retry or RetryPolicy())
         self._owns_http = client is None
-        self._http = client or httpx.Client(
+        self._http = client or httpx.AsyncClient(
             timeout=httpx.Timeout(timeout), transport=transport, follow_redirects=False
         )
         self._sleep = sleep
 
     def __repr__(self) -> str:
-        return f"IbexClient({self._base.base_url!r})"
+        return f"AsyncIbexClient({self._base.base_url!r})"
 
     # -- lifetime ----------------------------------------------------------------------------
 
-    def close(self) -> None:
+    async def aclose(self) -> None:
         if self._owns_http:
-            self._http.close()
+            await self._http.aclose()
 
-    def __enter__(self) -> IbexClient:
+    async def __aenter__(self) -> AsyncIbexClient:
         return self
 
-    def __exit__(
+    async def __aexit__(
         self,
         exc_type: type[BaseException] | None,
         exc: BaseException | None,
         tb: TracebackType | None,
     ) -> None:
-        self.close()
+        await self.aclose()
 
     # -- sessions ----------------------------------------------------------------------------
 
-    def create_session(
+    async def create_session(
         self,
         agent: str | None = None,
         *,
@@ -102,27 +102,27 @@ class IbexClient:
         """Start a session of ``agent`` (a slug, created when missing) or ``agent_id``; the
         same ``external_id`` again returns the existing session. Without an external id every
         call opens a new session, so the call is retried only when it could not connect."""
-        return self._run(_calls.create_session(agent, agent_id, external_id, model, provider))
+        return await self._run(_calls.create_session(agent, agent_id, external_id, model, provider))
 
-    def append_turns(self, session_id: Id, turns: Sequence[Turn]) -> TurnsAppended:
+    async def append_turns(self, session_id: Id, turns: Sequence[Turn]) -> TurnsAppended:
         """Append turns in order; turns already stored with the same content are no-ops
         (``turns_added`` counts the others). Raises
-        :class:`~memory_service.client.errors.TurnConflictError` or
-        :class:`~memory_service.client.errors.TurnGapError`."""
-        return self._run(_calls.append_turns(session_id, turns))
+        :class:`~ibex_client.errors.TurnConflictError` or
+        :class:`~ibex_client.errors.TurnGapError`."""
+        return await self._run(_calls.append_turns(session_id, turns))
 
-    def complete_session(self, session_id: Id) -> Session:
+    async def complete_session(self, session_id: Id) -> Session:
         """Mark the session completed: its turns will be extracted."""
-        return self._run(_calls.change_status(session_id, "complete"))
+        return await self._run(_calls.change_status(session_id, "complete"))
 
-    def abandon_session(self, session_id: Id) -> Session:
+    async def abandon_session(self, session_id: Id) -> Session:
         """Mark the session abandoned: it will never be extracted."""
-        return self._run(_calls.change_status(session_id, "abandon"))
+        return await self._run(_calls.change_status(session_id, "abandon"))
 
-    def get_session(self, session_id: Id) -> Session:
-        return self._run(_calls.get_session(session_id))
+    async def get_session(self, session_id: Id) -> Session:
+        return await self._run(_calls.get_session(session_id))
 
-    def list_sessions(
+    async def list_sessions(
         self,
         *,
         agent_id: Id | None = None,
@@ -131,39 +131,40 @@ class IbexClient:
         limit: int | None = None,
         cursor: str | None = None,
     ) -> Page[Session]:
-        return self._run(_calls.list_sessions(agent_id, external_id, status, limit, cursor))
+        return await self._run(_calls.list_sessions(agent_id, external_id, status, limit, cursor))
 
-    def iter_sessions(
+    async def iter_sessions(
         self,
         *,
         agent_id: Id | None = None,
         external_id: str | None = None,
         status: str | None = None,
         page_size: int | None = None,
-    ) -> Iterator[Session]:
+    ) -> AsyncIterator[Session]:
         """Every matching session, fetching page after page as the iteration goes."""
         cursor: str | None = None
         while True:
-            page = self.list_sessions(
+            page = await self.list_sessions(
                 agent_id=agent_id,
                 external_id=external_id,
                 status=status,
                 limit=page_size,
                 cursor=cursor,
             )
-            yield from page.items
+            for item in page.items:
+                yield item
             if not page.next_cursor:
                 return
             cursor = page.next_cursor
 
-    def delete_session(self, session_id: Id) -> bool:
+    async def delete_session(self, session_id: Id) -> bool:
         """Soft-delete the session and every memory extracted from it. False when there was
         no such session (including when an earlier attempt of this call deleted it)."""
-        return self._run(_calls.delete_session(session_id))
+        return await self._run(_calls.delete_session(session_id))
 
     # -- memories ----------------------------------------------------------------------------
 
-    def create_memory(
+    async def create_memory(
         self,
         agent_id: Id,
         content: str,
@@ -175,15 +176,15 @@ class IbexClient:
     ) -> Memory:
         """Store a memory under ``idempotency_key`` (a fresh one per call when not given; the
         same on every retry of the call). Content the agent already has raises
-        :class:`~memory_service.client.errors.DuplicateContentError` with ``existing_id``."""
-        return self._run(
+        :class:`~ibex_client.errors.DuplicateContentError` with ``existing_id``."""
+        return await self._run(
             _calls.create_memory(agent_id, content, kind, source, metadata, idempotency_key)
         )
 
-    def get_memory(self, memory_id: Id) -> Memory:
-        return self._run(_calls.get_memory(memory_id))
+    async def get_memory(self, memory_id: Id) -> Memory:
+        return await self._run(_calls.get_memory(memory_id))
 
-    def list_memories(
+    async def list_memories(
         self,
         *,
         agent_id: Id | None = None,
@@ -192,34 +193,35 @@ class IbexClient:
         cursor: str | None = None,
     ) -> Page[Memory]:
         """One page, newest first."""
-        return self._run(_calls.list_memories(agent_id, session_id, limit, cursor))
+        return await self._run(_calls.list_memories(agent_id, session_id, limit, cursor))
 
-    def iter_memories(
+    async def iter_memories(
         self,
         *,
         agent_id: Id | None = None,
         session_id: Id | None = None,
         page_size: int | None = None,
-    ) -> Iterator[Memory]:
+    ) -> AsyncIterator[Memory]:
         """Every matching memory, newest first, fetching page after page as needed."""
         cursor: str | None = None
         while True:
-            page = self.list_memories(
+            page = await self.list_memories(
                 agent_id=agent_id, session_id=session_id, limit=page_size, cursor=cursor
             )
-            yield from page.items
+            for item in page.items:
+                yield item
             if not page.next_cursor:
                 return
             cursor = page.next_cursor
 
-    def delete_memory(self, memory_id: Id) -> bool:
+    async def delete_memory(self, memory_id: Id) -> bool:
         """Soft-delete a memory. False when there was no such memory (including when an
         earlier attempt of this call deleted it)."""
-        return self._run(_calls.delete_memory(memory_id))
+        return await self._run(_calls.delete_memory(memory_id))
 
     # -- read path ---------------------------------------------------------------------------
 
-    def search(
+    async def search(
         self,
         query: str,
         *,
@@ -229,9 +231,9 @@ class IbexClient:
         limit: int | None = None,
     ) -> tuple[SearchHit, ...]:
         """The agent's memories that match ``query``, best first."""
-        return self._run(_calls.search(query, agent_id, session_id, kinds, limit))
+        return await self._run(_calls.search(query, agent_id, session_id, kinds, limit))
 
-    def context(
+    async def context(
         self,
         agent_id: Id,
         *,
@@ -243,21 +245,23 @@ class IbexClient:
     ) -> Context:
         """The best memories for ``query`` (or the conversation's last ``messages``) packed
         into ``max_tokens``, as a block for a system prompt."""
-        return self._run(_calls.context(agent_id, query, messages, session_id, kinds, max_tokens))
+        return await self._run(
+            _calls.context(agent_id, query, messages, session_id, kinds, max_tokens)
+        )
 
     # -- plumbing ----------------------------------------------------------------------------
 
-    def _run(self, call: Call[T]) -> T:
+    async def _run(self, call: Call[T]) -> T:
         request = self._base.request(self._http, call)
         attempt = 0
         while True:
             attempt += 1
             try:
-                response = self._http.send(request)
+                response = await self._http.send(request)
             except httpx.TransportError as exc:
                 outcome: T | Retry = self._base.failed(call, exc, attempt)
             else:
                 outcome = self._base.decide(call, response, attempt)
             if not isinstance(outcome, Retry):
                 return outcome
-            self._sleep(outcome.delay)
+            await self._sleep(outcome.delay)

@@ -1,7 +1,7 @@
 """The values the public clients send and return: frozen dataclasses parsed from the JSON.
 
 Parsing is strict about the fields the API documents (a missing or mistyped one raises
-:class:`~memory_service.client.errors.UnexpectedResponseError`) and ignores any other field, so
+:class:`~ibex_client.errors.UnexpectedResponseError`) and ignores any other field, so
 a newer server's additions do not break an older client.
 """
 
@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any, Generic, TypeVar
 
-from memory_service.client.errors import UnexpectedResponseError
+from ibex_client.errors import UnexpectedResponseError
 
 T = TypeVar("T")
 

@@ -10,12 +10,8 @@ import httpx
 import pytest
 
 from core.errors import MemoryRejectedError, MemoryUnavailableError
-from memory_service.client import (
-    MemoryClient,
-    WriteOutcome,
-    canonical_body,
-    parse_retry_after,
-)
+from extraction.memory_client import MemoryClient, WriteOutcome
+from ibex_client import canonical_body, parse_retry_after
 
 ORG = uuid.UUID("11111111-1111-4111-8111-111111111111")
 MEMORY_ID = uuid.UUID("22222222-2222-4222-8222-222222222222")

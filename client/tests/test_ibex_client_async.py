@@ -12,7 +12,7 @@ from typing import Any
 import httpx
 import pytest
 
-from memory_service.client import (
+from ibex_client import (
     AsyncIbexClient,
     DuplicateContentError,
     IbexConnectionError,
@@ -23,7 +23,7 @@ from memory_service.client import (
     Turn,
     TurnsAppended,
 )
-from tests.unit.memory_service.test_ibex_client import (
+from test_ibex_client import (
     AGENT,
     BASE,
     MEMORY,

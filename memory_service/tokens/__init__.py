@@ -1,0 +1,1 @@
+"""API tokens: the ``ibex_memory.api_tokens`` table, issued by ``ibex token``, read per request."""
