@@ -1,9 +1,10 @@
 """``create_app(settings)``: the memory service as a Falcon WSGI app. No import-time state.
 
-Resources live in :mod:`memory_service.memories.endpoints` and :mod:`.search`, the write flow in
-:mod:`.service`; Postgres access in :mod:`.memories` (under
-row-level security), idempotency records in :mod:`.idempotency`, tokens in :mod:`.tokens`,
-``GET /metrics`` in :mod:`.metrics`.
+One folder per domain (:mod:`.memories`, :mod:`.sessions`, :mod:`.search`, :mod:`.tokens`),
+each with its resources (``endpoints``), its flows (``service``) and its SQL (``store``); the
+helpers every resource shares in :mod:`.http`, the refusals mapped onto HTTP once in
+:mod:`.errors`, idempotency records in :mod:`.idempotency`, ``/healthz`` and ``/readyz`` in
+:mod:`.health`, the OpenAPI document in :mod:`.openapi`, ``GET /metrics`` in :mod:`.metrics`.
 
 Database connections come from a small pool and go back to it after each request, so a process
 holds at most one connection per thread that is serving a request, whatever the thread count.
@@ -25,19 +26,15 @@ from core.config import Settings
 from core.db import make_pool as db_pool
 from memory_service import errors
 from memory_service.auth import Authenticator
+from memory_service.health import HealthResource, ReadyResource
+from memory_service.http import Api
 from memory_service.idempotency import IdempotencyStore
-from memory_service.memories.endpoints import (
-    Api,
-    HealthResource,
-    MemoriesResource,
-    MemoryResource,
-    OpenApiResource,
-    ReadyResource,
-)
+from memory_service.memories.endpoints import MemoriesResource, MemoryResource
 from memory_service.memories.service import MemoryService
 from memory_service.memories.store import MemoryStore
 from memory_service.metrics import Metrics, MetricsResource, RequestMetrics
 from memory_service.openapi.document import build_spec
+from memory_service.openapi.endpoints import OpenApiResource
 from memory_service.search.endpoints import ContextResource, SearchResource
 from memory_service.search.store import SearchStore
 from memory_service.sessions.endpoints import add_routes as add_session_routes
@@ -113,22 +110,21 @@ def create_app(
     api = Api(
         auth=Authenticator(TokenStore(db), cache_seconds=token_cache_seconds),
         max_body_bytes=settings.memory_max_body_bytes,
-        store=store,
-        service=MemoryService(store, idempotency, metrics),
     )
+    memories = MemoryService(store, idempotency, metrics)
     # Metrics first: its process_response runs last, so it sees the final status and time.
     middleware: list[Any] = [RequestMetrics(metrics), ReturnConnection(db)]
     app = falcon.App(middleware=middleware)
     app.req_options.strip_url_path_trailing_slash = True
     errors.register(app)
     app.add_error_handler(MaxConnectionsExceeded, errors.handle_unavailable)
-    app.add_route("/v1/memories", MemoriesResource(api))
-    app.add_route("/v1/memories/{memory_id:uuid}", MemoryResource(api))
+    app.add_route("/v1/memories", MemoriesResource(api, memories))
+    app.add_route("/v1/memories/{memory_id:uuid}", MemoryResource(api, memories))
     app.add_route("/healthz", HealthResource())
     searches = SearchStore(db)
     app.add_route("/v1/memories/search", SearchResource(api, searches))
     app.add_route("/v1/context", ContextResource(api, searches))
-    add_session_routes(app, api, db)
+    add_session_routes(app, api, db, store)
     app.add_route("/readyz", ReadyResource(store, redis_client, searches.search_mode))
     app.add_route("/openapi.json", OpenApiResource(build_spec(settings.memory_max_body_bytes)))
     app.add_route("/metrics", MetricsResource(metrics))

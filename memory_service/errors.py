@@ -1,7 +1,9 @@
 """HTTP errors of the memory service and the one body they all share.
 
 Every error leaves as ``{"error": {"code": ..., "message": ..., ...}}`` (``schema.memory.
-ErrorSchema``), including Falcon's own 404 and 405 and any unexpected exception.
+ErrorSchema``), including Falcon's own 404 and 405 and any unexpected exception. The refusals
+the services raise (:mod:`memory_service.domain_errors`, and the turn rules of
+:mod:`core.errors`) are mapped onto their answers here, in :func:`answer_for`, and nowhere else.
 """
 
 from __future__ import annotations
@@ -12,7 +14,16 @@ from typing import Any
 
 import falcon
 
-from core.errors import DatabaseUnavailableError
+from core.errors import DatabaseUnavailableError, ImmutableTurnError, TurnGapError
+from memory_service.domain_errors import (
+    DomainError,
+    MemoryNotFoundError,
+    NoSuchOrgError,
+    SessionDeletedError,
+    SessionNotFoundError,
+    UnknownAgentError,
+)
+from schema import describe_errors
 
 log = logging.getLogger(__name__)
 
@@ -53,6 +64,44 @@ def error_body(code: str, message: str, **extra: Any) -> bytes:
     return dumps({"error": {"code": code, "message": message, **extra}})
 
 
+def validation_error(messages: dict[str, Any] | list[Any]) -> ApiError:
+    """The 422 of a request that does not validate, field by field."""
+    return ApiError(
+        422,
+        "VALIDATION_FAILED",
+        f"invalid request: {describe_errors(messages)}",
+        fields=messages,
+    )
+
+
+def answer_for(exc: Exception) -> ApiError:
+    """The HTTP answer of a refusal a service raised."""
+    if isinstance(exc, MemoryNotFoundError | SessionNotFoundError):
+        return ApiError(404, "NOT_FOUND", str(exc))
+    if isinstance(exc, NoSuchOrgError):
+        return ApiError(403, "FORBIDDEN_ORG", str(exc))
+    if isinstance(exc, UnknownAgentError):
+        return validation_error({"agent_id": [str(exc)]})
+    if isinstance(exc, SessionDeletedError):
+        return ApiError(409, "SESSION_DELETED", str(exc))
+    if isinstance(exc, TurnGapError):
+        return ApiError(409, "TURN_GAP", str(exc), expected_turn_index=exc.expected_turn_index)
+    if isinstance(exc, ImmutableTurnError):
+        return ApiError(409, "TURN_CONFLICT", str(exc), turn_index=exc.turn_index)
+    raise TypeError(f"no answer for {type(exc).__name__}")
+
+
+#: The refusals :func:`answer_for` answers, registered as error handlers.
+REFUSALS: tuple[type[Exception], ...] = (DomainError, TurnGapError, ImmutableTurnError)
+
+
+def handle_refusal(
+    req: falcon.Request, resp: falcon.Response, exc: Exception, params: dict[str, Any]
+) -> None:
+    # Raised again as an HTTPError, Falcon serializes it like any other: one error body.
+    raise answer_for(exc) from None
+
+
 def serialize_error(req: falcon.Request, resp: falcon.Response, exc: falcon.HTTPError) -> None:
     """Falcon's error serializer: our body for ApiError and for Falcon's built-in errors."""
     if isinstance(exc, ApiError):
@@ -91,3 +140,5 @@ def register(app: falcon.App) -> None:
     app.set_error_serializer(serialize_error)
     app.add_error_handler(Exception, handle_unexpected)
     app.add_error_handler(DatabaseUnavailableError, handle_unavailable)
+    for refusal in REFUSALS:
+        app.add_error_handler(refusal, handle_refusal)

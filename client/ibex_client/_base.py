@@ -18,6 +18,7 @@ attempt's answer into a value, a retry with its delay, or a typed error.
 from __future__ import annotations
 
 import email.utils
+import json
 import logging
 import random
 import time
@@ -27,7 +28,6 @@ from typing import Any, Generic, TypeVar
 
 import httpx
 
-from core.canonical import canonical_json
 from ibex_client.errors import (
     IbexConnectionError,
     IbexTimeoutError,
@@ -56,8 +56,10 @@ class ErrorBody:
 
 
 def canonical_body(body: Mapping[str, Any]) -> bytes:
-    """The request body as sorted-key compact UTF-8 JSON: the same bytes on every attempt."""
-    return canonical_json(body, default=str).encode("utf-8")
+    """The request body as sorted-key compact UTF-8 JSON: the same bytes on every attempt (the
+    server's canonical form, ``core.canonical``, which this package cannot import)."""
+    text = json.dumps(body, sort_keys=True, separators=(",", ":"), ensure_ascii=False, default=str)
+    return text.encode("utf-8")
 
 
 def parse_retry_after(value: str | None) -> float | None:

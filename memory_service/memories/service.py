@@ -1,4 +1,9 @@
-"""The write flow of the memory service: ``create(org, key, document) -> Outcome``, no HTTP.
+"""The memories flows: ``create(org, key, document) -> Outcome``, and the reads and deletes.
+
+No Falcon and no request: each outcome of a create carries the answer it gives (status, body,
+headers) as bytes, because a replay must give the response first given byte for byte; reads
+and deletes raise :class:`~memory_service.domain_errors.MemoryNotFoundError`, which the app
+maps onto HTTP in one place.
 
 In order: validate the document (a 422 outcome field by field), fingerprint the validated body,
 and only then touch the idempotency key, because the fingerprint is taken over the validated
@@ -25,6 +30,7 @@ service's metrics here, once.
 
 from __future__ import annotations
 
+import datetime as dt
 import logging
 import math
 import uuid
@@ -35,6 +41,7 @@ from typing import Any, TypeAlias
 from marshmallow import ValidationError
 
 from memory_service.canonical import canonical_request, content_hash, fingerprint_digest
+from memory_service.domain_errors import MemoryNotFoundError
 from memory_service.errors import dumps, error_body
 from memory_service.idempotency import (
     Answer,
@@ -201,7 +208,8 @@ def new_memory(validated: dict[str, Any], key: str | None) -> NewMemory:
 
 
 class MemoryService:
-    """Creates memories exactly once per idempotency key and per content."""
+    """Creates memories exactly once per idempotency key and per content; reads and deletes
+    them."""
 
     def __init__(self, store: MemoryStore, idempotency: IdempotencyStore, metrics: Metrics) -> None:
         self.store = store
@@ -221,6 +229,30 @@ class MemoryService:
         outcome = self._create(org_id, new_memory(validated, key))
         self._count(outcome)
         return outcome
+
+    def get(self, org_id: uuid.UUID, memory_id: uuid.UUID) -> MemoryRow:
+        row = self.store.get(org_id, memory_id)
+        if row is None:
+            raise MemoryNotFoundError()
+        return row
+
+    def list(
+        self,
+        org_id: uuid.UUID,
+        *,
+        agent_id: uuid.UUID | None,
+        session_id: uuid.UUID | None,
+        limit: int,
+        after: tuple[dt.datetime, uuid.UUID] | None,
+    ) -> list[MemoryRow]:
+        """Newest first; ``after`` is the (created_at, id) of the last row already seen."""
+        return self.store.list(
+            org_id, agent_id=agent_id, session_id=session_id, limit=limit, after=after
+        )
+
+    def delete(self, org_id: uuid.UUID, memory_id: uuid.UUID) -> None:
+        if not self.store.soft_delete(org_id, memory_id):
+            raise MemoryNotFoundError()
 
     def _create(self, org_id: uuid.UUID, new: NewMemory) -> Outcome:
         key = new.idempotency_key

@@ -11,7 +11,8 @@ from __future__ import annotations
 import falcon
 
 from memory_service.errors import dumps
-from memory_service.memories.endpoints import READ, Api, authenticate, load, parse_json, read_body
+from memory_service.http import Api, authenticate, load, parse_json, read_body
+from memory_service.memories.endpoints import READ
 from memory_service.search.context import pack, query_from_messages
 from memory_service.search.store import SearchStore
 from schema.search import MAX_SEARCH_LIMIT, ContextRequestSchema, SearchRequestSchema

@@ -1,8 +1,8 @@
 """The sessions API: how an application feeds conversations to the pipeline over HTTP.
 
 ``POST /v1/sessions`` opens (or finds, by external id) a session; ``POST .../turns`` appends
-turns through the same function as ``ibex import`` (:meth:`models.store.SessionStore.sync_turns`:
-same hashes, same payload archive, same immutability rule), so a retried request is a replay,
+turns through the same function as ``ibex import`` (see
+:class:`~memory_service.sessions.service.SessionService`), so a retried request is a replay,
 never a second copy; ``complete`` makes the session a scan candidate, ``abandon`` keeps it out
 of extraction; ``DELETE`` soft-deletes the session and its memories in one transaction. Every
 route runs under row-level security for the caller's org: another org's session is a 404.
@@ -13,27 +13,25 @@ from __future__ import annotations
 
 import datetime as dt
 import uuid
-from typing import Any, cast
+from typing import Any
 
 import falcon
 import peewee
-from playhouse.postgres_ext import PostgresqlExtDatabase
 
-from core.db import tenant
-from core.errors import ImmutableTurnError, NotFoundError, TurnGapError
 from memory_service.cursor import encode_cursor
-from memory_service.errors import ApiError, dumps
-from memory_service.memories.endpoints import (
+from memory_service.errors import ApiError, validation_error
+from memory_service.http import (
     Api,
     authenticate,
     cursor_param,
+    json_body,
     load,
-    parse_json,
-    read_body,
-    validation_error,
+    respond_json,
 )
-from models.session_status import SessionInfo, SessionStatusStore
-from models.store import SessionStore, TurnInput, UnknownOrgError
+from memory_service.memories.store import MemoryStore
+from memory_service.sessions.service import SessionService
+from models.session_status import SessionInfo
+from models.store import TurnInput
 from schema.sessions import (
     MAX_EXTERNAL_ID_CHARS,
     SessionCreateSchema,
@@ -81,10 +79,6 @@ def session_json(info: SessionInfo) -> dict[str, Any]:
     }
 
 
-def _not_found() -> ApiError:
-    return ApiError(404, "NOT_FOUND", "no such session")
-
-
 def _external_id_header(req: falcon.Request) -> str | None:
     value = req.get_header(SESSION_HEADER)
     if value is None:
@@ -108,32 +102,16 @@ class SessionsResource:
     """``/v1/sessions`` and ``/v1/sessions/{session_id}`` with its ``turns``, ``complete`` and
     ``abandon`` suffixes (Falcon suffixed responders)."""
 
-    def __init__(self, api: Api, db: peewee.Database) -> None:
+    def __init__(self, api: Api, service: SessionService) -> None:
         self.api = api
-        self.db = db
-        # The service's pool; the models stay bound to whatever the process bound them to.
-        self.sessions = SessionStore(cast(PostgresqlExtDatabase, db), bind_models=False)
-        self.status = SessionStatusStore(db)
-        self.memories = api.store
-
-    def _info(self, org_id: uuid.UUID, session_id: uuid.UUID) -> SessionInfo:
-        infos = self.status.infos(org_id, session_id=session_id, limit=1)
-        if not infos:
-            raise _not_found()
-        return infos[0]
-
-    @staticmethod
-    def _answer(resp: falcon.Response, status: int, body: dict[str, Any]) -> None:
-        resp.status = status
-        resp.content_type = falcon.MEDIA_JSON
-        resp.data = dumps(body)
+        self.service = service
 
     # -- /v1/sessions ----------------------------------------------------------------------
 
     def on_post(self, req: falcon.Request, resp: falcon.Response) -> None:
         _, org_id = authenticate(self.api, req, SESSIONS_WRITE)
         named = _external_id_header(req)
-        body = load(CREATE_SCHEMA, parse_json(read_body(req, self.api.max_body_bytes)))
+        body = json_body(req, self.api, CREATE_SCHEMA)
         external_id = body["external_id"]
         if named is not None:
             if external_id is not None and external_id != named:
@@ -141,28 +119,16 @@ class SessionsResource:
                     {"external_id": [f"differs from the {SESSION_HEADER} header"]}
                 )
             external_id = named
-        try:
-            session, created = self.sessions.open_session(
-                org_id,
-                agent_slug=body.get("agent"),
-                agent_id=body.get("agent_id"),
-                external_id=external_id,
-                model=body["model"],
-                provider=body["provider"],
-            )
-        except UnknownOrgError:
-            raise ApiError(403, "FORBIDDEN_ORG", "no such org") from None
-        except NotFoundError:
-            raise validation_error({"agent_id": ["unknown agent for this org"]}) from None
-        if session.deleted_at is not None:
-            raise ApiError(
-                409,
-                "SESSION_DELETED",
-                "the session with this external id was deleted; use another external id",
-            )
-        info = self._info(org_id, session.id)
-        resp.location = f"/v1/sessions/{session.id}"
-        self._answer(resp, 201 if created else 200, session_json(info))
+        info, created = self.service.open(
+            org_id,
+            agent_slug=body.get("agent"),
+            agent_id=body.get("agent_id"),
+            external_id=external_id,
+            model=body["model"],
+            provider=body["provider"],
+        )
+        resp.location = f"/v1/sessions/{info.session.id}"
+        respond_json(resp, 201 if created else 200, session_json(info))
 
     def on_get(self, req: falcon.Request, resp: falcon.Response) -> None:
         _, org_id = authenticate(self.api, req, SESSIONS_READ)
@@ -170,7 +136,7 @@ class SessionsResource:
         after = cursor_param(req)
         query = load(LIST_QUERY_SCHEMA, dict(req.params))
         limit = query["limit"]
-        infos = self.status.infos(
+        infos = self.service.list(
             org_id,
             agent_id=query.get("agent_id"),
             external_id=query.get("external_id"),
@@ -179,7 +145,7 @@ class SessionsResource:
             after=after,
         )
         next_cursor = session_cursor(infos[limit - 1]) if len(infos) > limit else None
-        self._answer(
+        respond_json(
             resp,
             200,
             {"items": [session_json(i) for i in infos[:limit]], "next_cursor": next_cursor},
@@ -189,56 +155,35 @@ class SessionsResource:
 
     def on_get_one(self, req: falcon.Request, resp: falcon.Response, session_id: uuid.UUID) -> None:
         _, org_id = authenticate(self.api, req, SESSIONS_READ)
-        self._answer(resp, 200, session_json(self._info(org_id, session_id)))
+        respond_json(resp, 200, session_json(self.service.info(org_id, session_id)))
 
     def on_delete_one(
         self, req: falcon.Request, resp: falcon.Response, session_id: uuid.UUID
     ) -> None:
-        """The session and every memory whose source it is, in one transaction: a reader sees
-        both or neither."""
         _, org_id = authenticate(self.api, req, SESSIONS_WRITE)
-        with tenant(self.db, org_id):
-            if not self.sessions.delete_live_session(org_id, session_id):
-                raise _not_found()
-            self.memories.soft_delete_session_memories(org_id, session_id)
+        self.service.delete(org_id, session_id)
         resp.status = 204
 
     def on_post_turns(
         self, req: falcon.Request, resp: falcon.Response, session_id: uuid.UUID
     ) -> None:
         _, org_id = authenticate(self.api, req, SESSIONS_WRITE)
-        body = load(TURNS_SCHEMA, parse_json(read_body(req, self.api.max_body_bytes)))
+        body = json_body(req, self.api, TURNS_SCHEMA)
         turns = [TurnInput.from_loaded(t) for t in body["turns"]]
-        try:
-            result = self.sessions.append_turns_at(
-                org_id, session_id, body["turns"][0]["turn_index"], turns
-            )
-        except NotFoundError:
-            raise _not_found() from None
-        except TurnGapError as exc:
-            raise ApiError(
-                409, "TURN_GAP", str(exc), expected_turn_index=exc.expected_turn_index
-            ) from None
-        except ImmutableTurnError as exc:
-            raise ApiError(409, "TURN_CONFLICT", str(exc), turn_index=exc.turn_index) from None
-        info = self._info(org_id, session_id)
-        if not result.turns_added:
+        info, added = self.service.append_turns(
+            org_id, session_id, body["turns"][0]["turn_index"], turns
+        )
+        if not added:
             resp.set_header(REPLAYED_HEADER, "true")
-        self._answer(
-            resp,
-            201 if result.turns_added else 200,
-            {"session": session_json(info), "turns_added": result.turns_added},
+        respond_json(
+            resp, 201 if added else 200, {"session": session_json(info), "turns_added": added}
         )
 
     def _status(
         self, req: falcon.Request, resp: falcon.Response, session_id: uuid.UUID, status: str
     ) -> None:
         _, org_id = authenticate(self.api, req, SESSIONS_WRITE)
-        try:
-            self.sessions.set_status(org_id, session_id, status)
-        except NotFoundError:
-            raise _not_found() from None
-        self._answer(resp, 200, session_json(self._info(org_id, session_id)))
+        respond_json(resp, 200, session_json(self.service.set_status(org_id, session_id, status)))
 
     def on_post_complete(
         self, req: falcon.Request, resp: falcon.Response, session_id: uuid.UUID
@@ -251,9 +196,9 @@ class SessionsResource:
         self._status(req, resp, session_id, "abandoned")
 
 
-def add_routes(app: falcon.App, api: Api, db: peewee.Database) -> None:
+def add_routes(app: falcon.App, api: Api, db: peewee.Database, memories: MemoryStore) -> None:
     """Serve the sessions API on ``app``."""
-    resource = SessionsResource(api, db)
+    resource = SessionsResource(api, SessionService(db, memories))
     one = "/v1/sessions/{session_id:uuid}"
     app.add_route("/v1/sessions", resource)
     app.add_route(one, resource, suffix="one")

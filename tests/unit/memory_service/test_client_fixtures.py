@@ -1,7 +1,12 @@
-"""The client tests' fake answers are what the server sends (they run without the server)."""
+"""The client agrees with the server: its tests' fake answers are what the server sends (those
+tests run without the server), and its request bodies are the server's canonical JSON."""
 
 from __future__ import annotations
 
+import uuid
+
+from core.canonical import canonical_json
+from ibex_client import canonical_body
 from schema.sessions import SessionSchema, TurnsAppendedSchema
 from test_ibex_client import appended_json, session_json
 
@@ -9,3 +14,8 @@ from test_ibex_client import appended_json, session_json
 def test_the_session_fixtures_are_what_the_server_sends():
     assert SessionSchema().validate(session_json(turn_count=3, last_extracted_turn=1)) == {}
     assert TurnsAppendedSchema().validate(appended_json(2, turn_count=2)) == {}
+
+
+def test_the_client_sends_the_servers_canonical_json():
+    body = {"b": [1, {"é": None}], "a": uuid.UUID(int=1)}
+    assert canonical_body(body) == canonical_json(body, default=str).encode("utf-8")
