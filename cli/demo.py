@@ -1,4 +1,4 @@
-"""``ibex demo``: the whole system on this machine with the sample data (:mod:`actors.demo`)."""
+"""``ibex demo``: the whole system on this machine with the sample data (:mod:`cli.demo_run`)."""
 
 from __future__ import annotations
 
@@ -21,6 +21,6 @@ def add_parser(sub: Any) -> None:
 
 
 def run(args: argparse.Namespace, settings: Settings) -> int:
-    from actors.demo import run_demo
+    from cli.demo_run import run_demo
 
     return run_demo(args, settings)

@@ -133,7 +133,7 @@ def _dlq_replay(store: Any, args: argparse.Namespace) -> int:
 
 
 def _dlq_purge(store: Any, args: argparse.Namespace) -> int:
-    from actors.deadletters import parse_age
+    from core.durations import parse_age
 
     older = None
     if args.older_than:

@@ -19,14 +19,13 @@ from typing import Any
 
 from cli.common import EXIT_FAILURE, EXIT_OK, positive_int
 from core.config import Settings
+from core.durations import parse_age
 
 DATABASE = True
 
 
 def age_arg(value: str) -> dt.timedelta:
     """argparse type of an age: ``90s``, ``30m``, ``12h`` or ``30d`` (a usage error otherwise)."""
-    from actors.deadletters import parse_age
-
     try:
         age = parse_age(value)
     except ValueError as exc:

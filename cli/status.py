@@ -5,10 +5,13 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from cli.common import EXIT_OK
 from core.config import Settings
+
+if TYPE_CHECKING:
+    from extraction.status import Status
 
 DATABASE = True
 
@@ -37,7 +40,7 @@ def run(args: argparse.Namespace, settings: Settings) -> int:
     import redis
 
     from actors.queue_stats import queue_counts
-    from extraction.status import collect, render
+    from extraction.status import collect
     from schema.messages import Queue
 
     db = database(settings)
@@ -52,3 +55,65 @@ def run(args: argparse.Namespace, settings: Settings) -> int:
     else:
         print(render(status))
     return EXIT_OK
+
+
+def render(status: Status) -> str:
+    """A table for terminals."""
+    columns = [
+        ("org", "org"),
+        ("sessions", "sessions_pending"),
+        ("pending", "turns_pending"),
+        ("in flight", "turns_in_flight"),
+        ("waiting", "turns_waiting"),
+        ("failed", "turns_failed"),
+        ("done", "turns_done"),
+        ("lag", "pointer_lag"),
+        ("blocked", "sessions_blocked"),
+        ("oldest", "oldest_pending_age_seconds"),
+        ("LLM/h", "llm_calls_last_hour"),
+        ("memories", "memories"),
+    ]
+    rows = [[_cell(getattr(o, key)) for _, key in columns] for o in status.orgs]
+    rows.append(["TOTAL"] + [_cell(status.total.get(key)) for _, key in columns[1:]])
+    header = [title for title, _ in columns]
+    widths = [max(len(r[i]) for r in [header, *rows]) for i in range(len(header))]
+    lines = [
+        "  ".join(
+            h.rjust(w) if i else h.ljust(w)
+            for i, (h, w) in enumerate(zip(header, widths, strict=True))
+        )
+    ]
+    for row in rows:
+        lines.append(
+            "  ".join(
+                c.rjust(w) if i else c.ljust(w)
+                for i, (c, w) in enumerate(zip(row, widths, strict=True))
+            )
+        )
+    if status.queues:
+        lines.append("")
+        lines.append("queue                ready  delayed  dead(redis)  dead(mirror)")
+        for name, q in status.queues.items():
+            lines.append(
+                f"{name:<20} {q.get('ready', 0):>5}  {q.get('delayed', 0):>7}"
+                f"  {q.get('dead_redis', 0):>11}  {q.get('dead_mirror', 0):>12}"
+            )
+    return "\n".join(lines)
+
+
+def _cell(value: Any) -> str:
+    if value is None:
+        return "-"
+    if isinstance(value, float):
+        return _age(value)
+    return str(value)
+
+
+def _age(seconds: float) -> str:
+    if seconds < 120:
+        return f"{seconds:.0f}s"
+    if seconds < 7200:
+        return f"{seconds / 60:.0f}m"
+    if seconds < 172800:
+        return f"{seconds / 3600:.1f}h"
+    return f"{seconds / 86400:.1f}d"

@@ -13,7 +13,7 @@ deleted; ``pointer_lag`` is the number of turns
 above the pointers, i.e. the sum of the four above.
 
 The queues' own counts come from the broker's side (``actors.queue_stats``), passed in as a
-function: this module reads Postgres only.
+function: this module reads Postgres only. The table for terminals is ``cli/status.py``'s.
 """
 
 from __future__ import annotations
@@ -180,66 +180,4 @@ def collect(
     return Status(orgs, total, queue_stats, now.isoformat())
 
 
-__all__ = ["BACKLOG_SQL", "OrgBacklog", "QueueCounts", "Status", "collect", "render"]
-
-
-def render(status: Status) -> str:
-    """A table for terminals."""
-    columns = [
-        ("org", "org"),
-        ("sessions", "sessions_pending"),
-        ("pending", "turns_pending"),
-        ("in flight", "turns_in_flight"),
-        ("waiting", "turns_waiting"),
-        ("failed", "turns_failed"),
-        ("done", "turns_done"),
-        ("lag", "pointer_lag"),
-        ("blocked", "sessions_blocked"),
-        ("oldest", "oldest_pending_age_seconds"),
-        ("LLM/h", "llm_calls_last_hour"),
-        ("memories", "memories"),
-    ]
-    rows = [[_cell(getattr(o, key)) for _, key in columns] for o in status.orgs]
-    rows.append(["TOTAL"] + [_cell(status.total.get(key)) for _, key in columns[1:]])
-    header = [title for title, _ in columns]
-    widths = [max(len(r[i]) for r in [header, *rows]) for i in range(len(header))]
-    lines = [
-        "  ".join(
-            h.rjust(w) if i else h.ljust(w)
-            for i, (h, w) in enumerate(zip(header, widths, strict=True))
-        )
-    ]
-    for row in rows:
-        lines.append(
-            "  ".join(
-                c.rjust(w) if i else c.ljust(w)
-                for i, (c, w) in enumerate(zip(row, widths, strict=True))
-            )
-        )
-    if status.queues:
-        lines.append("")
-        lines.append("queue                ready  delayed  dead(redis)  dead(mirror)")
-        for name, q in status.queues.items():
-            lines.append(
-                f"{name:<20} {q.get('ready', 0):>5}  {q.get('delayed', 0):>7}"
-                f"  {q.get('dead_redis', 0):>11}  {q.get('dead_mirror', 0):>12}"
-            )
-    return "\n".join(lines)
-
-
-def _cell(value: Any) -> str:
-    if value is None:
-        return "-"
-    if isinstance(value, float):
-        return _age(value)
-    return str(value)
-
-
-def _age(seconds: float) -> str:
-    if seconds < 120:
-        return f"{seconds:.0f}s"
-    if seconds < 7200:
-        return f"{seconds / 60:.0f}m"
-    if seconds < 172800:
-        return f"{seconds / 3600:.1f}h"
-    return f"{seconds / 86400:.1f}d"
+__all__ = ["BACKLOG_SQL", "OrgBacklog", "QueueCounts", "Status", "collect"]

@@ -21,7 +21,8 @@ from typing import Any
 
 from marshmallow import EXCLUDE, Schema, ValidationError, fields, validate
 
-KINDS = ("fact", "preference", "event", "other")
+from schema.memory import MEMORY_KINDS as KINDS
+
 DEFAULT_KIND = "other"
 MAX_CONTENT_CHARS = 2000
 MAX_MEMORIES = 50

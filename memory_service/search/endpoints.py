@@ -10,8 +10,7 @@ from __future__ import annotations
 
 import falcon
 
-from memory_service.errors import dumps
-from memory_service.http import Api, authenticate, load, parse_json, read_body
+from memory_service.http import Api, authenticate, json_body, respond_json
 from memory_service.memories.endpoints import READ
 from memory_service.search.context import pack, query_from_messages
 from memory_service.search.store import SearchStore
@@ -28,7 +27,7 @@ class SearchResource:
 
     def on_post(self, req: falcon.Request, resp: falcon.Response) -> None:
         _, org_id = authenticate(self.api, req, READ)
-        body = load(SEARCH_SCHEMA, parse_json(read_body(req, self.api.max_body_bytes)))
+        body = json_body(req, self.api, SEARCH_SCHEMA)
         hits = self.searches.search(
             org_id,
             body["agent_id"],
@@ -37,8 +36,7 @@ class SearchResource:
             session_id=body["session_id"],
             kinds=body["kinds"],
         )
-        resp.content_type = falcon.MEDIA_JSON
-        resp.data = dumps({"items": [h.as_json() for h in hits]})
+        respond_json(resp, 200, {"items": [h.as_json() for h in hits]})
 
 
 class ContextResource:
@@ -48,7 +46,7 @@ class ContextResource:
 
     def on_post(self, req: falcon.Request, resp: falcon.Response) -> None:
         _, org_id = authenticate(self.api, req, READ)
-        body = load(CONTEXT_SCHEMA, parse_json(read_body(req, self.api.max_body_bytes)))
+        body = json_body(req, self.api, CONTEXT_SCHEMA)
         query = (
             body["query"] if body["query"] is not None else query_from_messages(body["messages"])
         )
@@ -61,12 +59,13 @@ class ContextResource:
             kinds=body["kinds"],
         )
         packed = pack([h.row.content for h in hits], body["max_tokens"])
-        resp.content_type = falcon.MEDIA_JSON
-        resp.data = dumps(
+        respond_json(
+            resp,
+            200,
             {
                 "context": packed.context,
                 "memories": [hits[i].as_json() for i in packed.chosen],
                 "tokens": packed.tokens,
                 "dropped": packed.dropped,
-            }
+            },
         )

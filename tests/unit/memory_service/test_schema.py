@@ -9,15 +9,9 @@ import uuid
 import pytest
 from marshmallow import ValidationError
 
-import models
-from schema.memory import MEMORY_KINDS, SCOPES, MemoryCreateSchema, MemoryListQuerySchema
+from schema.memory import MemoryCreateSchema, MemoryListQuerySchema
 
 AGENT = str(uuid.uuid4())
-
-
-def test_kinds_and_scopes_match_the_models() -> None:
-    assert MEMORY_KINDS == models.MEMORY_KINDS
-    assert SCOPES == models.SCOPES
 
 
 def test_schema_module_imports_no_io_library() -> None:

@@ -5,8 +5,7 @@ extra), migrations, a service token, the sample sessions of ``examples/``, the P
 ``web`` (the memory service under gunicorn) and ``worker`` (``dramatiq``) processes, one
 scan, a progress bar until the backlog drains, then a summary and a few memories, and the read
 path: a search and an assembled context for one sample agent, through the HTTP API with the
-demo's token, as an application asks for them (:class:`~ibex_client.IbexClient`).
-Everything
+demo's token, as an application asks for them (:class:`~ibex_client.IbexClient`). Everything
 it started is stopped on the way out, Ctrl-C included. Data stays under ``~/.ibex/demo``
 (``--data-dir``), so a second run is fast; ``--fresh`` starts over.
 """
@@ -26,14 +25,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from cli.common import EXIT_FAILURE, EXIT_OK
 from core.config import Settings, child_environment
 from core.embedded import EmbeddedPostgres, EmbeddedRedis, default_demo_folder
 from core.errors import ConfigError
 from core.processes import ROOT, Launcher, ProcessError, free_port
 from core.progress import Progress
-
-#: Exit statuses of ``ibex demo``, as the command line defines them.
-EXIT_OK, EXIT_FAILURE = 0, 1
 
 #: The sample agent the read path is shown for, and what it is asked.
 RECALL_ORG, RECALL_AGENT = "acme", "support-bot"
@@ -197,19 +194,12 @@ def _run_demo(args: argparse.Namespace, settings: Settings) -> int:
 
 
 def _backlog(db: Any) -> tuple[int, int, int]:
-    """(turns done, turns above every pointer, failed turns) across all orgs."""
-    from core.db import operator_scope
+    """(turns done, turns above every pointer, failed turns) across all orgs, as ``ibex status``
+    counts them."""
+    from extraction.status import collect
 
-    with operator_scope(db):
-        lag = db.execute_sql(
-            "SELECT coalesce(sum(turn_count - last_extracted_turn), 0) FROM ibex_core.sessions"
-            " WHERE status = 'completed' AND deleted_at IS NULL"
-        ).fetchone()[0]
-        done, failed = db.execute_sql(
-            "SELECT count(*) FILTER (WHERE state = 'done'), count(*) FILTER (WHERE state ="
-            " 'failed') FROM ibex_core.extraction_turns"
-        ).fetchone()
-    return int(done), int(lag), int(failed)
+    total = collect(db, None, queues=[]).total
+    return int(total["turns_done"]), int(total["pointer_lag"]), int(total["turns_failed"])
 
 
 def _wait_for_drain(db: Any, processes: Launcher, timeout: float) -> bool:

@@ -1,4 +1,7 @@
-"""The memory service's tables: memories and API tokens. Mirrors ``000003_memory.sql``."""
+"""The memory service's tables, memories and API tokens, as the drift test expects them
+(``000003_memory.sql`` and later). The service reads and writes them with SQL of its own
+(``memory_service/memories/store.py``, ``memory_service/tokens/store.py``), so no product code
+needs these models."""
 
 from __future__ import annotations
 
@@ -6,9 +9,6 @@ from peewee import BooleanField, IntegerField, TextField, UUIDField
 from playhouse.postgres_ext import ArrayField, BinaryJSONField, DateTimeTZField, TSVectorField
 
 from models.base import BaseModel
-
-MEMORY_KINDS = ("fact", "preference", "event", "other")
-SCOPES = ("memory:read", "memory:write", "sessions:read", "sessions:write")
 
 
 class Memory(BaseModel):
