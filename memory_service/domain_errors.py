@@ -8,35 +8,35 @@ from __future__ import annotations
 
 
 class DomainError(Exception):
-    """A request the domain refuses; ``str(exc)`` is the message the caller reads."""
+    """A request the domain refuses; ``str(exc)`` is :attr:`message`, what the caller reads."""
+
+    message = "the request was refused"
+
+    def __init__(self) -> None:
+        super().__init__(self.message)
 
 
 class MemoryNotFoundError(DomainError):
-    def __init__(self) -> None:
-        super().__init__("no such memory")
+    message = "no such memory"
 
 
 class SessionNotFoundError(DomainError):
-    def __init__(self) -> None:
-        super().__init__("no such session")
+    message = "no such session"
 
 
 class NoSuchOrgError(DomainError):
     """The caller's org has no row (a service token naming an org that was never created)."""
 
-    def __init__(self) -> None:
-        super().__init__("no such org")
+    message = "no such org"
 
 
 class UnknownAgentError(DomainError):
     """An ``agent_id`` that is not one of the org's agents."""
 
-    def __init__(self) -> None:
-        super().__init__("unknown agent for this org")
+    message = "unknown agent for this org"
 
 
 class SessionDeletedError(DomainError):
     """The external id names a session that was deleted: it is not reopened."""
 
-    def __init__(self) -> None:
-        super().__init__("the session with this external id was deleted; use another external id")
+    message = "the session with this external id was deleted; use another external id"

@@ -18,8 +18,7 @@ from memory_service.errors import ApiError, dumps
 from memory_service.http import (
     Api,
     authenticate,
-    cursor_param,
-    load,
+    list_request,
     parse_json,
     read_body,
     respond,
@@ -60,18 +59,10 @@ class MemoriesResource:
         respond(resp, answer.status, answer.body, location=answer.location, headers=answer.headers)
 
     def on_get(self, req: falcon.Request, resp: falcon.Response) -> None:
-        _, org_id = authenticate(self.api, req, READ)
-        # The cursor first: a malformed one is a 400 of its own, whatever else is wrong.
-        after = cursor_param(req)
-        query = load(LIST_QUERY_SCHEMA, dict(req.params))
+        org_id, after, query = list_request(self.api, req, READ, LIST_QUERY_SCHEMA)
         limit = query["limit"]
-        rows = self.service.list(
-            org_id,
-            agent_id=query.get("agent_id"),
-            session_id=query.get("session_id"),
-            limit=limit + 1,
-            after=after,
-        )
+        filters = {name: query.get(name) for name in ("agent_id", "session_id")}
+        rows = self.service.list(org_id, **filters, limit=limit + 1, after=after)
         last = rows[limit - 1] if len(rows) > limit else None
         next_cursor = encode_cursor(last.created_at, last.id) if last else None
         respond(

@@ -30,7 +30,6 @@ service's metrics here, once.
 
 from __future__ import annotations
 
-import datetime as dt
 import logging
 import math
 import uuid
@@ -236,19 +235,9 @@ class MemoryService:
             raise MemoryNotFoundError()
         return row
 
-    def list(
-        self,
-        org_id: uuid.UUID,
-        *,
-        agent_id: uuid.UUID | None,
-        session_id: uuid.UUID | None,
-        limit: int,
-        after: tuple[dt.datetime, uuid.UUID] | None,
-    ) -> list[MemoryRow]:
-        """Newest first; ``after`` is the (created_at, id) of the last row already seen."""
-        return self.store.list(
-            org_id, agent_id=agent_id, session_id=session_id, limit=limit, after=after
-        )
+    def list(self, org_id: uuid.UUID, **filters: Any) -> list[MemoryRow]:
+        """The org's live memories, newest first (:meth:`MemoryStore.list`'s filters)."""
+        return self.store.list(org_id, **filters)
 
     def delete(self, org_id: uuid.UUID, memory_id: uuid.UUID) -> None:
         if not self.store.soft_delete(org_id, memory_id):

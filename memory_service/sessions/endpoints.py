@@ -23,9 +23,8 @@ from memory_service.errors import ApiError, validation_error
 from memory_service.http import (
     Api,
     authenticate,
-    cursor_param,
     json_body,
-    load,
+    list_request,
     respond_json,
 )
 from memory_service.memories.store import MemoryStore
@@ -131,10 +130,7 @@ class SessionsResource:
         respond_json(resp, 201 if created else 200, session_json(info))
 
     def on_get(self, req: falcon.Request, resp: falcon.Response) -> None:
-        _, org_id = authenticate(self.api, req, SESSIONS_READ)
-        # The cursor first: a malformed one is a 400 of its own, whatever else is wrong.
-        after = cursor_param(req)
-        query = load(LIST_QUERY_SCHEMA, dict(req.params))
+        org_id, after, query = list_request(self.api, req, SESSIONS_READ, LIST_QUERY_SCHEMA)
         limit = query["limit"]
         infos = self.service.list(
             org_id,
