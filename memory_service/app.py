@@ -36,6 +36,7 @@ from memory_service.metrics import Metrics, MetricsResource, RequestMetrics
 from memory_service.openapi.document import build_spec
 from memory_service.openapi.endpoints import OpenApiResource
 from memory_service.search.endpoints import ContextResource, SearchResource
+from memory_service.search.service import SearchService
 from memory_service.search.store import SearchStore
 from memory_service.sessions.endpoints import add_routes as add_session_routes
 from memory_service.tokens.store import TokenStore
@@ -122,8 +123,9 @@ def create_app(
     app.add_route("/v1/memories/{memory_id:uuid}", MemoryResource(api, memories))
     app.add_route("/healthz", HealthResource())
     searches = SearchStore(db)
-    app.add_route("/v1/memories/search", SearchResource(api, searches))
-    app.add_route("/v1/context", ContextResource(api, searches))
+    reads = SearchService(searches)
+    app.add_route("/v1/memories/search", SearchResource(api, reads))
+    app.add_route("/v1/context", ContextResource(api, reads))
     add_session_routes(app, api, db, store)
     app.add_route("/readyz", ReadyResource(store, redis_client, searches.search_mode))
     app.add_route("/openapi.json", OpenApiResource(build_spec(settings.memory_max_body_bytes)))

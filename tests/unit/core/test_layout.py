@@ -50,7 +50,17 @@ def test_imports_flow_one_way() -> None:
     assert result.returncode == 0, result.stdout[-3000:]
 
 
-PACKAGES = ("cli", "actors", "extraction", "memory_service", "models", "schema", "core", "bench")
+PACKAGES = (
+    "cli",
+    "actors",
+    "extraction",
+    "memory_service",
+    "models",
+    "schema",
+    "core",
+    "bench",
+    "ibex_client",
+)
 
 
 def cycles(imports: dict[str, set[str]]) -> list[list[str]]:
@@ -108,7 +118,16 @@ def test_the_packages_type_check() -> None:
     mypy = Path(sys.executable).parent / "mypy"
     if not mypy.exists():
         pytest.skip("mypy is not installed (pip install -e '.[test]')")
-    packages = ["core", "models", "schema", "extraction", "memory_service", "actors", "cli"]
+    packages = [
+        "core",
+        "models",
+        "schema",
+        "extraction",
+        "memory_service",
+        "actors",
+        "cli",
+        "client/ibex_client",
+    ]
     result = subprocess.run(
         [str(mypy), *packages], cwd=ROOT, capture_output=True, text=True, timeout=300
     )
