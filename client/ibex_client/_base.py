@@ -1,7 +1,7 @@
 """What every client of the service shares: error bodies, retry classification, backoff.
 
-Both the pipeline's :class:`~ibex_client.worker.MemoryClient` (which leaves retrying
-to the queue) and the public clients (which retry in process) classify an answer with
+Both the pipeline's ``MemoryClient`` (``extraction.memory_client`` in the server, which leaves
+retrying to the queue) and the public clients (which retry in process) classify an answer with
 :func:`is_retryable`: 408, 429, every 5xx and 409 ``IDEMPOTENCY_IN_PROGRESS`` are worth another
 attempt; anything else is final. Repeating is safe for every call of the API: creates carry an
 idempotency key, turns carry their index, status changes and deletes are idempotent, searches
