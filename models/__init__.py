@@ -13,6 +13,7 @@ from models.sessions import (
     Org,
     Session,
 )
+from models.users import EXTERNAL_ID_MAX, User
 
 ALL_MODELS: tuple[type[BaseModel], ...] = (
     Org,
@@ -22,6 +23,7 @@ ALL_MODELS: tuple[type[BaseModel], ...] = (
     Session,
     Checkpoint,
     CheckpointPayload,
+    User,
     ExtractionTurn,
     ExtractionSlot,
     DeadLetter,
@@ -31,6 +33,7 @@ ALL_MODELS: tuple[type[BaseModel], ...] = (
 
 __all__ = [
     "ALL_MODELS",
+    "EXTERNAL_ID_MAX",
     "MEMORY_KINDS",
     "SCOPES",
     "SESSION_STATUSES",
@@ -48,6 +51,7 @@ __all__ = [
     "Memory",
     "Org",
     "Session",
+    "User",
     "bind",
     "database_proxy",
 ]
