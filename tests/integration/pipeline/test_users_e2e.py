@@ -122,12 +122,15 @@ def test_a_users_session_is_extracted_into_memories_carrying_the_user(
         " ORDER BY 1, 4"
     ).fetchall()
     # Each memory carries its session's user: Dana's, Grace's, and none for the agent-wide
-    # session. Dana's second session repeats her first: its slots are answered as duplicates
-    # of her memories (below), so its rows are hers already.
+    # session. Dana's two sessions say the same: each of her memories is written once, from
+    # whichever session came first, and the other session's slot is answered as its duplicate.
     assert len(rows) == (len(SESSIONS) - 1) * TURNS * MEMORIES
     assert all(same and live for _, _, same, _, live in rows)
-    owners = {session: user for session, user, *_ in rows}
-    assert owners == {"dana-1": "dana", "grace-1": "grace", "shared-1": None}
+    per_user: dict[str | None, int] = {}
+    for session, user, *_ in rows:
+        assert user == dict(SESSIONS)[session]
+        per_user[user] = per_user.get(user, 0) + 1
+    assert per_user == {"dana": TURNS * MEMORIES, "grace": TURNS * MEMORIES, None: TURNS * MEMORIES}
     assert db.execute_sql("SELECT count(*) FROM ibex_core.dead_letters").fetchone()[0] == 0
     # The same words from two people and from the agent-wide session are three memories; a
     # person repeating them in a second session is one (the duplicate is the same memory).
