@@ -6,6 +6,11 @@ Nothing reads those rows again for correctness: a pruned turn stays done (it is 
 pointer), is never sent or extracted again, and a session that grows later extracts only its
 new turns. The memories, checkpoints and payloads are kept. Deletes in short batches (see
 :meth:`extraction.turns.TurnStore.prune_done`), so it may run while the pipeline runs.
+
+``ibex prune --deleted-older-than 30d`` erases what was soft-deleted longer ago than the age:
+sessions with their checkpoints, payload archive, extraction state, memories and dead
+letters; deleted memories; forgotten users with their tokens (:mod:`models.erasure`). Either
+flag, or both (the done turns first).
 """
 
 from __future__ import annotations
@@ -17,7 +22,7 @@ import sys
 import time
 from typing import Any
 
-from cli.common import EXIT_FAILURE, EXIT_OK, positive_int
+from cli.common import EXIT_FAILURE, EXIT_OK, EXIT_USAGE, positive_int
 from core.config import Settings
 from core.durations import parse_age
 
@@ -37,14 +42,22 @@ def age_arg(value: str) -> dt.timedelta:
 
 def add_parser(sub: Any) -> None:
     p = sub.add_parser(
-        "prune", help="delete the per-turn extraction state of done turns the pointer has passed"
+        "prune",
+        help="delete the per-turn extraction state of done turns the pointer has passed,"
+        " and erase what was soft-deleted long ago",
     )
     p.add_argument(
         "--done-older-than",
         metavar="AGE",
         type=age_arg,
-        required=True,
         help="only turns done longer ago than this, e.g. 30d, 12h",
+    )
+    p.add_argument(
+        "--deleted-older-than",
+        metavar="AGE",
+        type=age_arg,
+        help="erase sessions (with their turns, payloads, extraction state and memories),"
+        " memories and users soft-deleted longer ago than this, e.g. 30d",
     )
     p.add_argument("--dry-run", action="store_true", help="count what would be deleted, only")
     p.add_argument("--yes", action="store_true", help="do not ask for confirmation")
@@ -53,12 +66,82 @@ def add_parser(sub: Any) -> None:
         type=positive_int,
         default=1000,
         metavar="N",
-        help="turns per transaction (default 1000)",
+        help="turns (or deleted sessions, memories, users) per transaction (default 1000)",
     )
     p.add_argument("--json", action="store_true", help="stable JSON output")
 
 
 def run(args: argparse.Namespace, settings: Settings) -> int:
+    if args.done_older_than is None and args.deleted_older_than is None:
+        print(
+            "ibex prune: give --done-older-than AGE, --deleted-older-than AGE, or both",
+            file=sys.stderr,
+        )
+        return EXIT_USAGE
+    code = EXIT_OK
+    if args.done_older_than is not None:
+        code = _prune_done(args, settings)
+    if code == EXIT_OK and args.deleted_older_than is not None:
+        code = _erase_deleted(args, settings)
+    return code
+
+
+def _erase_deleted(args: argparse.Namespace, settings: Settings) -> int:
+    from cli.status import database
+    from core.progress import Progress
+    from models.erasure import Erasure
+
+    cutoff = dt.datetime.now(dt.UTC) - args.deleted_older_than
+    erasure = Erasure(database(settings))
+    found = erasure.count(cutoff)
+    what = f"{found.describe()} deleted before {cutoff:%Y-%m-%d %H:%M:%S} UTC"
+    if args.dry_run or found.total == 0:
+        if args.json:
+            _print_erased_json(found, cutoff, dry_run=True, seconds=0.0)
+        elif found.total == 0:
+            print("nothing to erase: nothing was deleted that long ago")
+        else:
+            print(f"would erase {what}")
+        return EXIT_OK
+    if not args.yes:
+        if not sys.stdin.isatty():
+            print("ibex prune: refusing without --yes (no terminal to confirm on)", file=sys.stderr)
+            return EXIT_FAILURE
+        answer = input(f"Erase {what}? This cannot be undone [y/N] ")
+        if answer.strip().lower() not in ("y", "yes"):
+            print("nothing erased")
+            return EXIT_OK
+    progress = Progress("erasing", total=found.total)
+    started = time.monotonic()
+    erased = erasure.erase(
+        cutoff,
+        batch_size=args.batch_size,
+        progress=lambda done: progress.update(done.total, f"{done.sessions} sessions"),
+    )
+    progress.close()
+    seconds = time.monotonic() - started
+    if args.json:
+        _print_erased_json(erased, cutoff, dry_run=False, seconds=seconds)
+    else:
+        print(f"erased {erased.describe()} in {seconds:.1f}s")
+    return EXIT_OK
+
+
+def _print_erased_json(erased: Any, cutoff: dt.datetime, *, dry_run: bool, seconds: float) -> None:
+    print(
+        json.dumps(
+            {
+                "deleted_cutoff": cutoff.isoformat(),
+                "dry_run": dry_run,
+                "erased": erased.as_json(),
+                "seconds": round(seconds, 3),
+            },
+            sort_keys=True,
+        )
+    )
+
+
+def _prune_done(args: argparse.Namespace, settings: Settings) -> int:
     from cli.status import database
     from core.progress import Progress
     from extraction.turns import TurnStore

@@ -2,7 +2,8 @@
 ``SCAN_INTERVAL_SECONDS`` until SIGTERM or SIGINT. A thin trigger: the scan runs on a worker.
 Before each send it closes the sessions idle for ``SESSION_IDLE_SECONDS``. With
 ``PRUNE_DONE_AFTER_DAYS`` it also prunes, once an hour and in a thread of its own (a long prune
-must not delay the scans), what ``ibex prune --done-older-than <N>d --yes`` would."""
+must not delay the scans), what ``ibex prune --done-older-than <N>d --yes`` would; with
+``PRUNE_DELETED_AFTER_DAYS``, what ``ibex prune --deleted-older-than <N>d --yes`` would."""
 
 from __future__ import annotations
 
@@ -38,7 +39,7 @@ def run(args: argparse.Namespace, settings: Settings) -> int:
     interval = settings.scan_interval_seconds
     print(f"ibex scheduler: sending scan_sessions every {interval}s", flush=True)
     pruner = None
-    if settings.prune_done_after_days is not None:
+    if settings.prune_done_after_days is not None or settings.prune_deleted_after_days is not None:
         pruner = threading.Thread(
             target=prune_hourly, args=(settings, stop), name="prune", daemon=True
         )
@@ -67,19 +68,28 @@ def prune_hourly(settings: Settings, stop: threading.Event) -> None:
     """Prune once now, then every :data:`PRUNE_EVERY_SECONDS`, until ``stop`` is set."""
     from cli.status import database
     from extraction.turns import TurnStore
+    from models.erasure import Erasure
 
-    assert settings.prune_done_after_days is not None
-    age = dt.timedelta(days=settings.prune_done_after_days)
     db = None
     while not stop.is_set():
         try:
             db = db or database(settings)
-            pruned = TurnStore(db).prune_done(dt.datetime.now(dt.UTC) - age, stop=stop.is_set)
-            print(
-                f"ibex scheduler: pruned the extraction state of {pruned.turns} done turns"
-                f" ({pruned.slots} slots) older than {settings.prune_done_after_days}d",
-                flush=True,
-            )
+            if settings.prune_done_after_days is not None:
+                age = dt.timedelta(days=settings.prune_done_after_days)
+                pruned = TurnStore(db).prune_done(dt.datetime.now(dt.UTC) - age, stop=stop.is_set)
+                print(
+                    f"ibex scheduler: pruned the extraction state of {pruned.turns} done turns"
+                    f" ({pruned.slots} slots) older than {settings.prune_done_after_days}d",
+                    flush=True,
+                )
+            if settings.prune_deleted_after_days is not None:
+                age = dt.timedelta(days=settings.prune_deleted_after_days)
+                erased = Erasure(db).erase(dt.datetime.now(dt.UTC) - age, stop=stop.is_set)
+                print(
+                    f"ibex scheduler: erased {erased.describe()} deleted more than"
+                    f" {settings.prune_deleted_after_days}d ago",
+                    flush=True,
+                )
         except Exception as exc:  # a database blip must not end the schedule
             print(f"ibex scheduler: could not prune: {exc}", file=sys.stderr)
         stop.wait(PRUNE_EVERY_SECONDS)

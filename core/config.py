@@ -49,6 +49,7 @@ DEFAULTS: dict[str, str | None] = {
     "SESSION_IDLE_SECONDS": "1800",
     "SESSION_IDLE_ACTION": "complete",
     "PRUNE_DONE_AFTER_DAYS": None,  # unset: the scheduler prunes nothing
+    "PRUNE_DELETED_AFTER_DAYS": None,  # unset: the scheduler erases nothing
 }
 
 LLM_PROVIDERS = ("openai", "rules")
@@ -120,6 +121,9 @@ class Settings:
     idempotency_redis_url: str = ""
     #: The scheduler prunes the extraction state of turns done longer ago; None: never.
     prune_done_after_days: int | None = None
+    #: The scheduler erases what was soft-deleted longer ago (sessions, memories, users);
+    #: None: never.
+    prune_deleted_after_days: int | None = None
     #: The variables that were set (non-empty) in the environment, defaults aside.
     explicit: frozenset[str] = frozenset()
 
@@ -184,6 +188,9 @@ class Settings:
             idempotency_redis_url=idempotency_redis_url,
             prune_done_after_days=_int(env, "PRUNE_DONE_AFTER_DAYS", 1)
             if _str(env, "PRUNE_DONE_AFTER_DAYS")
+            else None,
+            prune_deleted_after_days=_int(env, "PRUNE_DELETED_AFTER_DAYS", 1)
+            if _str(env, "PRUNE_DELETED_AFTER_DAYS")
             else None,
             explicit=frozenset(name for name in DEFAULTS if (env.get(name) or "").strip()),
         )

@@ -74,6 +74,17 @@ class ImmutableTurnError(PermanentError):
         self.turn_index = turn_index
 
 
+class UserConflictError(PermanentError):
+    """A session's user is set once: naming another user for it later is refused (the HTTP API
+    answers 409 ``USER_CONFLICT``)."""
+
+    def __init__(self, message: str, *, session_id: Any, user_id: Any, requested: Any) -> None:
+        super().__init__(message)
+        self.session_id = session_id
+        self.user_id = user_id
+        self.requested = requested
+
+
 class TurnGapError(PermanentError):
     """Turns were offered starting past the session's next turn index: none may be skipped."""
 

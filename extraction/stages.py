@@ -394,11 +394,19 @@ def _validated(result: ExtractionResult) -> dict[str, Any]:
 
 
 def memory_body(
-    agent_id: uuid.UUID, ref: TurnRef, ordinal: int, result: PersistedResult
+    agent_id: uuid.UUID,
+    ref: TurnRef,
+    ordinal: int,
+    result: PersistedResult,
+    user_id: uuid.UUID | None = None,
 ) -> dict[str, Any]:
-    """The POST body of one slot, built only from stored data: identical on every attempt."""
+    """The POST body of one slot, built only from stored data: identical on every attempt.
+
+    A session with a user writes memories about that user: ``user_id`` is part of the
+    memory's scope (never of its idempotency key), and is left out for an agent-wide session,
+    whose body is then exactly what it was before users existed."""
     memory = result.memories[ordinal]
-    return {
+    body: dict[str, Any] = {
         "agent_id": str(agent_id),
         "content": memory.content,
         "kind": memory.kind,
@@ -409,6 +417,9 @@ def memory_body(
         },
         "metadata": {"provider": result.provider, "model": result.model},
     }
+    if user_id is not None:
+        body["user_id"] = str(user_id)
+    return body
 
 
 def _outcome_label(outcome: WriteOutcomeLike) -> str:
@@ -433,7 +444,7 @@ def write_memory(
     # record; a done turn's record_slot returns False, so advance_pointer is not sent again.
     cached = deps.turns.slot_cache.take(ref, ordinal)
     if cached is not None:
-        agent_id, result = cached
+        agent_id, user_id, result = cached
         recorded = False
     else:
         view = deps.turns.load_slot(ref, ordinal)
@@ -441,7 +452,8 @@ def write_memory(
             return []
         if view.result is None:
             raise NotFoundError(f"turn {ref.turn_index} of {ref.session_id} has no stored result")
-        agent_id, result, recorded = view.agent_id, view.result, view.recorded
+        agent_id, user_id, result = view.agent_id, view.user_id, view.result
+        recorded = view.recorded
     if ordinal >= len(result.memories):
         raise NotFoundError(
             f"turn {ref.turn_index} of {ref.session_id} has {len(result.memories)}"
@@ -453,7 +465,7 @@ def write_memory(
     if not recorded:
         try:
             outcome = deps.need_memory().create_memory(
-                ref.org_id, memory_body(agent_id, ref, ordinal, result), key
+                ref.org_id, memory_body(agent_id, ref, ordinal, result, user_id), key
             )
         except (MemoryUnavailableError, MemoryRejectedError) as exc:
             deps.metrics.memory_write(exc.status, exc.code)

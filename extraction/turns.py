@@ -147,6 +147,11 @@ class Pruned:
         return Pruned(self.turns + other.turns, self.slots + other.slots)
 
 
+def _user(value: object) -> uuid.UUID | None:
+    """A session's ``user_id`` as a stage function returns it (NULL: agent-wide)."""
+    return None if value is None else uuid.UUID(str(value))
+
+
 def _turn(session_id: uuid.UUID, row: dict[str, Any]) -> Turn:
     """A turn as ``ibex_core.begin_extract`` returns it with the claim (a JSON object)."""
     return Turn(
@@ -329,16 +334,17 @@ class TurnStore:
         ).fetchone()
         if row is None:
             raise NotFoundError(f"turn {ref.turn_index} of {ref.session_id} vanished")
-        mine, stored_result, stored_provider, stored_model, pt, ct, written, agent = row
+        mine, stored_result, stored_provider, stored_model, pt, ct, written, agent, user = row
         stored = PersistedResult.from_row(stored_result, stored_provider, stored_model, pt, ct)
         if mine:
-            self.slot_cache.put(ref, uuid.UUID(str(agent)), stored)
+            self.slot_cache.put(ref, uuid.UUID(str(agent)), _user(user), stored)
         return Persisted(stored, frozenset(int(o) for o in written or ()))
 
     # -- write_memory ----------------------------------------------------------------------
 
     def load_slot(self, ref: TurnRef, ordinal: int) -> SlotView:
-        """The turn's stored result, the session's agent, and whether the slot is recorded."""
+        """The turn's stored result, the session's agent and user, and whether the slot is
+        recorded."""
         row = self._call(
             "SELECT * FROM ibex_core.load_slot(%s::uuid, %s::uuid, %s, %s)",
             (str(ref.org_id), str(ref.session_id), ref.turn_index, ordinal),
@@ -347,11 +353,11 @@ class TurnStore:
             raise NotFoundError(
                 f"turn {ref.turn_index} of session {ref.session_id} has no extraction state"
             )
-        state, agent, result, provider, model, pt, ct, recorded = row
+        state, agent, result, provider, model, pt, ct, recorded, user = row
         persisted = (
             None if result is None else PersistedResult.from_row(result, provider, model, pt, ct)
         )
-        return SlotView(state, uuid.UUID(str(agent)), persisted, bool(recorded))
+        return SlotView(state, uuid.UUID(str(agent)), persisted, bool(recorded), _user(user))
 
     def record_slot(
         self,

@@ -145,6 +145,8 @@ class SlotView:
     agent_id: uuid.UUID
     result: PersistedResult | None
     recorded: bool
+    #: The session's user, whom the memory is about (None: agent-wide).
+    user_id: uuid.UUID | None = None
 
 
 @dataclass(frozen=True)

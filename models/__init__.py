@@ -15,6 +15,7 @@ from models.sessions import (
     Org,
     Session,
 )
+from models.users import EXTERNAL_ID_MAX, User
 
 ALL_MODELS: tuple[type[BaseModel], ...] = (
     Org,
@@ -24,10 +25,12 @@ ALL_MODELS: tuple[type[BaseModel], ...] = (
     Session,
     Checkpoint,
     CheckpointPayload,
+    User,
 )
 
 __all__ = [
     "ALL_MODELS",
+    "EXTERNAL_ID_MAX",
     "SESSION_STATUSES",
     "Agent",
     "BaseModel",
@@ -37,6 +40,7 @@ __all__ = [
     "DirectiveVersion",
     "Org",
     "Session",
+    "User",
     "bind",
     "database_proxy",
 ]

@@ -1,6 +1,7 @@
 """``ibex import``: sessions from JSON Lines, each line all or nothing.
 
-A line is one session. Missing orgs and agents are created by slug; ``turns[i]`` becomes turn
+A line is one session. Missing orgs and agents are created by slug, a missing user by the
+application's key (``user``; ``user_id`` names an existing one); ``turns[i]`` becomes turn
 i+1; a re-imported session gains only its new turns and keeps its extraction pointer; a stored
 turn offered with different content is refused. Every line is checked on its own (size,
 encoding, JSON, nesting, characters, fields): a bad line is reported with its number and the
@@ -164,6 +165,11 @@ def import_session(store: SessionStore, record: dict[str, Any]) -> tuple[uuid.UU
         org_id = store._ensure_org(record["org"])
         enter_tenant(db, org_id)
         agent_id = store._ensure_agent(org_id, record["agent"])
+        user_id = None
+        if record.get("user") is not None or record.get("user_id") is not None:
+            user_id = store._resolve_user(
+                org_id, external_id=record.get("user"), user_id=record.get("user_id")
+            )
         session, created = store._upsert_session(
             org_id,
             agent_id,
@@ -171,6 +177,7 @@ def import_session(store: SessionStore, record: dict[str, Any]) -> tuple[uuid.UU
             record["status"],
             record["model"],
             record["provider"],
+            user_id,
         )
         added = store.sync_turns(session, turns)
         if not created and session.status != record["status"]:

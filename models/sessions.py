@@ -85,6 +85,8 @@ class Session(BaseModel):
     updated_at = DateTimeTZField()
     completed_at = DateTimeTZField(null=True)
     deleted_at = DateTimeTZField(null=True)
+    #: Whose conversation (``000012_users.sql``); NULL: agent-wide. Set once.
+    user_id = UUIDField(null=True)
 
     class Meta:
         schema = "ibex_core"

@@ -22,7 +22,13 @@ from playhouse.postgres_ext import PostgresqlExtDatabase
 
 from core.canonical import canonical_json
 from core.db import db_errors, make_database, operator_scope, tenant, transaction
-from core.errors import ConfigError, ImmutableTurnError, NotFoundError, TurnGapError
+from core.errors import (
+    ConfigError,
+    ImmutableTurnError,
+    NotFoundError,
+    TurnGapError,
+    UserConflictError,
+)
 from models.base import bind
 from models.sessions import Checkpoint, CheckpointPayload, Session
 
@@ -107,6 +113,32 @@ class AppendResult:
 
 class UnknownOrgError(NotFoundError):
     """The org a tenant operation names does not exist."""
+
+
+class UnknownUserError(NotFoundError):
+    """A user named by id is not a live user of the org (unknown, of another org, or
+    forgotten)."""
+
+
+#: How many times a user's key is looked up again when the row that won its insert vanished
+#: (forgotten in between): the key is then free, and the next insert takes it.
+_USER_ATTEMPTS = 3
+
+#: Memories of a session that had no user, when it gets one: they are about that user. One
+#: that would repeat a live memory of the user (same agent and content) is a duplicate and is
+#: soft-deleted; the others take the user.
+_SESSION_MEMORIES_DUPLICATE = """
+UPDATE ibex_memory.memories m SET deleted_at = now()
+ WHERE m.org_id = %(org)s AND m.session_id = %(session)s AND m.user_id IS NULL
+   AND m.deleted_at IS NULL
+   AND EXISTS (SELECT 1 FROM ibex_memory.memories d
+                WHERE d.org_id = m.org_id AND d.agent_id = m.agent_id AND d.user_id = %(user)s
+                  AND d.content_hash = m.content_hash AND d.deleted_at IS NULL)
+"""
+_SESSION_MEMORIES_TO_USER = """
+UPDATE ibex_memory.memories m SET user_id = %(user)s
+ WHERE m.org_id = %(org)s AND m.session_id = %(session)s AND m.user_id IS NULL
+"""
 
 
 def select_turns(session_id: uuid.UUID, first: int, last: int) -> list[Turn]:
@@ -198,6 +230,105 @@ class SessionStore:
             ).fetchone()
         return uuid.UUID(str(row[0]))
 
+    # -- users ----------------------------------------------------------------------------
+
+    def resolve_user(
+        self,
+        org_id: uuid.UUID,
+        *,
+        external_id: str | None = None,
+        user_id: uuid.UUID | None = None,
+    ) -> uuid.UUID:
+        """The live user of the org named by the application's key (created when missing) or
+        by id (:class:`UnknownUserError` unless it is a live user of the org). Exactly one of
+        the two must be given."""
+        with tenant(self.db, org_id):
+            return self._resolve_user(org_id, external_id=external_id, user_id=user_id)
+
+    def _resolve_user(
+        self,
+        org_id: uuid.UUID,
+        *,
+        external_id: str | None = None,
+        user_id: uuid.UUID | None = None,
+    ) -> uuid.UUID:
+        if (external_id is None) == (user_id is None):
+            raise ValueError("name a user by its external id or by its id, not both or neither")
+        if user_id is not None:
+            row = self.db.execute_sql(
+                "SELECT id FROM ibex_core.users WHERE id = %s AND org_id = %s"
+                " AND deleted_at IS NULL",
+                (str(user_id), str(org_id)),
+            ).fetchone()
+            if row is None:
+                raise UnknownUserError(f"user {user_id} not found")
+            return uuid.UUID(str(row[0]))
+        for _ in range(_USER_ATTEMPTS):
+            row = self.db.execute_sql(
+                "INSERT INTO ibex_core.users (org_id, external_id) VALUES (%s, %s)"
+                " ON CONFLICT (org_id, external_id) WHERE deleted_at IS NULL"
+                " DO NOTHING RETURNING id",
+                (str(org_id), external_id),
+            ).fetchone()
+            if row is None:
+                row = self.db.execute_sql(
+                    "SELECT id FROM ibex_core.users WHERE org_id = %s AND external_id = %s"
+                    " AND deleted_at IS NULL",
+                    (str(org_id), external_id),
+                ).fetchone()
+            if row is not None:
+                return uuid.UUID(str(row[0]))
+        raise UnknownUserError(f"user {external_id!r} kept being forgotten while it was named")
+
+    def find_user(self, org_id: uuid.UUID, external_id: str) -> uuid.UUID | None:
+        """The live user of the org with the application's key ``external_id``, or None."""
+        with tenant(self.db, org_id):
+            row = self.db.execute_sql(
+                "SELECT id FROM ibex_core.users WHERE org_id = %s AND external_id = %s"
+                " AND deleted_at IS NULL",
+                (str(org_id), external_id),
+            ).fetchone()
+        return uuid.UUID(str(row[0])) if row else None
+
+    def set_session_user(
+        self, org_id: uuid.UUID, session_id: uuid.UUID, user_id: uuid.UUID
+    ) -> Session:
+        """Give a session its user (:meth:`resolve_user`); see :meth:`_apply_user`."""
+        with tenant(self.db, org_id):
+            session = self._get_session(session_id, for_update=True)
+            self._apply_user(session, user_id)
+            return session
+
+    def _apply_user(self, session: Session, user_id: uuid.UUID | None) -> None:
+        """Set the (locked) session's user once: the same user again is a no-op, another one
+        :class:`~core.errors.UserConflictError`; None leaves the session as it is.
+
+        The memories already drawn from the session were about that person too: they take the
+        user (one that repeats a live memory of the user is soft-deleted as its duplicate). The
+        session row is locked FOR UPDATE, which a memory insert's share lock on it conflicts
+        with (migration 000012): a memory written concurrently is committed before this and
+        takes the user here, or comes after and must carry the user itself."""
+        if user_id is None:
+            return
+        current = session.user_id
+        if current is not None:
+            if uuid.UUID(str(current)) != user_id:
+                raise UserConflictError(
+                    f"session {session.id} belongs to user {current}, not {user_id}",
+                    session_id=session.id,
+                    user_id=uuid.UUID(str(current)),
+                    requested=user_id,
+                )
+            return
+        self.db.execute_sql(
+            "UPDATE ibex_core.sessions SET user_id = %s WHERE id = %s",
+            (str(user_id), str(session.id)),
+        )
+        params = {"org": str(session.org_id), "session": str(session.id), "user": str(user_id)}
+        self.db.execute_sql(_SESSION_MEMORIES_DUPLICATE, params)
+        self.db.execute_sql(_SESSION_MEMORIES_TO_USER, params)
+        session.user_id = user_id
+
     # -- sessions --------------------------------------------------------------------------
 
     def find_sessions(
@@ -262,10 +393,13 @@ class SessionStore:
         status: str = "active",
         model: str | None = None,
         provider: str | None = None,
+        user_id: uuid.UUID | None = None,
     ) -> Session:
+        """The session (created when missing); ``user_id`` (:meth:`resolve_user`) sets its
+        user as :meth:`_apply_user` does."""
         with tenant(self.db, org_id):
             session, _ = self._upsert_session(
-                org_id, agent_id, external_id, status, model, provider
+                org_id, agent_id, external_id, status, model, provider, user_id
             )
             return session
 
@@ -277,16 +411,26 @@ class SessionStore:
         status: str,
         model: str | None,
         provider: str | None,
+        user_id: uuid.UUID | None = None,
     ) -> tuple[Session, bool]:
-        """The session with this external id, locked, created when missing."""
+        """The session with this external id, locked, created when missing (with ``user_id``
+        as its user; an existing one gets it through :meth:`_apply_user`)."""
         completed = "now()" if status == "completed" else "NULL"
         row = self.db.execute_sql(
             "INSERT INTO ibex_core.sessions"
-            " (org_id, agent_id, external_id, status, model, provider, completed_at)"
-            f" VALUES (%s, %s, %s, %s, %s, %s, {completed})"
+            " (org_id, agent_id, external_id, status, model, provider, completed_at, user_id)"
+            f" VALUES (%s, %s, %s, %s, %s, %s, {completed}, %s)"
             " ON CONFLICT (org_id, agent_id, external_id) WHERE external_id IS NOT NULL"
             " DO NOTHING RETURNING id",
-            (str(org_id), str(agent_id), external_id, status, model, provider),
+            (
+                str(org_id),
+                str(agent_id),
+                external_id,
+                status,
+                model,
+                provider,
+                str(user_id) if user_id else None,
+            ),
         ).fetchone()
         if row is not None:
             return self._get_session(uuid.UUID(str(row[0])), for_update=True), True
@@ -302,6 +446,7 @@ class SessionStore:
             .first()
         )
         assert session is not None
+        self._apply_user(session, user_id)
         return session, False
 
     def set_status(self, org_id: uuid.UUID, session_id: uuid.UUID, status: str) -> None:
@@ -356,11 +501,14 @@ class SessionStore:
         external_id: str | None = None,
         model: str | None = None,
         provider: str | None = None,
+        user_id: uuid.UUID | None = None,
     ) -> tuple[Session, bool]:
         """The session of (org, agent, ``external_id``), created ``active`` when missing (always
         created without an external id); return it and whether it was created. The agent is
         named by slug (created when missing) or by id (:class:`NotFoundError` unless it is one
-        of the org's). A soft-deleted session is returned as it is: the caller decides."""
+        of the org's). ``user_id`` (:meth:`resolve_user`) is the session's user, set once
+        (:class:`~core.errors.UserConflictError` if it has another). A soft-deleted session is
+        returned as it is: the caller decides."""
         try:
             with tenant(self.db, org_id):
                 if agent_slug is not None:
@@ -372,7 +520,9 @@ class SessionStore:
                     if found is None:
                         raise NotFoundError(f"agent {agent_id} not found")
                     agent = uuid.UUID(str(found[0]))
-                return self._upsert_session(org_id, agent, external_id, "active", model, provider)
+                return self._upsert_session(
+                    org_id, agent, external_id, "active", model, provider, user_id
+                )
         except peewee.IntegrityError as exc:
             # Only the org's foreign key can fail here: the agent is the org's or was just made.
             if getattr(getattr(exc, "orig", None), "pgcode", None) == "23503":

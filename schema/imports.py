@@ -13,11 +13,23 @@ import math
 import re
 from typing import Any
 
-from marshmallow import INCLUDE, RAISE, Schema, ValidationError, fields, validate, validates
+from marshmallow import (
+    INCLUDE,
+    RAISE,
+    Schema,
+    ValidationError,
+    fields,
+    validate,
+    validates,
+    validates_schema,
+)
 
 from core.errors import InvalidMessageError
 from schema import load
 from schema.common import Slug, StrictInteger
+
+#: The longest user key (``user``), as ``ibex_core.users.external_id`` allows.
+EXTERNAL_ID_MAX = 200
 
 SESSION_STATUSES = ("active", "completed", "abandoned", "error")
 
@@ -65,6 +77,11 @@ class TurnSchema(Schema):
     is_streaming = fields.Boolean(load_default=False, truthy={True}, falsy={False})
 
 
+def _printable(value: str) -> None:
+    if not value.isprintable():
+        raise ValidationError("must hold printable characters only.")
+
+
 class SessionLineSchema(Schema):
     class Meta:
         unknown = RAISE
@@ -75,7 +92,20 @@ class SessionLineSchema(Schema):
     status = fields.String(load_default="completed", validate=validate.OneOf(SESSION_STATUSES))
     model = fields.String(load_default=None, allow_none=True, validate=validate.Length(max=200))
     provider = fields.String(load_default=None, allow_none=True, validate=validate.Length(max=200))
+    #: Whose conversation: the application's key for the person (created when missing), or the
+    #: id of a user of the org. Neither: an agent-wide session. A session's user is set once.
+    user = fields.String(
+        load_default=None,
+        allow_none=True,
+        validate=[validate.Length(min=1, max=EXTERNAL_ID_MAX), _printable],
+    )
+    user_id = fields.UUID(load_default=None, allow_none=True)
     turns = fields.List(fields.Nested(TurnSchema), required=True)
+
+    @validates_schema
+    def _one_user(self, data: dict[str, Any], **_: Any) -> None:
+        if data.get("user") is not None and data.get("user_id") is not None:
+            raise ValidationError("give user or user_id, not both.", "user_id")
 
 
 _LINE_SCHEMA = SessionLineSchema()

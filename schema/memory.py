@@ -164,6 +164,13 @@ class MemoryCreateSchema(Schema):
         validate=_metadata_valid,
         metadata={"description": f"Free-form JSON object, at most {MAX_METADATA_BYTES} bytes."},
     )
+    user_id = fields.UUID(
+        allow_none=True,
+        metadata={
+            "description": "The user of the org the memory is about; none: agent-wide. A memory"
+            " whose source session has a user must carry that user."
+        },
+    )
 
 
 class MemorySchema(Schema):

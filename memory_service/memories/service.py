@@ -203,6 +203,7 @@ def new_memory(validated: dict[str, Any], key: str | None) -> NewMemory:
         ordinal=source.get("ordinal"),
         idempotency_key=key,
         fingerprint=fingerprint_digest(canonical),
+        user_id=validated.get("user_id"),
     )
 
 
@@ -307,6 +308,10 @@ class MemoryService:
             return UnknownOrg()
         if result.outcome is WriteOutcome.UNKNOWN_SESSION:
             return Invalid({"source": {"session_id": ["unknown session for this org"]}})
+        if result.outcome is WriteOutcome.UNKNOWN_USER:
+            return Invalid({"user_id": ["unknown user for this org"]})
+        if result.outcome is WriteOutcome.NOT_THE_SESSIONS_USER:
+            return Invalid({"user_id": ["must be the user of the source session"]})
         return Invalid({"agent_id": ["unknown agent for this org"]})
 
     def _count(self, outcome: Outcome) -> None:

@@ -44,11 +44,11 @@ COLUMNS = (
     " metadata, created_at, idempotency_key, request_fingerprint"
 )
 
-#: The write, with its 11 parameters in the order of :func:`create_params`.
+#: The write, with its 12 parameters in the order of :func:`create_params`.
 CREATE_SQL = """
 SELECT * FROM ibex_memory.create_memory(
     %s::uuid, %s::uuid, %s::uuid, %s::integer, %s::integer, %s::text, %s::text, %s::text,
-    %s::jsonb, %s::text, %s::text)
+    %s::jsonb, %s::text, %s::text, %s::uuid)
 """
 
 #: The same write as a prepared statement of the connection, prepared once per connection
@@ -56,10 +56,11 @@ SELECT * FROM ibex_memory.create_memory(
 #: about a fifth of the backend's CPU for the write.
 PREPARED_NAME = "ibex_create_memory"
 PREPARE_SQL = f"""
-PREPARE {PREPARED_NAME} (uuid, uuid, uuid, integer, integer, text, text, text, jsonb, text, text)
-AS SELECT * FROM ibex_memory.create_memory($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11)
+PREPARE {PREPARED_NAME} (uuid, uuid, uuid, integer, integer, text, text, text, jsonb, text, text,
+                         uuid)
+AS SELECT * FROM ibex_memory.create_memory($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12)
 """
-EXECUTE_SQL = f"EXECUTE {PREPARED_NAME} (%s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s)"
+EXECUTE_SQL = f"EXECUTE {PREPARED_NAME} (%s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s)"
 #: The connections that hold the prepared write, whichever store prepared it (a connection
 #: that is closed and dropped is forgotten with it).
 _PREPARED: weakref.WeakKeyDictionary[Any, bool] = weakref.WeakKeyDictionary()
@@ -81,6 +82,10 @@ UPDATE ibex_memory.memories SET deleted_at = now()
 ORG_FK = "memories_org_id_fkey"
 #: The source session must be one of the memory's org (migration 000005).
 SESSION_FK = "memories_source_session_fkey"
+#: The user must be one of the memory's org, and the source session's user if it has one
+#: (migration 000012).
+USER_FK = "memories_user_fkey"
+USER_OF_SESSION = "memories_user_of_session"
 
 
 @dataclass(frozen=True)
@@ -97,6 +102,7 @@ class NewMemory:
     ordinal: int | None
     idempotency_key: str | None
     fingerprint: str
+    user_id: uuid.UUID | None = None
 
 
 @dataclass(frozen=True)
@@ -167,6 +173,10 @@ class WriteOutcome(enum.Enum):
     UNKNOWN_ORG = "unknown_org"
     #: ``source.session_id`` names no session of this org.
     UNKNOWN_SESSION = "unknown_session"
+    #: ``user_id`` names no user of this org.
+    UNKNOWN_USER = "unknown_user"
+    #: The source session has a user and ``user_id`` is not that user.
+    NOT_THE_SESSIONS_USER = "not_the_sessions_user"
 
 
 #: What ``ibex_memory.create_memory`` says in its first column.
@@ -293,6 +303,7 @@ def create_params(org_id: uuid.UUID, new: NewMemory) -> tuple[Any, ...]:
         Json(new.metadata),
         new.idempotency_key,
         new.fingerprint if new.idempotency_key is not None else None,
+        str(new.user_id) if new.user_id else None,
     )
 
 
@@ -300,13 +311,17 @@ def _foreign_key_outcome(exc: Exception) -> WriteOutcome:
     """Which reference a failed insert named: the org (403), the agent or the source session
     (422). The org's key was declared first, so an unknown org is reported as such."""
     orig = getattr(exc, "orig", None) or exc.__cause__ or exc
+    constraint = getattr(getattr(orig, "diag", None), "constraint_name", None)
+    if constraint == USER_OF_SESSION:
+        return WriteOutcome.NOT_THE_SESSIONS_USER
     if getattr(orig, "pgcode", None) != "23503":
         if is_unique_violation(exc):  # cannot happen with ON CONFLICT DO NOTHING
             raise DatabaseUnavailableError("unexpected unique violation") from exc
         raise exc
-    constraint = getattr(getattr(orig, "diag", None), "constraint_name", None)
     if constraint == ORG_FK:
         return WriteOutcome.UNKNOWN_ORG
     if constraint == SESSION_FK:
         return WriteOutcome.UNKNOWN_SESSION
+    if constraint == USER_FK:
+        return WriteOutcome.UNKNOWN_USER
     return WriteOutcome.UNKNOWN_AGENT

@@ -65,6 +65,7 @@ TENANT_TABLES: dict[str, dict[str, Any]] = {
     "ibex_core.extraction_turns": {"SELECT": ALL, "INSERT": ALL, "UPDATE": ALL},
     "ibex_core.extraction_slots": {"SELECT": ALL, "INSERT": ALL},
     "ibex_core.dead_letters": {},  # operator data, written by the owner
+    "ibex_core.users": {"SELECT": ALL, "INSERT": ALL, "UPDATE": ALL},  # never deleted by it
     "ibex_memory.memories": {"SELECT": ALL, "INSERT": ALL, "UPDATE": ALL},
     "ibex_memory.api_tokens": {},  # only through authenticate_token
 }
@@ -79,6 +80,7 @@ TOKEN_COLUMNS_BUT_HASH = {
     "created_at",
     "last_used_at",
     "revoked_at",
+    "user_id",
 }
 
 SCAN_COLUMNS = {
@@ -122,6 +124,10 @@ STAGE_STEPS = {
 }
 STAGE_PAUSE = "ibex_core.stage_pause(text)"
 
+#: Forgetting a user: called by the login role (it revokes tokens as that role, then switches
+#: to the tenant role itself), so no role here may execute it.
+FORGET_USER = "ibex_core.forget_user(uuid,uuid)"
+
 #: case -> table -> privilege -> ALL or the columns; plus the functions it may execute.
 EXPECTED: dict[str, dict[str, Any]] = {
     "tenant": {
@@ -156,7 +162,8 @@ KNOWN_FUNCTIONS = {
     "ibex_core.directive_version_detach()",
     "ibex_core.extraction_result_first_wins()",
     "ibex_memory.memory_of_deleted_session()",
-    "ibex_memory.create_memory(uuid,uuid,uuid,integer,integer,text,text,text,jsonb,text,text)",
+    "ibex_memory.create_memory(uuid,uuid,uuid,integer,integer,text,text,text,jsonb,text,text,uuid)",
+    FORGET_USER,
     PROGRESS,
     SCAN_LEASE,
     STAGE_PAUSE,
@@ -212,6 +219,14 @@ def seed(store: Any) -> tuple[uuid.UUID, uuid.UUID]:
     for slug in ("roles-a", "roles-b"):
         org_id, agent_id, session_id = make_session(store, slug, turns=1)
         org_ids.append(org_id)
+        user_id = db.execute_sql(
+            "INSERT INTO ibex_core.users (org_id, external_id) VALUES (%s, %s) RETURNING id",
+            (str(org_id), f"person-{slug}"),
+        ).fetchone()[0]
+        db.execute_sql(
+            "UPDATE ibex_core.sessions SET user_id = %s WHERE id = %s",
+            (str(user_id), str(session_id)),
+        )
         directive = db.execute_sql(
             "INSERT INTO ibex_core.directives (org_id, name) VALUES (%s, 'd') RETURNING id",
             (str(org_id),),
@@ -233,8 +248,9 @@ def seed(store: Any) -> tuple[uuid.UUID, uuid.UUID]:
         )
         db.execute_sql(
             "INSERT INTO ibex_memory.memories (org_id, agent_id, session_id, turn_index,"
-            " ordinal, content, content_hash) VALUES (%s, %s, %s, 1, 0, 'Dana likes tea', 'h')",
-            (str(org_id), str(agent_id), str(session_id)),
+            " ordinal, content, content_hash, user_id)"
+            " VALUES (%s, %s, %s, 1, 0, 'Dana likes tea', 'h', %s)",
+            (str(org_id), str(agent_id), str(session_id), str(user_id)),
         )
         db.execute_sql(
             "INSERT INTO ibex_core.dead_letters (redis_message_id, message_id, queue_name,"

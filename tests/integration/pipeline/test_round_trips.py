@@ -104,20 +104,20 @@ def test_the_cached_result_is_exactly_the_stored_one(store: Any, db: Any, deps: 
     turn = TurnRef(ref.org_id, ref.session_id, 1)
     cached = deps.turns.slot_cache.take(turn, 0)
     stored = deps.turns.load_slot(turn, 0)
-    assert cached == (stored.agent_id, stored.result)
+    assert cached == (stored.agent_id, stored.user_id, stored.result)
 
 
 def test_the_slot_cache_hands_each_ordinal_out_once_and_is_bounded() -> None:
     cache = SlotCache(max_turns=2)
     result = PersistedResult((StoredMemory("a", "fact"), StoredMemory("b", "fact")), "p", "m", 1, 1)
-    agent = uuid.uuid4()
+    agent, user = uuid.uuid4(), uuid.uuid4()
     refs = [TurnRef(uuid.uuid4(), uuid.uuid4(), i) for i in range(1, 4)]
     for r in refs:
-        cache.put(r, agent, result)
+        cache.put(r, agent, user, result)
     assert len(cache) == 2 and cache.take(refs[0], 0) is None  # the oldest dropped
-    assert cache.take(refs[1], 0) == (agent, result)
+    assert cache.take(refs[1], 0) == (agent, user, result)
     assert cache.take(refs[1], 0) is None
-    assert cache.take(refs[1], 1) == (agent, result)
+    assert cache.take(refs[1], 1) == (agent, user, result)
     assert len(cache) == 1  # a turn leaves once every ordinal was handed out
     assert cache.take(TurnRef(uuid.uuid4(), refs[2].session_id, 3), 0) is None  # keyed by org
 
