@@ -8,10 +8,10 @@ from typing import Any
 
 import pytest
 import redis
-from memory_service.service import Created, DuplicateContent, Invalid, MemoryService
 
 from memory_service.idempotency import IdempotencyStore
-from memory_service.memories import MemoryStore
+from memory_service.memories.service import Created, DuplicateContent, Invalid, MemoryService
+from memory_service.memories.store import MemoryStore
 from memory_service.metrics import Metrics
 from tests.integration.memory_service.helpers import Tenant, memory_body, source_session_of
 
