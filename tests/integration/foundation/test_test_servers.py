@@ -5,6 +5,7 @@ and databases left by a dead run are swept while a live run's are kept."""
 from __future__ import annotations
 
 import os
+import shutil
 import socket
 import subprocess
 import sys
@@ -126,13 +127,16 @@ def test_the_run_names_why_it_took_its_postgres(monkeypatch: pytest.MonkeyPatch)
     assert servers.postgres_choice().kind == "unavailable"
 
 
-def test_the_embedded_postgres_has_the_production_extensions_and_log(tmp_path: Path) -> None:
+def test_the_embedded_postgres_has_the_production_extensions_and_log() -> None:
     """pg_trgm, btree_gin and vector load, and the statement log the benchmarks count from is
-    where they look for it, its lines naming user@database."""
+    where they look for it, its lines naming user@database. (Not under pytest's temp root:
+    every pytest start resets it to owner-only, and root runs the server as another user.)"""
     from bench.dbadmin import StatementLog
     from core.embedded import EmbeddedPostgres
+    from tests.servers import temp_folder
 
-    server = EmbeddedPostgres(tmp_path / "postgres")
+    folder = temp_folder()
+    server = EmbeddedPostgres(folder / "postgres")
     conn = psycopg2.connect(server.start())
     conn.autocommit = True
     try:
@@ -161,3 +165,4 @@ def test_the_embedded_postgres_has_the_production_extensions_and_log(tmp_path: P
     finally:
         conn.close()
         server.stop()
+        shutil.rmtree(folder, ignore_errors=True)
