@@ -319,6 +319,8 @@ class RunPostgres:
                 self.drop(with_database(self.server_url, name))
         if self._embedded_server is not None:
             self._embedded_server.stop()  # type: ignore[attr-defined]
+            # The data folder goes with the run (about 100 MB of PostgreSQL 18).
+            shutil.rmtree(self._embedded_server.folder, ignore_errors=True)  # type: ignore[attr-defined]
             self._embedded_server = None
 
 
