@@ -166,3 +166,16 @@ def test_the_embedded_postgres_has_the_production_extensions_and_log() -> None:
         conn.close()
         server.stop()
         shutil.rmtree(folder, ignore_errors=True)
+
+
+def test_a_data_folder_of_another_postgres_major_is_refused_with_a_hint(tmp_path: Path) -> None:
+    """An ``ibex demo`` folder made by PostgreSQL 16 (pgserver) is not handed to 18's pg_ctl."""
+    from core.embedded import EmbeddedPostgres
+    from core.errors import ConfigError
+
+    folder = tmp_path / "postgres"
+    folder.mkdir()
+    (folder / "PG_VERSION").write_text("16\n")
+    with pytest.raises(ConfigError, match=r"made by PostgreSQL 16.*PostgreSQL 18.*--fresh"):
+        EmbeddedPostgres(folder).start()
+    assert sorted(p.name for p in folder.iterdir()) == ["PG_VERSION"]  # nothing started
