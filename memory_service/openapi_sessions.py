@@ -146,6 +146,8 @@ def document(spec: APISpec, secured: list[dict[str, list[str]]], max_body_bytes:
                 "operationId": "deleteSession",
                 "summary": "Soft-delete the session and every memory whose source it is, in "
                 "one transaction.",
+                "description": "Needs the scopes sessions:write and memory:write (it deletes "
+                "memories): a token without either is 403 INSUFFICIENT_SCOPE.",
                 "security": secured,
                 "parameters": [SESSION_ID, ORG_HEADER],
                 "responses": with_org_errors({"204": {"description": "Deleted."}, **missing}),
