@@ -15,6 +15,8 @@ from memory_service.openapi_parts import (
     ORG_HEADER,
     RETRY_AFTER,
     error,
+    exactly_one_of,
+    null_only_alternatives,
     with_org_errors,
 )
 from memory_service.openapi_sessions import document as document_sessions
@@ -68,10 +70,15 @@ def build_spec(max_body_bytes: int) -> dict[str, Any]:
         ("Health", HealthSchema),
         ("SearchRequest", SearchRequestSchema),
         ("SearchResult", SearchResultSchema),
-        ("ContextRequest", ContextRequestSchema),
         ("ContextResult", ContextResultSchema),
     ):
         spec.components.schema(name, schema=schema)
+    # The rule the schema's validator enforces, which its fields cannot say.
+    spec.components.schema(
+        "ContextRequest",
+        component=exactly_one_of(query="string", messages="array"),
+        schema=ContextRequestSchema,
+    )
 
     secured: list[dict[str, list[str]]] = [{"bearer": []}]
     location = {"Location": {"description": "The new memory.", "schema": {"type": "string"}}}
@@ -254,7 +261,7 @@ def build_spec(max_body_bytes: int) -> dict[str, Any]:
             }
         },
     )
-    return spec.to_dict()
+    return null_only_alternatives(spec.to_dict())
 
 
 def _read_path(spec: APISpec, secured: list[dict[str, list[str]]], max_body_bytes: int) -> None:

@@ -9,7 +9,13 @@ from typing import Any
 
 from apispec import APISpec
 
-from memory_service.openapi_parts import ORG_HEADER, error, with_org_errors
+from memory_service.openapi_parts import (
+    ORG_HEADER,
+    PRINTABLE_HEADER_PATTERN,
+    error,
+    exactly_one_of,
+    with_org_errors,
+)
 from memory_service.sessions import SESSION_HEADER
 from schema.sessions import (
     MAX_EXTERNAL_ID_CHARS,
@@ -31,8 +37,13 @@ SESSION_ID = {
 
 def document(spec: APISpec, secured: list[dict[str, list[str]]], max_body_bytes: int) -> None:
     """Add the sessions API's schemas and routes to ``spec``."""
+    # The rule the schema's validator enforces, which its fields cannot say.
+    spec.components.schema(
+        "SessionCreate",
+        component=exactly_one_of(agent="string", agent_id="string"),
+        schema=SessionCreateSchema,
+    )
     for name, schema in (
-        ("SessionCreate", SessionCreateSchema),
         ("Session", SessionSchema),
         ("SessionPage", SessionPageSchema),
         ("TurnsAppend", TurnsAppendSchema),
@@ -86,11 +97,12 @@ def document(spec: APISpec, secured: list[dict[str, list[str]]], max_body_bytes:
                         "name": SESSION_HEADER,
                         "required": False,
                         "description": "The external id, instead of (or equal to) the "
-                        "body's external_id.",
+                        "body's external_id: printable characters (else 400 INVALID_HEADER).",
                         "schema": {
                             "type": "string",
                             "minLength": 1,
                             "maxLength": MAX_EXTERNAL_ID_CHARS,
+                            "pattern": PRINTABLE_HEADER_PATTERN,
                         },
                     },
                 ],
@@ -162,7 +174,9 @@ def document(spec: APISpec, secured: list[dict[str, list[str]]], max_body_bytes:
                 "summary": "Append consecutive turns in one transaction; safe to retry.",
                 "description": "Turns already stored with the same content are a no-op; "
                 "another content is TURN_CONFLICT (turns are immutable); a first turn_index "
-                "past turn_count + 1 is TURN_GAP with expected_turn_index.",
+                "past turn_count + 1 is TURN_GAP with expected_turn_index. No string and no "
+                "key anywhere in a turn (a message's extra keys included) may hold a control "
+                "character other than tab, newline and carriage return (422).",
                 "security": secured,
                 "parameters": [SESSION_ID, ORG_HEADER],
                 "requestBody": body("TurnsAppend"),
