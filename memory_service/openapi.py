@@ -13,6 +13,7 @@ from apispec.ext.marshmallow import MarshmallowPlugin
 
 from memory_service.openapi_parts import (
     ORG_HEADER,
+    PRINTABLE_HEADER_PATTERN,
     RETRY_AFTER,
     error,
     exactly_one_of,
@@ -20,6 +21,7 @@ from memory_service.openapi_parts import (
     with_org_errors,
 )
 from memory_service.openapi_sessions import document as document_sessions
+from memory_service.openapi_sessions import finish as finish_sessions
 from schema.memory import (
     ERROR_CODES,
     MAX_IDEMPOTENCY_KEY_CHARS,
@@ -102,11 +104,13 @@ def build_spec(max_body_bytes: int) -> dict[str, Any]:
                         "name": "X-Idempotency-Key",
                         "required": False,
                         "description": "Scoped per org. The same key with the same body "
-                        "replays the first answer; with another body it conflicts.",
+                        "replays the first answer; with another body it conflicts. Printable "
+                        "characters (else 400 INVALID_HEADER).",
                         "schema": {
                             "type": "string",
                             "minLength": 1,
                             "maxLength": MAX_IDEMPOTENCY_KEY_CHARS,
+                            "pattern": PRINTABLE_HEADER_PATTERN,
                         },
                     },
                 ],
@@ -261,7 +265,7 @@ def build_spec(max_body_bytes: int) -> dict[str, Any]:
             }
         },
     )
-    return null_only_alternatives(spec.to_dict())
+    return finish_sessions(null_only_alternatives(spec.to_dict()))
 
 
 def _read_path(spec: APISpec, secured: list[dict[str, list[str]]], max_body_bytes: int) -> None:

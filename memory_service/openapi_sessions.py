@@ -17,6 +17,7 @@ from memory_service.openapi_parts import (
     with_org_errors,
 )
 from memory_service.sessions import SESSION_HEADER
+from schema.imports import FORBIDDEN_FREE_PATTERN
 from schema.sessions import (
     MAX_EXTERNAL_ID_CHARS,
     SessionCreateSchema,
@@ -33,6 +34,37 @@ SESSION_ID = {
     "required": True,
     "schema": {"type": "string", "format": "uuid"},
 }
+
+
+#: Any JSON value whose strings hold no control character but tab, newline and carriage
+#: return: what a turn's message carries besides its role (``check_strings``). Keys of its
+#: objects are held to the same rule, which OpenAPI 3.0 cannot state (no ``propertyNames``).
+TURN_VALUE = {
+    "nullable": True,
+    "anyOf": [
+        {"type": "string", "pattern": FORBIDDEN_FREE_PATTERN},
+        {"type": "number"},
+        {"type": "boolean"},
+        {"type": "array", "items": {"$ref": "#/components/schemas/TurnValue"}},
+        {"type": "object", "additionalProperties": {"$ref": "#/components/schemas/TurnValue"}},
+    ],
+}
+
+
+def finish(document: dict[str, Any]) -> dict[str, Any]:
+    """The document with a message's content and extra keys held to :data:`TURN_VALUE`."""
+    schemas = document["components"]["schemas"]
+    schemas["TurnValue"] = TURN_VALUE
+    message = schemas["Message"]
+    message["additionalProperties"] = {"$ref": "#/components/schemas/TurnValue"}
+    message["properties"]["content"] = {
+        "nullable": True,
+        "anyOf": [
+            {"type": "string", "pattern": FORBIDDEN_FREE_PATTERN},
+            {"type": "array", "items": {"$ref": "#/components/schemas/TurnValue"}},
+        ],
+    }
+    return document
 
 
 def document(spec: APISpec, secured: list[dict[str, list[str]]], max_body_bytes: int) -> None:
