@@ -20,6 +20,7 @@ from schemathesis.config import SchemathesisConfig
 from schemathesis.core.failures import Failure, FailureGroup
 
 from memory_service.cursor import encode_cursor
+from models.store import SessionStore
 from schema.memory import CURSOR_FORMAT
 from tests.conftest import examples
 from tests.integration.memory_service.helpers import Tenant, make_token
@@ -85,6 +86,8 @@ def test_schemathesis_finds_no_rejected_valid_or_accepted_invalid_request(
 ) -> None:
     scopes = ["memory:read", "memory:write", "sessions:read", "sessions:write"]
     token = make_token(db, None, scopes)[0]
+    # A made-up user id is an unknown user, which no schema can state: bodies name acme's.
+    user_id = SessionStore(db, bind_models=False).resolve_user(acme.org_id, external_id="fuzz")
     schemathesis.openapi.format(CURSOR_FORMAT, CURSORS)
     schema = schemathesis.openapi.from_wsgi("/openapi.json", app, config=CONFIG)
     operations = [result.ok() for result in schema.get_all_operations()]
@@ -112,6 +115,8 @@ def test_schemathesis_finds_no_rejected_valid_or_accepted_invalid_request(
                     headers["X-IBEX-Org-ID"] = str(acme.org_id)
                 if isinstance(case.body, dict) and _is_uuid(case.body.get("agent_id")):
                     case.body["agent_id"] = str(acme.agent_id)
+                if isinstance(case.body, dict) and _is_uuid(case.body.get("user_id")):
+                    case.body["user_id"] = str(user_id)
                 source = case.body.get("source") if isinstance(case.body, dict) else None
                 if isinstance(source, dict) and _is_uuid(source.get("session_id")):
                     source["session_id"] = str(acme.session_id)  # acme's, not made up
