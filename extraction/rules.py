@@ -836,8 +836,8 @@ def _relative_kind(rest: str) -> str | None:
 
 def _rule_family(clause: str) -> list[Memory]:
     match = _RELATIVE_NAME.match(clause)
-    if match and (name := _name_from(match.group("x"), require_capital=False)):
-        return [(f"The user's {match.group('rel').lower()}'s name is {name[0]}.", "fact")]
+    if match and (named := _name_from(match.group("x"), require_capital=False)):
+        return [(f"The user's {match.group('rel').lower()}'s name is {named[0]}.", "fact")]
     match = _RELATIVE_FACT.match(clause)
     if not match:
         return []
