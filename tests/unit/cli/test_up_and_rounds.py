@@ -1,4 +1,4 @@
-"""``ibex up``'s token check, the scheduler's round line, ``ibex status``'s unknown queues."""
+"""``ibex up``'s token check and options, and the scheduler's round line."""
 
 from __future__ import annotations
 
@@ -9,7 +9,6 @@ import pytest
 
 from cli import build_parser, up
 from cli.scheduler import round_line
-from extraction.status import Status, render
 
 
 def _answer(status: int, body: dict[str, Any]) -> Any:
@@ -65,15 +64,3 @@ def test_round_line() -> None:
     )
     assert round_line(1, True).endswith("closed 1 idle session, sent scan_sessions")
     assert round_line(None, False).endswith("closed ? idle sessions, scan_sessions NOT sent")
-
-
-def test_status_shows_unknown_queues_without_redis_figures() -> None:
-    total = {"memories": 0}
-    unread = render(Status([], total, {"extract": {"dead_mirror": 2}}))
-    assert unread.splitlines()[-1].split() == ["extract", "unknown", "unknown", "unknown", "2"]
-    read = render(
-        Status(
-            [], total, {"extract": {"ready": 3, "delayed": 0, "dead_redis": 1, "dead_mirror": 2}}
-        )
-    )
-    assert read.splitlines()[-1].split() == ["extract", "3", "0", "1", "2"]
