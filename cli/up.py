@@ -112,7 +112,7 @@ def _up(args: argparse.Namespace, settings: Settings) -> int:
     from core.errors import ConfigError
     from core.migrate import migrate
     from core.processes import ROOT, Launcher, ProcessError
-    from memory_service.tokens import TokenStore
+    from memory_service.tokens.store import TokenStore
     from schema.memory import SCOPES
 
     folder = Path(args.data_dir).expanduser() if args.data_dir else default_folder()

@@ -81,7 +81,7 @@ def _wait_for(out: Path, pattern: str, process: subprocess.Popen[bytes], timeout
 
 
 def test_up_serves_one_conversation_to_a_search_hit_and_stops_on_sigint(tmp_path: Path) -> None:
-    from memory_service.client import IbexClient, Turn
+    from ibex_client import IbexClient, Turn
 
     port = free_port()
     out = tmp_path / "up.out"
