@@ -27,6 +27,7 @@ from extraction.memory_client import MemoryClient
 from extraction.metrics import PipelineMetrics
 from extraction.providers import OpenAICompatibleProvider
 from extraction.stages import Send, StageDeps, extract_turn, scan
+from extraction.status import collect
 from memory_service.app import create_app, make_pool
 from memory_service.tokens.store import TokenStore
 from models.store import TurnInput
@@ -268,6 +269,8 @@ def test_100_sessions_opening_with_the_same_turn_cost_one_llm_call(
         "  FROM ibex_core.extraction_turns"
     ).fetchone()
     assert (done, calls, reused) == (100, 1, 99)
+    # `ibex status` counts them.
+    assert collect(db, None, queues=[]).total["turns_reused"] == 99
     assert (
         db.execute_sql(
             "SELECT count(*) FROM ibex_core.sessions WHERE last_extracted_turn = 1"
