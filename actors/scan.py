@@ -36,7 +36,8 @@ ROUTE = ROUTES[ActorName.SCAN]
     broker=broker,
 )
 def scan_sessions(session_id: str | None = None) -> None:
-    run_route(ROUTE, {"session_id": session_id})
+    sent = run_route(ROUTE, {"session_id": session_id})
+    log.info("scan: sent %d turn%s to extract", sent, "" if sent == 1 else "s")
     observe_backlog()
 
 

@@ -28,6 +28,7 @@ from cli import (
     search,
     status,
     tokens,
+    up,
 )
 from cli.common import EXIT_FAILURE, EXIT_OK, EXIT_USAGE, Command
 from core.config import Settings
@@ -53,6 +54,7 @@ COMMANDS: dict[str, Command] = {
     "dlq": dlq,
     "prune": prune,
     "demo": demo,
+    "up": up,
 }
 
 

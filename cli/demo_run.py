@@ -304,7 +304,8 @@ def _print_recall(db: Any, url: str, token: str) -> None:
     if not hits:
         print("(no matches)")
     for hit in hits:
-        print(f"  {hit.score:.2f}  {hit.memory.content}")
+        signals = f"text {hit.signals.text:.2f}, trigram {hit.signals.trigram:.2f}"
+        print(f"  {hit.score:.2f}  {hit.memory.content}  ({signals})")
     print()
     print(
         f"context             {name}: {context.tokens} of {RECALL_TOKENS} tokens,"

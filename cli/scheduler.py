@@ -45,19 +45,35 @@ def run(args: argparse.Namespace, settings: Settings) -> int:
         )
         pruner.start()
     while not stop.is_set():
+        closed: int | None = None
+        sent = False
         try:  # idle sessions first, so this scan already sees the ones it completes
-            close_idle_sessions(settings)
+            closed = close_idle_sessions(settings)
         except Exception as exc:  # a database blip must not end the schedule either
             print(f"ibex scheduler: could not close idle sessions: {exc}", file=sys.stderr)
         try:
             scan_sessions.send()
+            sent = True
         except Exception as exc:  # a Redis blip must not end the schedule
             print(f"ibex scheduler: could not send scan_sessions: {exc}", file=sys.stderr)
+        print(round_line(closed, sent), flush=True)
         stop.wait(interval)
     if pruner is not None:
         pruner.join(timeout=5)  # stops between batches; a batch is a short transaction
     print("ibex scheduler: stopped", flush=True)
     return EXIT_OK
+
+
+def round_line(closed: int | None, sent: bool) -> str:
+    """The one line a round logs: idle sessions closed (None: the database did not answer)
+    and whether the scan was sent; the worker's log says how many turns each scan sent."""
+    closing = (
+        "closed ? idle sessions"
+        if closed is None
+        else (f"closed {closed} idle session{'' if closed == 1 else 's'}")
+    )
+    sending = "sent scan_sessions" if sent else "scan_sessions NOT sent"
+    return f"ibex scheduler: round: {closing}, {sending}"
 
 
 #: Seconds between two prunes of the scheduler.

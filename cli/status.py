@@ -93,11 +93,12 @@ def render(status: Status) -> str:
         )
     if status.queues:
         lines.append("")
-        lines.append("queue                ready  delayed  dead(redis)  dead(mirror)")
+        lines.append("queue                  ready  delayed  dead(redis)  dead(mirror)")
         for name, q in status.queues.items():
+            # No Redis figures (Redis did not answer): "unknown", not 0.
+            ready, delayed, dead = (q.get(k, "unknown") for k in ("ready", "delayed", "dead_redis"))
             lines.append(
-                f"{name:<20} {q.get('ready', 0):>5}  {q.get('delayed', 0):>7}"
-                f"  {q.get('dead_redis', 0):>11}  {q.get('dead_mirror', 0):>12}"
+                f"{name:<20} {ready:>7}  {delayed:>7}  {dead:>11}  {q.get('dead_mirror', 0):>12}"
             )
     return "\n".join(lines)
 

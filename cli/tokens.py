@@ -102,18 +102,32 @@ def _create(store: Any, args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+def _org_slugs(db: Any) -> dict[str, str]:
+    """Every org's slug by id (read as the operator role)."""
+    from core.db import db_errors, operator_scope
+
+    with db_errors(), operator_scope(db):
+        rows = db.execute_sql("SELECT id, slug FROM ibex_core.orgs").fetchall()
+    return {str(org_id): slug for org_id, slug in rows}
+
+
 def _list(store: Any, args: argparse.Namespace) -> int:
     rows = store.list()
-    if print_json_or_empty(
-        rows, as_json=args.json, to_json=lambda r: r.public(), empty="no tokens"
-    ):
+    slugs = _org_slugs(store.db) if rows else {}
+
+    def to_json(row: Any) -> dict[str, Any]:
+        data: dict[str, Any] = row.public()
+        data["org"] = slugs.get(str(row.org_id)) if row.org_id else None
+        return data
+
+    if print_json_or_empty(rows, as_json=args.json, to_json=to_json, empty="no tokens"):
         return EXIT_OK
-    print(f"{'ID':36}  {'PREFIX':12}  {'OWNER':36}  {'SCOPES':25}  {'STATE':7}  NAME")
+    print(f"{'ID':36}  {'PREFIX':12}  {'OWNER':20}  {'SCOPES':25}  {'STATE':7}  NAME")
     for r in rows:
-        owner = str(r.org_id) if r.org_id else "service"
+        owner = slugs.get(str(r.org_id), str(r.org_id)) if r.org_id else "service"
         state = "revoked" if r.revoked_at else "active"
         print(
-            f"{r.id!s:36}  {r.prefix:12}  {owner:36}  {','.join(r.scopes):25}  {state:7}"
+            f"{r.id!s:36}  {r.prefix:12}  {owner:20}  {','.join(r.scopes):25}  {state:7}"
             f"  {r.name or ''}"
         )
     return EXIT_OK

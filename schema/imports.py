@@ -43,14 +43,30 @@ MAX_DEPTH = 64
 MAX_INT32 = 2**31 - 1
 
 
+#: A string without a character of ``_FORBIDDEN``, as an OpenAPI pattern (lone surrogates
+#: are not Unicode text: JSON Schema strings cannot hold them).
+FORBIDDEN_FREE_PATTERN = r"^[^\x00-\x08\x0b\x0c\x0e-\x1f]*$"
+#: A role: some character that is not a space, none of ``_FORBIDDEN``.
+ROLE_PATTERN = (
+    r"^[^\x00-\x08\x0b\x0c\x0e-\x1f]*[^\s\x00-\x08\x0b\x0c\x0e-\x1f][^\x00-\x08\x0b\x0c\x0e-\x1f]*$"
+)
+
+
 class MessageSchema(Schema):
     """One chat message, kept verbatim: extra keys (name, tool_calls, ...) pass through."""
 
     class Meta:
         unknown = INCLUDE
 
-    role = fields.String(required=True)
-    content = fields.Raw(required=True, allow_none=True)
+    #: Not blank (``_role``): stated in the OpenAPI document as a pattern.
+    role = fields.String(required=True, metadata={"minLength": 1, "pattern": ROLE_PATTERN})
+    content = fields.Raw(
+        required=True,
+        allow_none=True,
+        metadata={
+            "anyOf": [{"type": "string", "pattern": FORBIDDEN_FREE_PATTERN}, {"type": "array"}]
+        },
+    )
 
     @validates("role")
     def _role(self, value: str, **_: Any) -> None:

@@ -58,6 +58,13 @@ ERROR_CODES = (
 )
 
 
+#: What :func:`_storable_text` and :func:`_content_valid` accept, as OpenAPI patterns: no NUL;
+#: and for a text that must not be blank, some non-space character. (Lone surrogates, also
+#: refused, are not Unicode text: JSON Schema strings cannot hold them.)
+STORABLE_PATTERN = r"^[^\x00]*$"
+NOT_BLANK_PATTERN = r"^[^\x00]*[^\s\x00][^\x00]*$"
+
+
 def _storable_text(text: str) -> None:
     """Postgres text cannot hold NUL, and UTF-8 cannot encode lone surrogates."""
     if "\x00" in text:
@@ -105,6 +112,10 @@ def _content_valid(text: str) -> None:
 # The paging fields every list route shares (memories, sessions): one definition each.
 
 
+#: The OpenAPI ``format`` of a cursor: a value only the service makes (``next_cursor``).
+CURSOR_FORMAT = "ibex-cursor"
+
+
 def next_cursor_field() -> fields.String:
     """``next_cursor`` of a page answer."""
     return fields.String(
@@ -125,7 +136,11 @@ def page_cursor_field() -> fields.String:
     """``cursor`` of a list query."""
     return fields.String(
         validate=validate.Length(min=1, max=MAX_CURSOR_CHARS),
-        metadata={"description": "Opaque; the `next_cursor` of the previous page."},
+        metadata={
+            "description": "Opaque; the `next_cursor` of the previous page, as it was given "
+            "(anything else is 400 INVALID_CURSOR).",
+            "format": CURSOR_FORMAT,
+        },
     )
 
 
@@ -156,7 +171,8 @@ class MemoryCreateSchema(Schema):
         validate=[validate.Length(min=1, max=MAX_CONTENT_CHARS), _content_valid],
         metadata={
             "description": "The memory. Deduplicated per org and agent after NFKC, case "
-            "folding and whitespace collapsing."
+            "folding and whitespace collapsing.",
+            "pattern": NOT_BLANK_PATTERN,
         },
     )
     kind = fields.String(load_default="fact", validate=validate.OneOf(MEMORY_KINDS))
@@ -166,7 +182,10 @@ class MemoryCreateSchema(Schema):
         values=fields.Raw(allow_none=True),
         load_default=dict,
         validate=_metadata_valid,
-        metadata={"description": f"Free-form JSON object, at most {MAX_METADATA_BYTES} bytes."},
+        metadata={
+            "description": f"Free-form JSON object, at most {MAX_METADATA_BYTES} bytes, nested "
+            f"at most {MAX_METADATA_DEPTH} levels; no NUL in any key or string."
+        },
     )
     user_id = fields.UUID(
         allow_none=True,

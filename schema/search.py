@@ -11,7 +11,13 @@ from typing import Any
 from marshmallow import RAISE, Schema, ValidationError, fields, validate, validates_schema
 
 from schema.common import StrictInteger
-from schema.memory import MEMORY_KINDS, MemorySchema, _storable_text
+from schema.memory import (
+    MEMORY_KINDS,
+    NOT_BLANK_PATTERN,
+    STORABLE_PATTERN,
+    MemorySchema,
+    _storable_text,
+)
 
 MAX_SEARCH_LIMIT = 50
 DEFAULT_SEARCH_LIMIT = 10
@@ -38,7 +44,10 @@ class SearchRequestSchema(Schema):
     query = fields.String(
         required=True,
         validate=[validate.Length(min=1, max=MAX_QUERY_CHARS), _query_valid],
-        metadata={"description": "Free text: a question, a name, a few words."},
+        metadata={
+            "description": "Free text: a question, a name, a few words.",
+            "pattern": NOT_BLANK_PATTERN,
+        },
     )
     agent_id = fields.UUID(required=True, metadata={"description": "The agent to search."})
     session_id = fields.UUID(
@@ -124,7 +133,16 @@ class ContextMessageSchema(Schema):
         unknown = RAISE
 
     role = fields.String(required=True, validate=validate.Length(min=1, max=64))
-    content = fields.Raw(required=True, metadata={"description": "A string or a list of parts."})
+    content = fields.Raw(
+        required=True,
+        metadata={
+            "description": "A string or a list of parts.",
+            "anyOf": [
+                {"type": "string", "pattern": STORABLE_PATTERN},
+                {"type": "array", "items": {"type": "object"}},
+            ],
+        },
+    )
     name = fields.String(validate=validate.Length(max=256))
 
     @validates_schema
@@ -153,6 +171,7 @@ class ContextRequestSchema(Schema):
         load_default=None,
         allow_none=True,
         validate=[validate.Length(min=1, max=MAX_QUERY_CHARS), _query_valid],
+        metadata={"pattern": NOT_BLANK_PATTERN},
     )
     messages = fields.List(
         fields.Nested(ContextMessageSchema),

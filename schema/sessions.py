@@ -13,7 +13,14 @@ from marshmallow import RAISE, Schema, ValidationError, fields, validate, valida
 
 from core.errors import InvalidMessageError
 from schema.common import Slug, StrictInteger
-from schema.imports import MAX_DEPTH, MAX_INT32, SESSION_STATUSES, TurnSchema, check_strings
+from schema.imports import (
+    FORBIDDEN_FREE_PATTERN,
+    MAX_DEPTH,
+    MAX_INT32,
+    SESSION_STATUSES,
+    TurnSchema,
+    check_strings,
+)
 from schema.memory import next_cursor_field, page_cursor_field, page_limit_field
 
 MAX_EXTERNAL_ID_CHARS = 255
@@ -59,14 +66,21 @@ class SessionCreateSchema(Schema):
         validate=[validate.Length(min=1, max=MAX_EXTERNAL_ID_CHARS), _storable],
         metadata={
             "description": "The client's id of the conversation: the same (agent, external_id) "
-            "again returns the existing session. May come in X-IBEX-Session-ID instead."
+            "again returns the existing session. May come in X-IBEX-Session-ID instead.",
+            "pattern": FORBIDDEN_FREE_PATTERN,
         },
     )
     model = fields.String(
-        load_default=None, allow_none=True, validate=[validate.Length(max=200), _storable]
+        load_default=None,
+        allow_none=True,
+        validate=[validate.Length(max=200), _storable],
+        metadata={"pattern": FORBIDDEN_FREE_PATTERN},
     )
     provider = fields.String(
-        load_default=None, allow_none=True, validate=[validate.Length(max=200), _storable]
+        load_default=None,
+        allow_none=True,
+        validate=[validate.Length(max=200), _storable],
+        metadata={"pattern": FORBIDDEN_FREE_PATTERN},
     )
 
     @validates_schema
@@ -186,7 +200,8 @@ class SessionListQuerySchema(Schema):
 
     agent_id = fields.UUID()
     external_id = fields.String(
-        validate=[validate.Length(min=1, max=MAX_EXTERNAL_ID_CHARS), _storable]
+        validate=[validate.Length(min=1, max=MAX_EXTERNAL_ID_CHARS), _storable],
+        metadata={"pattern": FORBIDDEN_FREE_PATTERN},
     )
     status = fields.String(validate=validate.OneOf(SESSION_STATUSES))
     limit = page_limit_field()

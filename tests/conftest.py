@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Iterator
+from urllib.parse import urlparse
 
 import pytest
 from hypothesis import settings as hypothesis_settings
@@ -105,15 +106,16 @@ _SERVERS = _Servers()
 
 
 def pytest_report_header(config: pytest.Config) -> list[str]:
-    from tests.servers import DEFAULT_DATABASE_URL, force_embedded, postgres_answers
+    from tests.servers import embedded_name, postgres_choice
 
-    pg_url = os.environ.get("IBEX_TEST_DATABASE_URL") or DEFAULT_DATABASE_URL
-    if not force_embedded() and postgres_answers(pg_url):
-        pg = f"the server at IBEX_TEST_DATABASE_URL ({pg_url.rpartition('@')[2]}), own databases"
-    elif os.environ.get("IBEX_TEST_DATABASE_URL"):
-        pg = f"IBEX_TEST_DATABASE_URL does not answer ({pg_url.rpartition('@')[2]})"
+    choice = postgres_choice()
+    if choice.kind == "configured":
+        where = urlparse(choice.url).netloc.rpartition("@")[2] or "local socket"
+        pg = f"the server at {where} ({choice.reason}), own databases"
+    elif choice.kind == "embedded":
+        pg = f"{embedded_name()}, {choice.reason}"
     else:
-        pg = "embedded (pgserver): nothing answers at 127.0.0.1:5432"
+        pg = choice.reason
     rd = (
         "IBEX_TEST_REDIS_URL (that database is flushed)"
         if os.environ.get("IBEX_TEST_REDIS_URL")

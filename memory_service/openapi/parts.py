@@ -50,6 +50,41 @@ def with_org_errors(responses: dict[str, Any]) -> dict[str, Any]:
     return {**responses, **AUTH_ERRORS, **COMMON_ERRORS}
 
 
+def exactly_one_of(**types: str) -> dict[str, Any]:
+    """A schema's rule that exactly one of the named properties is given (and not null), each
+    of the given JSON type: ``exactly_one_of(query="string", messages="array")``."""
+    return {
+        "oneOf": [
+            {"required": [name], "properties": {name: {"type": kind}}}
+            for name, kind in types.items()
+        ]
+    }
+
+
+#: A header value as the service accepts it: printable (no control character, no
+#: non-breaking space or soft hyphen, as ``str.isprintable``), not blank at either end.
+PRINTABLE = "[\\u0021-\\u007e\\u00a1-\\u00ac\\u00ae-\\u00ff]"
+PRINTABLE_HEADER_PATTERN = (
+    f"^{PRINTABLE}([\\u0020-\\u007e\\u00a1-\\u00ac\\u00ae-\\u00ff]*{PRINTABLE})?$"
+)
+
+
+def null_only_alternatives(node: Any) -> Any:
+    """``node`` (a document, in place) with apispec's alternative for a nullable nested schema,
+    ``{"type": "object", "nullable": true}`` (any object at all), made to mean null only."""
+    if isinstance(node, dict):
+        for key, value in node.items():
+            if key == "anyOf" and isinstance(value, list):
+                for i, option in enumerate(value):
+                    if option == {"type": "object", "nullable": True}:
+                        value[i] = {"type": "object", "nullable": True, "enum": [None]}
+            null_only_alternatives(value)
+    elif isinstance(node, list):
+        for item in node:
+            null_only_alternatives(item)
+    return node
+
+
 ORG_HEADER = {
     "in": "header",
     "name": "X-IBEX-Org-ID",

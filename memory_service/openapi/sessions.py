@@ -9,8 +9,15 @@ from typing import Any
 
 from apispec import APISpec
 
-from memory_service.openapi.parts import ORG_HEADER, error, with_org_errors
+from memory_service.openapi.parts import (
+    ORG_HEADER,
+    PRINTABLE_HEADER_PATTERN,
+    error,
+    exactly_one_of,
+    with_org_errors,
+)
 from memory_service.sessions.endpoints import SESSION_HEADER
+from schema.imports import FORBIDDEN_FREE_PATTERN
 from schema.sessions import (
     MAX_EXTERNAL_ID_CHARS,
     SessionCreateSchema,
@@ -29,10 +36,46 @@ SESSION_ID = {
 }
 
 
+#: Any JSON value whose strings hold no control character but tab, newline and carriage
+#: return: what a turn's message carries besides its role (``check_strings``). Keys of its
+#: objects are held to the same rule, which OpenAPI 3.0 cannot state (no ``propertyNames``).
+TURN_VALUE = {
+    "nullable": True,
+    "anyOf": [
+        {"type": "string", "pattern": FORBIDDEN_FREE_PATTERN},
+        {"type": "number"},
+        {"type": "boolean"},
+        {"type": "array", "items": {"$ref": "#/components/schemas/TurnValue"}},
+        {"type": "object", "additionalProperties": {"$ref": "#/components/schemas/TurnValue"}},
+    ],
+}
+
+
+def finish(document: dict[str, Any]) -> dict[str, Any]:
+    """The document with a message's content and extra keys held to :data:`TURN_VALUE`."""
+    schemas = document["components"]["schemas"]
+    schemas["TurnValue"] = TURN_VALUE
+    message = schemas["Message"]
+    message["additionalProperties"] = {"$ref": "#/components/schemas/TurnValue"}
+    message["properties"]["content"] = {
+        "nullable": True,
+        "anyOf": [
+            {"type": "string", "pattern": FORBIDDEN_FREE_PATTERN},
+            {"type": "array", "items": {"$ref": "#/components/schemas/TurnValue"}},
+        ],
+    }
+    return document
+
+
 def document(spec: APISpec, secured: list[dict[str, list[str]]], max_body_bytes: int) -> None:
     """Add the sessions API's schemas and routes to ``spec``."""
+    # The rule the schema's validator enforces, which its fields cannot say.
+    spec.components.schema(
+        "SessionCreate",
+        component=exactly_one_of(agent="string", agent_id="string"),
+        schema=SessionCreateSchema,
+    )
     for name, schema in (
-        ("SessionCreate", SessionCreateSchema),
         ("Session", SessionSchema),
         ("SessionPage", SessionPageSchema),
         ("TurnsAppend", TurnsAppendSchema),
@@ -86,11 +129,12 @@ def document(spec: APISpec, secured: list[dict[str, list[str]]], max_body_bytes:
                         "name": SESSION_HEADER,
                         "required": False,
                         "description": "The external id, instead of (or equal to) the "
-                        "body's external_id.",
+                        "body's external_id: printable characters (else 400 INVALID_HEADER).",
                         "schema": {
                             "type": "string",
                             "minLength": 1,
                             "maxLength": MAX_EXTERNAL_ID_CHARS,
+                            "pattern": PRINTABLE_HEADER_PATTERN,
                         },
                     },
                 ],
@@ -146,6 +190,8 @@ def document(spec: APISpec, secured: list[dict[str, list[str]]], max_body_bytes:
                 "operationId": "deleteSession",
                 "summary": "Soft-delete the session and every memory whose source it is, in "
                 "one transaction.",
+                "description": "Needs the scopes sessions:write and memory:write (it deletes "
+                "memories): a token without either is 403 INSUFFICIENT_SCOPE.",
                 "security": secured,
                 "parameters": [SESSION_ID, ORG_HEADER],
                 "responses": with_org_errors({"204": {"description": "Deleted."}, **missing}),
@@ -160,7 +206,9 @@ def document(spec: APISpec, secured: list[dict[str, list[str]]], max_body_bytes:
                 "summary": "Append consecutive turns in one transaction; safe to retry.",
                 "description": "Turns already stored with the same content are a no-op; "
                 "another content is TURN_CONFLICT (turns are immutable); a first turn_index "
-                "past turn_count + 1 is TURN_GAP with expected_turn_index.",
+                "past turn_count + 1 is TURN_GAP with expected_turn_index. No string and no "
+                "key anywhere in a turn (a message's extra keys included) may hold a control "
+                "character other than tab, newline and carriage return (422).",
                 "security": secured,
                 "parameters": [SESSION_ID, ORG_HEADER],
                 "requestBody": body("TurnsAppend"),

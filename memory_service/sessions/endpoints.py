@@ -6,7 +6,8 @@ turns through the same function as ``ibex import`` (see
 never a second copy; ``complete`` makes the session a scan candidate, ``abandon`` keeps it out
 of extraction; ``DELETE`` soft-deletes the session and its memories in one transaction. Every
 route runs under row-level security for the caller's org: another org's session is a 404.
-Scopes: ``sessions:write`` for changes, ``sessions:read`` for reads.
+Scopes: ``sessions:write`` for changes, ``sessions:read`` for reads; ``DELETE`` also needs
+``memory:write``, since it deletes memories too.
 """
 
 from __future__ import annotations
@@ -39,6 +40,7 @@ from schema.sessions import (
 )
 
 SESSIONS_READ, SESSIONS_WRITE = "sessions:read", "sessions:write"
+MEMORY_WRITE = "memory:write"
 SESSION_HEADER = "X-IBEX-Session-ID"
 REPLAYED_HEADER = "Idempotent-Replayed"
 
@@ -156,7 +158,12 @@ class SessionsResource:
     def on_delete_one(
         self, req: falcon.Request, resp: falcon.Response, session_id: uuid.UUID
     ) -> None:
-        _, org_id = authenticate(self.api, req, SESSIONS_WRITE)
+        """The session and every memory whose source it is, in one transaction: a reader sees
+        both or neither. Deleting memories needs ``memory:write`` too, as
+        ``DELETE /v1/memories/{id}`` does."""
+        principal, org_id = authenticate(self.api, req, SESSIONS_WRITE)
+        if MEMORY_WRITE not in principal.scopes:
+            raise ApiError(403, "INSUFFICIENT_SCOPE", f"this token lacks the {MEMORY_WRITE} scope")
         self.service.delete(org_id, session_id)
         resp.status = 204
 

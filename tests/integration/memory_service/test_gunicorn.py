@@ -1,10 +1,12 @@
 """The memory service as the Procfile ``web`` line runs it: a real gunicorn on a free loopback
 port. What only the server sees: requests it cannot parse or that break its limits (answered in
 the JSON error format, 4xx, never gunicorn's HTML page), and clients that stall mid-request
-(they must not hold up health checks and writes)."""
+(they must not hold up health checks and writes), ``Expect: 100-continue`` and over-limit
+bodies (answered by the event loop, never by a thread), and what the log may not repeat."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import socket
@@ -57,6 +59,21 @@ def web(database_url: str, redis_url: str, tmp_path: Path) -> Iterator[Web]:
         web = launcher.start_procfile("web", env, bind_host="127.0.0.1")
         launcher.wait_http(f"{url}/healthz", timeout=30)
         yield Web(port, url, web.log)
+
+
+def _web_env(database_url: str, redis_url: str, port: int) -> dict[str, str]:
+    env = {
+        **os.environ,
+        "PATH": f"{BIN}{os.pathsep}{os.environ.get('PATH', '')}",
+        "PYTHONPATH": str(ROOT),
+        "DATABASE_URL": database_url,
+        "REDIS_URL": redis_url,
+        "PORT": str(port),
+        "WEB_CONCURRENCY": "1",
+        "WEB_THREADS": "1",
+    }
+    env.pop("PROMETHEUS_MULTIPROC_DIR", None)
+    return env
 
 
 @pytest.fixture
@@ -249,3 +266,173 @@ def test_kept_alive_connections_serve_one_request_after_another(web: Web, acme: 
         listed = http.get("/v1/memories", headers=acme.headers(), params={"limit": "10"})
         assert len(listed.json()["items"]) == 3
     assert uuid.UUID(listed.json()["items"][0]["id"])
+
+
+def _recv_until_closed(sock: socket.socket, timeout: float) -> tuple[bytes, float]:
+    """Everything the server sends until it closes, and how long that took."""
+    started = time.monotonic()
+    sock.settimeout(timeout)
+    answer = b""
+    with contextlib.suppress(ConnectionResetError):
+        while chunk := sock.recv(65536):
+            answer += chunk
+    return answer, time.monotonic() - started
+
+
+def _expecting(web: Web, token: str, length: int = 300) -> socket.socket:
+    """A client that sends a head with ``Expect: 100-continue`` and waits for 100 Continue."""
+    sock = socket.create_connection(("127.0.0.1", web.port), timeout=10)
+    sock.sendall(
+        (
+            "POST /v1/memories HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+            f"Authorization: Bearer {token}\r\nContent-Length: {length}\r\n"
+            "Expect: 100-continue\r\n\r\n"
+        ).encode()
+    )
+    return sock
+
+
+def _oversized(web: Web) -> socket.socket:
+    """A client without a token that announces a body over the limit, sends part of it, and
+    then nothing."""
+    sock = socket.create_connection(("127.0.0.1", web.port), timeout=10)
+    sock.sendall(
+        b"POST /v1/memories HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+        b"Content-Length: 1000000\r\n\r\n" + b"x" * 1000
+    )
+    return sock
+
+
+def test_held_continue_and_oversized_requests_hold_up_no_one(web: Web, acme: Tenant) -> None:
+    """16 clients hold an ``Expect: 100-continue`` request (a read-only token is enough to
+    get that far) and 16 send over-limit bodies without a token, at once: 8 times the 4
+    threads. Each expecting client gets its 100 Continue from the event loop and, its body
+    never sent, its 408 after the request deadline; each oversized one its 413 with
+    ``Connection: close`` at once. Health checks and POSTs on other connections keep
+    answering quickly meanwhile."""
+    started = time.monotonic()
+    expecting = [_expecting(web, acme.reader) for _ in range(16)]
+    oversized = [_oversized(web) for _ in range(16)]
+    try:
+        for sock in expecting:
+            sock.settimeout(5)
+            assert sock.recv(65536) == b"HTTP/1.1 100 Continue\r\n\r\n"
+        for sock in oversized:
+            answer, waited = _recv_until_closed(sock, 5)
+            head, _, body = answer.partition(b"\r\n\r\n")
+            assert head.startswith(b"HTTP/1.1 413"), answer
+            assert b"\r\nConnection: close\r\n" in head + b"\r\n"
+            assert json.loads(body)["error"]["code"] == "BODY_TOO_LARGE"
+            assert waited < 2.0, waited
+        health: list[float] = []
+        posts: list[float] = []
+        with httpx.Client(base_url=web.url, timeout=5) as http:
+            for i in range(5):
+                begun = time.monotonic()
+                assert http.get("/healthz").status_code == 200
+                health.append(time.monotonic() - begun)
+                begun = time.monotonic()
+                body = memory_body(acme.agent_id, f"Written past held clients {i}.")
+                response = http.post("/v1/memories", json=body, headers=acme.headers())
+                assert response.status_code == 201, response.text
+                posts.append(time.monotonic() - begun)
+        assert max(health) < 1.0, health
+        assert max(posts) < 2.0, posts
+        for sock in expecting:
+            answer, _ = _recv_until_closed(sock, REQUEST_TIMEOUT_SECONDS + 5)
+            head, _, body = answer.partition(b"\r\n\r\n")
+            assert head.startswith(b"HTTP/1.1 408"), answer
+            assert json.loads(body)["error"]["code"] == "REQUEST_TIMEOUT"
+        waited = time.monotonic() - started
+        assert REQUEST_TIMEOUT_SECONDS - 0.5 < waited < REQUEST_TIMEOUT_SECONDS + 2.5, waited
+    finally:
+        for sock in expecting + oversized:
+            sock.close()
+
+
+def test_a_continued_request_is_served_after_one_100_continue(web: Web, acme: Tenant) -> None:
+    body = json.dumps(memory_body(acme.agent_id, "Sent after 100 Continue.")).encode()
+    with _expecting(web, acme.writer, len(body)) as sock:
+        assert sock.recv(65536) == b"HTTP/1.1 100 Continue\r\n\r\n"
+        sock.sendall(body)
+        answer = sock.recv(65536)
+    # The one 100 Continue came from the event loop: gunicorn sends no second one.
+    assert answer.startswith(b"HTTP/1.1 201"), answer
+
+
+def test_an_oversized_expecting_or_chunked_body_is_413_without_100_continue(web: Web) -> None:
+    """No 100 Continue for a body that will be refused; chunks adding up past the limit are
+    refused as soon as they do."""
+    expecting = (
+        b"POST /v1/memories HTTP/1.1\r\nHost: x\r\nContent-Length: 5000\r\n"
+        b"Expect: 100-continue\r\n\r\n"
+    )
+    chunked = (
+        b"POST /v1/memories HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n"
+        + b"900\r\n"
+        + b"x" * 0x900
+        + b"\r\n"
+        + b"900\r\n"
+        + b"x" * 0x900
+        + b"\r\n"
+    )
+    for request in (expecting, chunked):
+        with socket.create_connection(("127.0.0.1", web.port), timeout=10) as sock:
+            sock.sendall(request)
+            answer, waited = _recv_until_closed(sock, 5)
+        assert answer.startswith(b"HTTP/1.1 413"), answer
+        assert waited < 2.0
+
+
+def test_a_malformed_header_never_puts_its_value_in_the_log_or_the_answer(
+    web: Web, acme: Tenant
+) -> None:
+    """A header line without its colon, or a bad name or value, is a 400 that names no value:
+    the token it carries appears in no log line and not in the answer."""
+    token = acme.writer
+    lines = [
+        f"Authorization Bearer {token}",  # the colon forgotten
+        token,  # a line that is only the token
+        f"Authorization Bearer {token}: x",  # a bad name
+        f"Authorization: Bearer {token}\x01",  # a control character in the value
+        f"Authorization: Bearer\r\n {token}",  # obsolete folding
+    ]
+    for line in lines:
+        request = f"GET /v1/memories HTTP/1.1\r\nHost: x\r\n{line}\r\n\r\n".encode("latin-1")
+        status, _, body = _raw(web, request)
+        assert status == 400, body
+        assert token.encode() not in body
+        assert token[:12].encode() not in body
+    log = web.log.read_text()
+    assert "Invalid request from ip=127.0.0.1" in log
+    assert token not in log
+    assert token[:12] not in log  # not even its prefix and first characters
+
+
+def test_two_web_processes_start_on_one_host(
+    database_url: str, redis_url: str, tmp_path: Path
+) -> None:
+    """The Procfile line shares no control socket (gunicorn's default is one path per user):
+    a second web process on the same host, same user and same HOME starts and serves."""
+    ports = [free_port(), free_port()]
+    with Launcher(tmp_path, cwd=ROOT) as launcher:
+        for i, port in enumerate(ports):
+            env = _web_env(database_url, redis_url, port)
+            launcher.start_procfile("web", env, name=f"web{i}", bind_host="127.0.0.1")
+        for port in ports:
+            launcher.wait_http(f"http://127.0.0.1:{port}/healthz", timeout=30)
+            assert httpx.get(f"http://127.0.0.1:{port}/healthz", timeout=5).status_code == 200
+
+
+def test_a_pipelined_request_read_ahead_is_buffered_again(web: Web) -> None:
+    """A client sends a whole request and the start of the next in one write: the first is
+    answered, and the rest of the second, sent later, is read by the event loop (a thread
+    never waits for it), then answered too."""
+    first = b"GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n"
+    with socket.create_connection(("127.0.0.1", web.port), timeout=10) as sock:
+        sock.sendall(first + b"GET /healthz HTTP/1.1\r\nHo")
+        time.sleep(0.5)
+        assert httpx.get(f"{web.url}/healthz", timeout=5).status_code == 200
+        sock.sendall(b"st: x\r\nConnection: close\r\n\r\n")
+        answer, _ = _recv_until_closed(sock, 5)
+    assert answer.count(b"HTTP/1.1 200") == 2, answer

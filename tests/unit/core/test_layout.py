@@ -31,7 +31,7 @@ def test_procfile_names_the_contract_processes() -> None:
     )
     assert set(lines) == {"release", "web", "worker", "scheduler"}
     assert lines["release"].strip() == "ibex migrate"
-    assert "dramatiq actors" in lines["worker"] and "$PORT" in lines["web"]
+    assert "dramatiq actors" in lines["worker"] and "${PORT:-8000}" in lines["web"]
 
 
 def test_imports_flow_one_way() -> None:

@@ -230,3 +230,74 @@ def test_case_insensitive() -> None:
 
 def test_long_statements_are_not_memories() -> None:
     assert extract_text("I love " + "very " * 100 + "long things") == []
+
+
+# Diets and family members: the sentences the first version skipped.
+DIET_AND_FAMILY: list[tuple[str, list[tuple[str, str]]]] = [
+    ("I'm vegetarian.", [("The user is vegetarian.", F)]),
+    ("I don't eat meat.", [("The user doesn't eat meat.", F)]),
+    ("I never eat pork.", [("The user never eats pork.", F)]),
+    ("I avoid dairy.", [("The user avoids dairy.", F)]),
+    ("I'm on a keto diet.", [("The user follows a keto diet.", F)]),
+    ("I follow a vegan diet.", [("The user follows a vegan diet.", F)]),
+    ("I eat gluten-free.", [("The user eats gluten-free.", F)]),
+    (
+        "My daughter Sofia is allergic to shellfish.",
+        [("The user's daughter Sofia is allergic to shellfish.", F)],
+    ),
+    (
+        "My 5-year-old daughter is allergic to eggs.",
+        [("The user's 5-year-old daughter is allergic to eggs.", F)],
+    ),
+    ("My daughter's name is Sofia.", [("The user's daughter's name is Sofia.", F)]),
+    ("My son Leo is 7.", [("The user's son Leo is 7.", F)]),
+    ("My son is named Leo.", [("The user's son is named Leo.", F)]),
+    ("My wife is a nurse.", [("The user's wife is a nurse.", F)]),
+    ("My husband is vegan.", [("The user's husband is vegan.", F)]),
+    ("My daughter is lactose intolerant.", [("The user's daughter is lactose intolerant.", F)]),
+    ("My mom lives in Porto.", [("The user's mom lives in Porto.", F)]),
+    ("My dad is from Lisbon.", [("The user's dad is from Lisbon.", F)]),
+    ("My brother, Tom, works at Google.", [("The user's brother Tom works at Google.", F)]),
+    ("My sister doesn't eat pork.", [("The user's sister doesn't eat pork.", F)]),
+    ("My husband loves jazz.", [("The user's husband loves jazz.", P)]),
+    ("My mother loves my cooking.", [("The user's mother loves the user's cooking.", P)]),
+    (
+        "Hi! I'm Dana. My daughter Sofia is allergic to shellfish and I'm vegetarian.",
+        [
+            ("The user's name is Dana.", F),
+            ("The user's daughter Sofia is allergic to shellfish.", F),
+            ("The user is vegetarian.", F),
+        ],
+    ),
+]
+
+# Said of a relative but not a lasting fact, negated, or not a statement at all.
+NOT_ABOUT_RELATIVES = [
+    "My son isn't allergic to nuts.",
+    "My husband doesn't love jazz.",
+    "My wife is in Rome this week.",
+    "My son is sick.",
+    "My son is going to ask you something.",
+    "Does my son like it?",
+    "My daughter is here.",
+    "I don't know.",
+]
+
+
+@pytest.mark.parametrize(
+    ("text", "expected"), DIET_AND_FAMILY, ids=[c[0][:40] for c in DIET_AND_FAMILY]
+)
+def test_diets_and_family_members(text: str, expected: list[tuple[str, str]]) -> None:
+    assert [(m.content, m.kind) for m in extract_text(text)] == expected
+
+
+@pytest.mark.parametrize("text", NOT_ABOUT_RELATIVES)
+def test_no_memory_from_passing_or_negated_statements_about_relatives(text: str) -> None:
+    assert extract_text(text) == []
+
+
+def test_diet_and_family_extraction_is_deterministic() -> None:
+    text = " ".join(t for t, _ in DIET_AND_FAMILY)
+    first = [(m.content, m.kind) for m in extract_text(text)]
+    assert first == [(m.content, m.kind) for m in extract_text(text)]
+    assert len(first) == len({content for content, _ in first})

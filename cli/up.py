@@ -1,0 +1,203 @@
+"""``ibex up``: the whole stack on this machine for development, until Ctrl-C.
+
+Postgres and Redis are the embedded servers of :mod:`core.embedded` (the ``embedded`` extra,
+data under ``~/.ibex/up`` or ``--data-dir``) unless ``DATABASE_URL`` / ``REDIS_URL`` are set.
+The migrations are applied; an org ``dev`` and two tokens are made: a service token for the
+worker and an org token with every scope for you, printed once. Then the Procfile's ``web``
+(on ``--port``, loopback only), ``worker`` and ``scheduler`` lines run, with a short scan
+period (``--scan-interval``, 2 s), each logging to ``<data dir>/logs/<process>.log``. The
+worker's token is checked against the memory service (an authenticated write probe) before
+the URL is printed. SIGINT or SIGTERM stops every process (SIGTERM to each process group,
+SIGKILL after a grace period) and the embedded servers.
+
+``ibex up --check`` only checks ``MEMORY_SERVICE_TOKEN`` against ``MEMORY_SERVICE_URL``, as
+the worker would use them, and exits.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import os
+import signal
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from cli.common import EXIT_FAILURE, EXIT_OK, positive_int
+from core.config import Settings
+
+#: ``ibex up`` brings its own databases when ``DATABASE_URL`` is unset, and migrates them.
+DATABASE = False
+
+#: The org the printed token belongs to.
+DEV_ORG = "dev"
+#: An org id no org has: the token probe names it, and its 422 writes nothing.
+PROBE_ORG = "00000000-0000-0000-0000-000000000000"
+
+
+def add_parser(sub: Any) -> None:
+    p = sub.add_parser("up", help="run web, worker and scheduler on this machine until Ctrl-C")
+    p.add_argument("--port", type=positive_int, default=8000, help="memory service port (8000)")
+    p.add_argument("--data-dir", help="where embedded servers and logs live (~/.ibex/up)")
+    p.add_argument(
+        "--scan-interval", type=positive_int, default=2, help="seconds between scans (2)"
+    )
+    p.add_argument("--workers", type=positive_int, default=1, help="worker processes (1)")
+    p.add_argument("--threads", type=positive_int, default=4, help="threads per worker (4)")
+    p.add_argument(
+        "--check",
+        action="store_true",
+        help="only check MEMORY_SERVICE_TOKEN against MEMORY_SERVICE_URL, then exit",
+    )
+
+
+def default_folder() -> Path:
+    return Path(os.path.expanduser("~")) / ".ibex" / "up"
+
+
+def check_token(url: str, token: str, timeout: float = 5.0) -> tuple[bool, str]:
+    """Whether the memory service at ``url`` takes ``token`` for a memory write, and one line
+    saying so. The probe is a ``POST /v1/memories`` of an empty document for an org no org
+    has: a known token with ``memory:write`` gets 422 and nothing is written."""
+    import httpx
+
+    try:
+        response = httpx.post(
+            f"{url.rstrip('/')}/v1/memories",
+            json={},
+            headers={"Authorization": f"Bearer {token}", "X-IBEX-Org-ID": PROBE_ORG},
+            timeout=timeout,
+        )
+    except httpx.HTTPError as exc:
+        return False, f"no memory service answers at {url} ({type(exc).__name__})"
+    if response.status_code == 422:
+        return True, f"the memory service at {url} accepts the worker's token"
+    code = ""
+    with contextlib.suppress(ValueError):
+        code = str(response.json().get("error", {}).get("code", ""))
+    if response.status_code == 401:
+        return False, f"the memory service at {url} does not know this token (unknown or revoked)"
+    if response.status_code == 403:
+        return False, f"the token lacks the memory:write scope ({code or 403})"
+    if response.status_code == 400 and code == "ORG_REQUIRED":
+        return False, "the token is not a service token (ibex token create --service)"
+    return False, f"unexpected answer from {url}: {response.status_code} {code}".rstrip()
+
+
+def run(args: argparse.Namespace, settings: Settings) -> int:
+    if args.check:
+        if not settings.memory_service_token:
+            print("ibex up --check: MEMORY_SERVICE_TOKEN is not set", file=sys.stderr)
+            return EXIT_FAILURE
+        ok, line = check_token(settings.memory_service_url, settings.memory_service_token)
+        print(f"ibex up --check: {line}", file=sys.stdout if ok else sys.stderr)
+        return EXIT_OK if ok else EXIT_FAILURE
+    previous = signal.signal(signal.SIGTERM, _interrupt)
+    try:
+        return _up(args, settings)
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
+def _interrupt(signum: int, frame: Any) -> None:
+    raise KeyboardInterrupt
+
+
+def _up(args: argparse.Namespace, settings: Settings) -> int:
+    from core.config import child_environment
+    from core.db import make_database
+    from core.embedded import EmbeddedPostgres, EmbeddedRedis
+    from core.errors import ConfigError
+    from core.migrate import migrate
+    from core.processes import ROOT, Launcher, ProcessError
+    from memory_service.tokens.store import TokenStore
+    from schema.memory import SCOPES
+
+    folder = Path(args.data_dir).expanduser() if args.data_dir else default_folder()
+    folder.mkdir(parents=True, exist_ok=True)
+    postgres = EmbeddedPostgres(folder / "postgres")
+    redis_server = EmbeddedRedis(folder / "redis")
+    logs = folder / "logs"
+    processes = Launcher(logs, cwd=ROOT)
+    try:
+        database_url = settings.database_url or postgres.start()
+        redis_url = settings.redis_url if "REDIS_URL" in settings.explicit else redis_server.start()
+        print(f"data folder   {folder}", flush=True)
+        print(f"postgres      {'DATABASE_URL' if settings.database_url else 'embedded'}")
+        print(f"redis         {'REDIS_URL' if 'REDIS_URL' in settings.explicit else 'embedded'}")
+        print(f"extractor     {settings.llm_provider}", flush=True)
+        migrate(database_url)
+        db = make_database(database_url)
+        tokens = TokenStore(db)
+        try:
+            org_id = tokens.ensure_org(DEV_ORG)
+            _, worker_token = tokens.issue(
+                org_id=None, name="ibex up worker", scopes=["memory:read", "memory:write"]
+            )
+            _, user_token = tokens.issue(org_id=org_id, name="ibex up", scopes=list(SCOPES))
+        finally:
+            db.close()
+        url = f"http://127.0.0.1:{args.port}"
+        env = child_environment(
+            {
+                "DATABASE_URL": database_url,
+                "REDIS_URL": redis_url,
+                "MEMORY_SERVICE_URL": url,
+                "MEMORY_SERVICE_TOKEN": worker_token,
+                "PORT": str(args.port),
+                "WEB_CONCURRENCY": os.environ.get("WEB_CONCURRENCY") or "2",
+                "WORKER_PROCESSES": str(args.workers),
+                "WORKER_THREADS": str(args.threads),
+                "SCAN_INTERVAL_SECONDS": str(args.scan_interval),
+                "PYTHONUNBUFFERED": "1",
+            }
+        )
+        logs.mkdir(parents=True, exist_ok=True)
+        processes.start_procfile(
+            "web", env, name="memory service", bind_host="127.0.0.1", log=logs / "web.log"
+        )
+        processes.wait_http(f"{url}/healthz", timeout=60)
+        ok, line = check_token(url, worker_token)
+        print(f"worker token  {line}", flush=True)
+        if not ok:
+            raise ConfigError(f"the worker's token was refused: {line}")
+        processes.start_procfile("worker", env, log=logs / "worker.log")
+        processes.start_procfile("scheduler", env, log=logs / "scheduler.log")
+        _write_env(folder, database_url, redis_url, url, user_token)
+        print(f"logs          {logs}")
+        print(f"scan period   {args.scan_interval}s")
+        print(f"url           {url}")
+        print(f"token         {user_token}  (org {DEV_ORG}, every scope; shown only here)")
+        print()
+        print("try next, in another terminal:")
+        print(f"  set -a; . {folder / 'env'}; set +a   # the CLI's and the example's settings")
+        print('  python examples/chat_with_memory.py "$IBEX_URL" <<< "$IBEX_TOKEN"')
+        print(f"  ibex search 'what is Dana allergic to?' --org {DEV_ORG} --agent support-bot")
+        print()
+        print("ibex up: running; Ctrl-C stops everything", flush=True)
+        while True:
+            processes.check()
+            time.sleep(0.5)
+    except KeyboardInterrupt:
+        print("\nibex up: stopping", flush=True)
+        return EXIT_OK
+    except ProcessError as exc:
+        raise ConfigError(f"{exc}; see the logs in {logs}") from exc
+    finally:
+        processes.stop(grace=15)
+        redis_server.stop()
+        postgres.stop()
+        print("ibex up: stopped", flush=True)
+
+
+def _write_env(folder: Path, database_url: str, redis_url: str, url: str, token: str) -> None:
+    """``<folder>/env``: the variables the CLI and the example need, readable by you only."""
+    path = folder / "env"
+    text = (
+        f"DATABASE_URL={database_url}\nREDIS_URL={redis_url}\nIBEX_URL={url}\nIBEX_TOKEN={token}\n"
+    )
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "w", encoding="utf-8") as handle:
+        handle.write(text)
