@@ -24,7 +24,7 @@ from core.config import Settings, redact_url
 from core.errors import ConfigError, LLMRejectedError, LLMUnavailableError
 from extraction.prompt import RelatedMemory, build_messages
 from extraction.result import ExtractionResult, parse_llm_content
-from extraction.rules import RULES_MODEL, extract_rules
+from extraction.rules import RULES_MODEL, extract_changes
 from models.store import Turn
 
 #: How much of an error response body an exception message quotes.
@@ -54,8 +54,9 @@ class RulesProvider:
     def extract(
         self, turn: Turn, context: Sequence[Turn], related: Sequence[RelatedMemory] = ()
     ) -> ExtractionResult:
+        listed = [(m.ref, m.content) for m in related]
         return ExtractionResult(
-            memories=tuple(extract_rules(turn)), provider=self.name, model=self.model
+            memories=tuple(extract_changes(turn, listed)), provider=self.name, model=self.model
         )
 
 

@@ -25,7 +25,7 @@ from bench.fake_llm import FakeLLM
 from core.config import Settings
 from extraction.memory_client import MemoryClient
 from extraction.metrics import PipelineMetrics
-from extraction.providers import OpenAICompatibleProvider
+from extraction.providers import OpenAICompatibleProvider, RulesProvider
 from extraction.stages import Send, StageDeps, extract_turn, scan
 from extraction.status import collect
 from memory_service.app import create_app, make_pool
@@ -292,3 +292,18 @@ def test_100_sessions_opening_with_the_same_turn_cost_one_llm_call(
     )
     Harness(deps).drain(scan(deps).sent)
     assert sum(llm.calls.values()) == 2
+
+
+def test_the_rules_extractor_supersedes_a_moved_users_home(
+    store: Any, db: Any, deps: StageDeps
+) -> None:
+    deps.provider = RulesProvider()
+    session(store, "march", "Hi, I'm Dana. I live in Lisbon.")
+    Harness(deps).drain(scan(deps).sent)
+    session(store, "june", "I moved to Oslo last week, and I started a new job at Globex.")
+    Harness(deps).drain(scan(deps).sent)
+    stored = memories(db)
+    oslo, _ = stored["The user moved to Oslo last week."]
+    assert stored["The user lives in Lisbon."][1] == oslo
+    assert stored["The user's name is Dana."][1] is None
+    assert stored["The user works at Globex."][1] is None
