@@ -126,6 +126,17 @@ def parse_llm_content(text: str) -> list[ExtractedMemory]:
         raise LLMUnavailableError(
             f"unparseable LLM output: expected a JSON object, got {type(data).__name__}"
         )
+    memories = data.get("memories")
+    if isinstance(memories, list):
+        # Ids are never taken from a model (only refs, in "replaces"): a stray "supersedes"
+        # is ignored rather than validated, so it cannot make the answer invalid either.
+        data = {
+            **data,
+            "memories": [
+                {k: v for k, v in m.items() if k != "supersedes"} if isinstance(m, dict) else m
+                for m in memories
+            ],
+        }
     try:
         loaded = load(_SCHEMA, data, what="LLM output")
     except InvalidMessageError as exc:

@@ -78,3 +78,16 @@ def test_the_rules_provider_answers_with_refs() -> None:
     assert [(m.content, m.replaces) for m in result.memories] == [
         ("The user moved to Oslo.", ("m1",))
     ]
+
+
+def test_an_answer_names_refs_never_ids() -> None:
+    from extraction.result import parse_llm_content
+
+    answer = (
+        '{"memories": [{"content": "The user lives in Oslo.", "kind": "fact",'
+        ' "replaces": "m2", "supersedes": ["not-an-id"]},'
+        ' {"content": "The user works at Globex.", "replaces": [3, "m1", "m1", null]}]}'
+    )
+    first, second = parse_llm_content(answer)
+    assert (first.replaces, first.supersedes) == (("m2",), ())
+    assert (second.replaces, second.supersedes) == (("m1",), ())
