@@ -71,6 +71,7 @@ def render(status: Status) -> str:
         ("blocked", "sessions_blocked"),
         ("oldest", "oldest_pending_age_seconds"),
         ("LLM/h", "llm_calls_last_hour"),
+        ("reused", "turns_reused"),
         ("memories", "memories"),
     ]
     rows = [[_cell(getattr(o, key)) for _, key in columns] for o in status.orgs]

@@ -29,7 +29,11 @@ from memory_service.auth import Authenticator
 from memory_service.health import HealthResource, ReadyResource
 from memory_service.http import Api
 from memory_service.idempotency import IdempotencyStore
-from memory_service.memories.endpoints import MemoriesResource, MemoryResource
+from memory_service.memories.endpoints import (
+    MemoriesResource,
+    MemoryHistoryResource,
+    MemoryResource,
+)
 from memory_service.memories.service import MemoryService
 from memory_service.memories.store import MemoryStore
 from memory_service.metrics import Metrics, MetricsResource, RequestMetrics
@@ -101,7 +105,7 @@ def create_app(
         db = make_pool(settings.database_url)
     if redis_client is None:
         redis_client = make_redis(settings.idempotency_redis_url or settings.redis_url)
-    store = MemoryStore(db)
+    store = MemoryStore(db, settings.memory_near_duplicate_threshold)
     metrics = Metrics(settings.prometheus_multiproc_dir)
     idempotency = IdempotencyStore(
         redis_client,
@@ -121,6 +125,7 @@ def create_app(
     app.add_error_handler(MaxConnectionsExceeded, errors.handle_unavailable)
     app.add_route("/v1/memories", MemoriesResource(api, memories))
     app.add_route("/v1/memories/{memory_id:uuid}", MemoryResource(api, memories))
+    app.add_route("/v1/memories/{memory_id:uuid}/history", MemoryHistoryResource(api, memories))
     app.add_route("/healthz", HealthResource())
     searches = SearchStore(db)
     reads = SearchService(searches)

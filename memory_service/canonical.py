@@ -36,7 +36,7 @@ def content_hash(text: str) -> str:
 def canonical_request(validated: Mapping[str, Any]) -> dict[str, Any]:
     """The validated body as plain JSON, every optional field present: what is fingerprinted."""
     source = validated["source"]
-    return {
+    canonical: dict[str, Any] = {
         "agent_id": str(validated["agent_id"]),
         "content": validated["content"],
         "kind": validated["kind"],
@@ -49,6 +49,13 @@ def canonical_request(validated: Mapping[str, Any]) -> dict[str, Any]:
             "ordinal": source["ordinal"],
         },
     }
+    # Supersession: only when given, so every fingerprint stored before stays valid. The ids
+    # as a set (sorted, once each): their order says nothing.
+    if validated.get("supersedes"):
+        canonical["supersedes"] = sorted({str(i) for i in validated["supersedes"]})
+    if validated.get("stale_supersedes") is not None:
+        canonical["stale_supersedes"] = validated["stale_supersedes"]
+    return canonical
 
 
 def fingerprint(validated_body: Mapping[str, Any]) -> str:

@@ -23,6 +23,10 @@ MAX_IDEMPOTENCY_KEY_CHARS = 255
 DEFAULT_PAGE_SIZE = 50
 MAX_PAGE_SIZE = 200
 MAX_CURSOR_CHARS = 512
+#: Memories one new memory may supersede at once.
+MAX_SUPERSEDES = 20
+#: What a write does with an id of ``supersedes`` that is no longer current.
+STALE_SUPERSEDES = ("reject", "skip")
 
 #: Every error code the service answers with; documented in the OpenAPI error schema.
 ERROR_CODES = (
@@ -190,6 +194,26 @@ class MemoryCreateSchema(Schema):
             " whose source session has a user must carry that user."
         },
     )
+    supersedes = fields.List(
+        fields.UUID(),
+        validate=validate.Length(max=MAX_SUPERSEDES),
+        metadata={
+            "description": "Current memories of the same agent and user that this memory"
+            " replaces: they are marked superseded (superseded_by, superseded_at) in the same"
+            " transaction as the insert, never deleted. An id that is not a current memory of"
+            " that scope: 422 (see stale_supersedes)."
+        },
+    )
+    stale_supersedes = fields.String(
+        validate=validate.OneOf(STALE_SUPERSEDES),
+        metadata={
+            "description": "`reject` (the default): an id of `supersedes` that is no longer"
+            " current (superseded already, deleted, or erased) refuses the write with 422."
+            " `skip`: that mark is skipped and the memory is stored (what the pipeline sends:"
+            " its decision was taken earlier). An id of another agent or user is 422 either"
+            " way."
+        },
+    )
 
 
 class MemorySchema(Schema):
@@ -211,6 +235,18 @@ class MemorySchema(Schema):
     source = fields.Nested(MemorySourceSchema, required=True, allow_none=True)
     metadata = fields.Dict(keys=fields.String(), values=fields.Raw(allow_none=True), required=True)
     created_at = fields.AwareDateTime(required=True)
+    valid_from = fields.AwareDateTime(
+        required=True, metadata={"description": "Since when the fact holds (its creation)."}
+    )
+    superseded_by = fields.UUID(
+        required=True,
+        allow_none=True,
+        metadata={
+            "description": "The memory that replaced this one; null: current. A 201 shows the"
+            " memory as created (null)."
+        },
+    )
+    superseded_at = fields.AwareDateTime(required=True, allow_none=True)
 
 
 class MemoryPageSchema(Schema):
@@ -233,6 +269,19 @@ class MemoryListQuerySchema(Schema):
     session_id = fields.UUID()
     limit = page_limit_field()
     cursor = page_cursor_field()
+    include_superseded = fields.Boolean(
+        load_default=False,
+        metadata={"description": "Also list superseded memories (with their superseded_by)."},
+    )
+
+
+class MemoryHistorySchema(Schema):
+    """``GET /v1/memories/{id}/history``: the supersession chain, oldest first."""
+
+    class Meta:
+        unknown = RAISE
+
+    items = fields.List(fields.Nested(MemorySchema), required=True)
 
 
 class ErrorDetailSchema(Schema):

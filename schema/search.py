@@ -66,6 +66,11 @@ class SearchRequestSchema(Schema):
         load_default=DEFAULT_SEARCH_LIMIT,
         validate=validate.Range(min=1, max=MAX_SEARCH_LIMIT),
     )
+    # Supersession (migration 000014): current memories unless asked for.
+    include_superseded = fields.Boolean(
+        load_default=False,
+        metadata={"description": "Also return superseded memories (with their superseded_by)."},
+    )
 
 
 class SignalsSchema(Schema):
@@ -179,6 +184,11 @@ class ContextRequestSchema(Schema):
         },
     )
     session_id = fields.UUID(load_default=None, allow_none=True)
+    # Supersession (migration 000014): current memories unless asked for.
+    include_superseded = fields.Boolean(
+        load_default=False,
+        metadata={"description": "Also return superseded memories (with their superseded_by)."},
+    )
     kinds = fields.List(
         fields.String(validate=validate.OneOf(MEMORY_KINDS)),
         load_default=None,

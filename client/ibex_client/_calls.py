@@ -24,6 +24,7 @@ from ibex_client.types import (
     Session,
     Turn,
     TurnsAppended,
+    history_items,
     memory_page,
     search_hits,
     session_page,
@@ -154,14 +155,17 @@ def create_memory(
     source: MemorySource | None,
     metadata: Mapping[str, Any] | None,
     idempotency_key: str | None,
+    supersedes: Sequence[Id] | None = None,
 ) -> Call[Memory]:
-    body = {
+    body: dict[str, Any] = {
         "agent_id": _id(agent_id, "agent_id"),
         "content": content,
         "kind": kind,
         "source": None if source is None else source.as_json(),
         "metadata": dict(metadata or {}),
     }
+    if supersedes:  # only when given: the body (and its fingerprint) is otherwise unchanged
+        body["supersedes"] = [_id(i, "supersedes") for i in supersedes]
     return Call(
         "POST",
         "/v1/memories",
@@ -180,15 +184,28 @@ def get_memory(memory_id: Id) -> Call[Memory]:
 
 
 def list_memories(
-    agent_id: Id | None, session_id: Id | None, limit: int | None, cursor: str | None
+    agent_id: Id | None,
+    session_id: Id | None,
+    limit: int | None,
+    cursor: str | None,
+    include_superseded: bool = False,
 ) -> Call[Page[Memory]]:
     params = _params(
         agent_id=None if agent_id is None else _id(agent_id, "agent_id"),
         session_id=None if session_id is None else _id(session_id, "session_id"),
         limit=limit,
         cursor=cursor,
+        include_superseded="true" if include_superseded else None,
     )
     return Call("GET", "/v1/memories", lambda r: memory_page(_json(r)), params=params)
+
+
+def memory_history(memory_id: Id) -> Call[tuple[Memory, ...]]:
+    return Call(
+        "GET",
+        f"/v1/memories/{_id(memory_id, 'memory_id')}/history",
+        lambda r: history_items(_json(r)),
+    )
 
 
 def delete_memory(memory_id: Id) -> Call[bool]:
@@ -204,8 +221,11 @@ def search(
     session_id: Id | None,
     kinds: Sequence[str] | None,
     limit: int | None,
+    include_superseded: bool = False,
 ) -> Call[tuple[SearchHit, ...]]:
     body: dict[str, Any] = {"query": query, "agent_id": _id(agent_id, "agent_id")}
+    if include_superseded:
+        body["include_superseded"] = True
     if session_id is not None:
         body["session_id"] = _id(session_id, "session_id")
     if kinds is not None:
@@ -224,10 +244,13 @@ def context(
     session_id: Id | None,
     kinds: Sequence[str] | None,
     max_tokens: int | None,
+    include_superseded: bool = False,
 ) -> Call[Context]:
     if (query is None) == (messages is None):
         raise ValueError("give exactly one of query and messages")
     body: dict[str, Any] = {"agent_id": _id(agent_id, "agent_id")}
+    if include_superseded:
+        body["include_superseded"] = True
     if query is not None:
         body["query"] = query
     else:

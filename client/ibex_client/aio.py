@@ -173,12 +173,17 @@ class AsyncIbexClient:
         source: MemorySource | None = None,
         metadata: Mapping[str, Any] | None = None,
         idempotency_key: str | None = None,
+        supersedes: Sequence[Id] | None = None,
     ) -> Memory:
         """Store a memory under ``idempotency_key`` (a fresh one per call when not given; the
-        same on every retry of the call). Content the agent already has raises
-        :class:`~ibex_client.errors.DuplicateContentError` with ``existing_id``."""
+        same on every retry of the call). Content the agent already has (or near-identical
+        content) raises :class:`~ibex_client.errors.DuplicateContentError` with
+        ``existing_id``. ``supersedes``: current memories of the same agent (and user) this
+        one replaces; they are marked superseded in the same transaction, never deleted."""
         return await self._run(
-            _calls.create_memory(agent_id, content, kind, source, metadata, idempotency_key)
+            _calls.create_memory(
+                agent_id, content, kind, source, metadata, idempotency_key, supersedes
+            )
         )
 
     async def get_memory(self, memory_id: Id) -> Memory:
@@ -191,9 +196,13 @@ class AsyncIbexClient:
         session_id: Id | None = None,
         limit: int | None = None,
         cursor: str | None = None,
+        include_superseded: bool = False,
     ) -> Page[Memory]:
-        """One page, newest first."""
-        return await self._run(_calls.list_memories(agent_id, session_id, limit, cursor))
+        """One page, newest first: current memories, and superseded ones too when
+        ``include_superseded``."""
+        return await self._run(
+            _calls.list_memories(agent_id, session_id, limit, cursor, include_superseded)
+        )
 
     async def iter_memories(
         self,
@@ -201,18 +210,28 @@ class AsyncIbexClient:
         agent_id: Id | None = None,
         session_id: Id | None = None,
         page_size: int | None = None,
+        include_superseded: bool = False,
     ) -> AsyncIterator[Memory]:
         """Every matching memory, newest first, fetching page after page as needed."""
         cursor: str | None = None
         while True:
             page = await self.list_memories(
-                agent_id=agent_id, session_id=session_id, limit=page_size, cursor=cursor
+                agent_id=agent_id,
+                session_id=session_id,
+                limit=page_size,
+                cursor=cursor,
+                include_superseded=include_superseded,
             )
             for item in page.items:
                 yield item
             if not page.next_cursor:
                 return
             cursor = page.next_cursor
+
+    async def history(self, memory_id: Id) -> tuple[Memory, ...]:
+        """The supersession chain the memory belongs to, oldest first (superseded memories
+        with their ``superseded_by``, the current one last)."""
+        return await self._run(_calls.memory_history(memory_id))
 
     async def delete_memory(self, memory_id: Id) -> bool:
         """Soft-delete a memory. False when there was no such memory (including when an
@@ -229,9 +248,12 @@ class AsyncIbexClient:
         session_id: Id | None = None,
         kinds: Sequence[str] | None = None,
         limit: int | None = None,
+        include_superseded: bool = False,
     ) -> tuple[SearchHit, ...]:
         """The agent's memories that match ``query``, best first."""
-        return await self._run(_calls.search(query, agent_id, session_id, kinds, limit))
+        return await self._run(
+            _calls.search(query, agent_id, session_id, kinds, limit, include_superseded)
+        )
 
     async def context(
         self,
@@ -242,11 +264,14 @@ class AsyncIbexClient:
         session_id: Id | None = None,
         kinds: Sequence[str] | None = None,
         max_tokens: int | None = None,
+        include_superseded: bool = False,
     ) -> Context:
         """The best memories for ``query`` (or the conversation's last ``messages``) packed
         into ``max_tokens``, as a block for a system prompt."""
         return await self._run(
-            _calls.context(agent_id, query, messages, session_id, kinds, max_tokens)
+            _calls.context(
+                agent_id, query, messages, session_id, kinds, max_tokens, include_superseded
+            )
         )
 
     # -- plumbing ----------------------------------------------------------------------------

@@ -172,12 +172,17 @@ class IbexClient:
         source: MemorySource | None = None,
         metadata: Mapping[str, Any] | None = None,
         idempotency_key: str | None = None,
+        supersedes: Sequence[Id] | None = None,
     ) -> Memory:
         """Store a memory under ``idempotency_key`` (a fresh one per call when not given; the
-        same on every retry of the call). Content the agent already has raises
-        :class:`~ibex_client.errors.DuplicateContentError` with ``existing_id``."""
+        same on every retry of the call). Content the agent already has (or near-identical
+        content) raises :class:`~ibex_client.errors.DuplicateContentError` with
+        ``existing_id``. ``supersedes``: current memories of the same agent (and user) this
+        one replaces; they are marked superseded in the same transaction, never deleted."""
         return self._run(
-            _calls.create_memory(agent_id, content, kind, source, metadata, idempotency_key)
+            _calls.create_memory(
+                agent_id, content, kind, source, metadata, idempotency_key, supersedes
+            )
         )
 
     def get_memory(self, memory_id: Id) -> Memory:
@@ -190,9 +195,13 @@ class IbexClient:
         session_id: Id | None = None,
         limit: int | None = None,
         cursor: str | None = None,
+        include_superseded: bool = False,
     ) -> Page[Memory]:
-        """One page, newest first."""
-        return self._run(_calls.list_memories(agent_id, session_id, limit, cursor))
+        """One page, newest first: current memories, and superseded ones too when
+        ``include_superseded``."""
+        return self._run(
+            _calls.list_memories(agent_id, session_id, limit, cursor, include_superseded)
+        )
 
     def iter_memories(
         self,
@@ -200,17 +209,27 @@ class IbexClient:
         agent_id: Id | None = None,
         session_id: Id | None = None,
         page_size: int | None = None,
+        include_superseded: bool = False,
     ) -> Iterator[Memory]:
         """Every matching memory, newest first, fetching page after page as needed."""
         cursor: str | None = None
         while True:
             page = self.list_memories(
-                agent_id=agent_id, session_id=session_id, limit=page_size, cursor=cursor
+                agent_id=agent_id,
+                session_id=session_id,
+                limit=page_size,
+                cursor=cursor,
+                include_superseded=include_superseded,
             )
             yield from page.items
             if not page.next_cursor:
                 return
             cursor = page.next_cursor
+
+    def history(self, memory_id: Id) -> tuple[Memory, ...]:
+        """The supersession chain the memory belongs to, oldest first (superseded memories
+        with their ``superseded_by``, the current one last)."""
+        return self._run(_calls.memory_history(memory_id))
 
     def delete_memory(self, memory_id: Id) -> bool:
         """Soft-delete a memory. False when there was no such memory (including when an
@@ -227,9 +246,12 @@ class IbexClient:
         session_id: Id | None = None,
         kinds: Sequence[str] | None = None,
         limit: int | None = None,
+        include_superseded: bool = False,
     ) -> tuple[SearchHit, ...]:
         """The agent's memories that match ``query``, best first."""
-        return self._run(_calls.search(query, agent_id, session_id, kinds, limit))
+        return self._run(
+            _calls.search(query, agent_id, session_id, kinds, limit, include_superseded)
+        )
 
     def context(
         self,
@@ -240,10 +262,15 @@ class IbexClient:
         session_id: Id | None = None,
         kinds: Sequence[str] | None = None,
         max_tokens: int | None = None,
+        include_superseded: bool = False,
     ) -> Context:
         """The best memories for ``query`` (or the conversation's last ``messages``) packed
         into ``max_tokens``, as a block for a system prompt."""
-        return self._run(_calls.context(agent_id, query, messages, session_id, kinds, max_tokens))
+        return self._run(
+            _calls.context(
+                agent_id, query, messages, session_id, kinds, max_tokens, include_superseded
+            )
+        )
 
     # -- plumbing ----------------------------------------------------------------------------
 

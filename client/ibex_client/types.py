@@ -117,6 +117,16 @@ class Memory:
     source: MemorySource | None
     metadata: Mapping[str, Any]
     created_at: datetime
+    #: Supersession: since when the fact holds, and what replaced it (None: current). None
+    #: as well from a server that predates supersession.
+    valid_from: datetime | None = None
+    superseded_by: uuid.UUID | None = None
+    superseded_at: datetime | None = None
+
+    @property
+    def current(self) -> bool:
+        """True unless a newer memory superseded this one."""
+        return self.superseded_by is None
 
     @classmethod
     def from_json(cls, value: Any) -> Memory:
@@ -133,6 +143,11 @@ class Memory:
             source=None if source is None else MemorySource.from_json(source),
             metadata=dict(_obj(metadata, "memory.metadata")) if metadata is not None else {},
             created_at=_time(_req(data, "created_at", "memory"), "memory.created_at"),
+            valid_from=_opt_time(data.get("valid_from"), "memory.valid_from"),
+            superseded_by=None
+            if data.get("superseded_by") is None
+            else _uuid(data["superseded_by"], "memory.superseded_by"),
+            superseded_at=_opt_time(data.get("superseded_at"), "memory.superseded_at"),
         )
 
 
@@ -224,6 +239,14 @@ def _page(value: Any, item: Callable[[Any], T]) -> Page[T]:
 
 def memory_page(value: Any) -> Page[Memory]:
     return _page(value, Memory.from_json)
+
+
+def history_items(value: Any) -> tuple[Memory, ...]:
+    """``GET /v1/memories/{id}/history``: the chain, oldest first."""
+    items = _req(_obj(value, "memory history"), "items", "memory history")
+    if not isinstance(items, list):
+        raise UnexpectedResponseError("memory history.items: expected a list")
+    return tuple(Memory.from_json(m) for m in items)
 
 
 def search_hits(value: Any) -> tuple[SearchHit, ...]:

@@ -62,6 +62,8 @@ class MemoriesResource:
         org_id, after, query = list_request(self.api, req, READ, LIST_QUERY_SCHEMA)
         limit = query["limit"]
         filters = {name: query.get(name) for name in ("agent_id", "session_id")}
+        # Supersession: current memories unless include_superseded.
+        filters["include_superseded"] = query["include_superseded"]
         rows = self.service.list(org_id, **filters, limit=limit + 1, after=after)
         last = rows[limit - 1] if len(rows) > limit else None
         next_cursor = encode_cursor(last.created_at, last.id) if last else None
@@ -85,3 +87,17 @@ class MemoryResource:
         _, org_id = authenticate(self.api, req, WRITE)
         self.service.delete(org_id, memory_id)
         resp.status = 204
+
+
+class MemoryHistoryResource:
+    """``GET /v1/memories/{id}/history``: the chain of supersessions the memory belongs to,
+    oldest first (superseded memories with their ``superseded_by``, the current one last)."""
+
+    def __init__(self, api: Api, service: MemoryService) -> None:
+        self.api = api
+        self.service = service
+
+    def on_get(self, req: falcon.Request, resp: falcon.Response, memory_id: uuid.UUID) -> None:
+        _, org_id = authenticate(self.api, req, READ)
+        rows = self.service.history(org_id, memory_id)
+        respond_json(resp, 200, {"items": [r.as_json() for r in rows]})

@@ -77,7 +77,8 @@ class Created:
     row: MemoryRow
 
     def response(self) -> Response:
-        return Response(201, dumps(self.row.as_json()), location_of(self.row))
+        # As created: a replay answers the same bytes even after a later supersession.
+        return Response(201, dumps(self.row.as_json(as_created=True)), location_of(self.row))
 
 
 @dataclass(frozen=True)
@@ -100,6 +101,9 @@ class DuplicateContent:
     """A live memory of this org and agent holds the same normalised content."""
 
     existing_id: uuid.UUID
+    #: True when the existing memory is near-identical rather than the same normalised text
+    #: (the answer is the same; only the metrics tell them apart).
+    near: bool = False
 
     def response(self) -> Response:
         return Response(
@@ -204,6 +208,8 @@ def new_memory(validated: dict[str, Any], key: str | None) -> NewMemory:
         idempotency_key=key,
         fingerprint=fingerprint_digest(canonical),
         user_id=validated.get("user_id"),
+        supersedes=tuple(dict.fromkeys(validated.get("supersedes") or ())),
+        skip_stale=validated.get("stale_supersedes") == "skip",
     )
 
 
@@ -235,6 +241,13 @@ class MemoryService:
         if row is None:
             raise MemoryNotFoundError()
         return row
+
+    def history(self, org_id: uuid.UUID, memory_id: uuid.UUID) -> list[MemoryRow]:
+        """The supersession chain of a memory, oldest first (the memory itself included)."""
+        rows = self.store.history(org_id, memory_id)
+        if not rows:
+            raise MemoryNotFoundError()
+        return rows
 
     def list(self, org_id: uuid.UUID, **filters: Any) -> list[MemoryRow]:
         """The org's live memories, newest first (:meth:`MemoryStore.list`'s filters)."""
@@ -297,6 +310,8 @@ class MemoryService:
         row = result.row
         if result.outcome is WriteOutcome.CREATED:
             assert row is not None
+            if result.marked:
+                self.metrics.supersessions.inc(len(result.marked))
             return Created(row)
         if result.outcome is WriteOutcome.KEY_EXISTS:
             assert row is not None
@@ -304,6 +319,18 @@ class MemoryService:
         if result.outcome is WriteOutcome.CONTENT_EXISTS:
             assert row is not None
             return DuplicateContent(row.id)
+        if result.outcome is WriteOutcome.NEAR_DUPLICATE:
+            assert row is not None
+            return DuplicateContent(row.id, near=True)
+        if result.outcome is WriteOutcome.SUPERSEDES_INVALID:
+            refused = ", ".join(str(i) for i in result.refused)
+            return Invalid(
+                {
+                    "supersedes": [
+                        "must be current memories of the same agent and user; not: " + refused
+                    ]
+                }
+            )
         if result.outcome is WriteOutcome.UNKNOWN_ORG:
             return UnknownOrg()
         if result.outcome is WriteOutcome.UNKNOWN_SESSION:
@@ -324,3 +351,5 @@ class MemoryService:
             metrics.conflicts.labels("IDEMPOTENCY_IN_PROGRESS").inc()
         elif isinstance(outcome, DuplicateContent):
             metrics.conflicts.labels("DUPLICATE_CONTENT").inc()
+            if outcome.near:
+                metrics.near_duplicates.inc()

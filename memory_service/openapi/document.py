@@ -28,6 +28,7 @@ from schema.memory import (
     ErrorSchema,
     HealthSchema,
     MemoryCreateSchema,
+    MemoryHistorySchema,
     MemoryListQuerySchema,
     MemoryPageSchema,
     MemorySchema,
@@ -68,6 +69,7 @@ def build_spec(max_body_bytes: int) -> dict[str, Any]:
         ("MemoryCreate", MemoryCreateSchema),
         ("Memory", MemorySchema),
         ("MemoryPage", MemoryPageSchema),
+        ("MemoryHistory", MemoryHistorySchema),
         ("Error", ErrorSchema),
         ("Health", HealthSchema),
         ("SearchRequest", SearchRequestSchema),
@@ -141,7 +143,9 @@ def build_spec(max_body_bytes: int) -> dict[str, Any]:
                         "413": error(f"Body over {max_body_bytes} bytes (BODY_TOO_LARGE)."),
                         "422": error(
                             "Validation failed, field by field (VALIDATION_FAILED); also an "
-                            "agent_id or source.session_id that is not of this org."
+                            "agent_id or source.session_id that is not of this org, or a "
+                            "supersedes id that is not a current memory of the same agent and "
+                            "user."
                         ),
                     }
                 ),
@@ -194,6 +198,27 @@ def build_spec(max_body_bytes: int) -> dict[str, Any]:
                 "responses": with_org_errors(
                     {
                         "204": {"description": "Deleted."},
+                        "404": error("No such memory in this org (NOT_FOUND)."),
+                    }
+                ),
+            },
+        },
+    )
+    spec.path(
+        path="/v1/memories/{memory_id}/history",
+        operations={
+            "get": {
+                "operationId": "memoryHistory",
+                "summary": "The supersession chain the memory belongs to, oldest first: the"
+                " memories it replaced (with their superseded_by), it, and what replaced it.",
+                "security": secured,
+                "parameters": [MEMORY_ID, ORG_HEADER],
+                "responses": with_org_errors(
+                    {
+                        "200": {
+                            "description": "The chain, oldest first.",
+                            "content": {"application/json": {"schema": "MemoryHistory"}},
+                        },
                         "404": error("No such memory in this org (NOT_FOUND)."),
                     }
                 ),

@@ -52,4 +52,5 @@ class SearchService:
             limit=limit,
             session_id=request["session_id"],
             kinds=request["kinds"],
+            include_superseded=request.get("include_superseded", False),
         )

@@ -135,6 +135,9 @@ cand AS (
            ARRAY(SELECT l FROM unnest(tsvector_to_array(m.content_tsv)) l
                   WHERE l = ANY(q.lexemes)) AS hits
       FROM ids JOIN ibex_memory.memories m ON m.id = ids.id, q
+     -- Supersession (000014): current memories unless include_superseded. The candidates
+     -- are taken before this filter, so superseded rows may use up some of a word's cap.
+     WHERE %(include_superseded)s OR m.superseded_by IS NULL
 ),
 df AS (
     SELECT l AS lexeme, count(c.id) AS n
@@ -177,6 +180,7 @@ def _prepare(
     limit: int,
     session_id: uuid.UUID | None = None,
     kinds: Sequence[str] | None = None,
+    include_superseded: bool = False,
 ) -> tuple[str, dict[str, Any]] | None:
     """The statement and its parameters; None when the query has no word worth looking up."""
     words = query_words(query)
@@ -196,6 +200,7 @@ def _prepare(
     params["words"] = significant
     params["session_id"] = str(session_id) if session_id is not None else None
     params["kinds"] = list(kinds) if kinds else None
+    params["include_superseded"] = include_superseded
     return _SEARCH_SQL[trigram], params
 
 
@@ -254,6 +259,7 @@ class SearchStore:
         limit: int,
         session_id: uuid.UUID | None = None,
         kinds: Sequence[str] | None = None,
+        include_superseded: bool = False,
     ) -> list[SearchHit]:
         """The best ``limit`` memories for ``query``, best first; none for a query of no words."""
         trigram = self.trigram_available()
@@ -264,6 +270,7 @@ class SearchStore:
             limit=limit,
             session_id=session_id,
             kinds=kinds,
+            include_superseded=include_superseded,
         )
         if prepared is None:
             return []

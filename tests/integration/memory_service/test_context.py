@@ -8,10 +8,26 @@ from typing import Any
 import httpx
 import pytest
 
+from core.config import Settings
 from memory_service.search.context import estimate_tokens
 from schema.search import ContextResultSchema
 from tests.integration.memory_service.helpers import Tenant
 from tests.integration.memory_service.test_search import write
+
+
+@pytest.fixture
+def settings(database_url: str, redis_url: str) -> Settings:
+    """The service with its near-duplicate refusal off, so near-identical memories can be
+    stored and the packing's own rule (never the same words twice in one block) is what is
+    tested here; the refusal has its tests in test_change.py."""
+    return Settings.from_env(
+        {
+            "DATABASE_URL": database_url,
+            "REDIS_URL": redis_url,
+            "MEMORY_MAX_BODY_BYTES": "4096",
+            "MEMORY_NEAR_DUPLICATE_THRESHOLD": "0",
+        }
+    )
 
 
 @pytest.fixture

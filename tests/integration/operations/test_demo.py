@@ -113,9 +113,9 @@ def test_the_demo_extracts_the_samples_and_cleans_up(demo_folder: Path) -> None:
     )
     assert result.returncode == 0, result.stdout + result.stderr
     summary = _summary(result.stdout)
-    assert summary["sessions extracted"] == "32"  # 36 samples, 4 of them active or abandoned
-    assert summary["turns extracted"] == "128"
-    assert summary["LLM calls"] == "128 (1.00 per turn)"
+    assert summary["sessions extracted"] == "34"  # 38 samples, 4 of them active or abandoned
+    assert summary["turns extracted"] == "132"
+    assert summary["LLM calls"] == "132 (1.00 per turn)"
     assert summary["duplicates"] == "0" and summary["failed turns"] == "0"
     assert int(summary["memories"]) >= 100
     assert "The user's name is" in result.stdout  # the sample memories table
@@ -132,7 +132,7 @@ def test_the_demo_extracts_the_samples_and_cleans_up(demo_folder: Path) -> None:
         check=False,
     )
     assert again.returncode == 0, again.stdout + again.stderr
-    assert "36 unchanged, 0 turns added" in again.stdout
+    assert "38 unchanged, 0 turns added" in again.stdout
     assert "0 turns sent" in again.stdout
     assert _summary(again.stdout) == summary
     _assert_recall(again.stdout)

@@ -67,7 +67,7 @@ def test_a_4000_character_content_is_accepted() -> None:
 
 
 def test_list_query() -> None:
-    assert MemoryListQuerySchema().load({}) == {"limit": 50}
+    assert MemoryListQuerySchema().load({}) == {"limit": 50, "include_superseded": False}
     assert MemoryListQuerySchema().load({"limit": "200"})["limit"] == 200
     with pytest.raises(ValidationError):
         MemoryListQuerySchema().load({"limit": "201"})
