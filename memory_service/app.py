@@ -26,7 +26,7 @@ from core.config import Settings
 from core.db import make_pool as db_pool
 from memory_service import docs_page, errors
 from memory_service.auth import Authenticator
-from memory_service.health import HealthResource, ReadyResource
+from memory_service.health import HealthResource, ReadyResource, SchemaGate
 from memory_service.http import Api
 from memory_service.idempotency import IdempotencyStore
 from memory_service.memories.endpoints import MemoriesResource, MemoryResource
@@ -114,7 +114,8 @@ def create_app(
     )
     memories = MemoryService(store, idempotency, metrics)
     # Metrics first: its process_response runs last, so it sees the final status and time.
-    middleware: list[Any] = [RequestMetrics(metrics), ReturnConnection(db)]
+    # The schema gate after ReturnConnection: the connection its check borrows goes back too.
+    middleware: list[Any] = [RequestMetrics(metrics), ReturnConnection(db), SchemaGate(db)]
     app = falcon.App(middleware=middleware)
     app.req_options.strip_url_path_trailing_slash = True
     errors.register(app)
