@@ -25,6 +25,7 @@ from redis.retry import Retry
 from core.config import Settings
 from core.db import make_pool as db_pool
 from memory_service import docs_page, errors
+from memory_service.agents import AgentResolver
 from memory_service.auth import Authenticator
 from memory_service.health import HealthResource, ReadyResource, SchemaGate
 from memory_service.http import Api
@@ -125,8 +126,9 @@ def create_app(
     app.add_route("/healthz", HealthResource())
     searches = SearchStore(db)
     reads = SearchService(searches)
-    app.add_route("/v1/memories/search", SearchResource(api, reads))
-    app.add_route("/v1/context", ContextResource(api, reads))
+    agents = AgentResolver(db)
+    app.add_route("/v1/memories/search", SearchResource(api, reads, agents))
+    app.add_route("/v1/context", ContextResource(api, reads, agents))
     add_session_routes(app, api, db, store)
     app.add_route("/readyz", ReadyResource(store, redis_client, searches.search_mode))
     spec = docs_page.document(build_spec(settings.memory_max_body_bytes))

@@ -21,6 +21,7 @@ from core.errors import (
     TurnGapError,
 )
 from memory_service.domain_errors import (
+    AgentNotFoundError,
     DomainError,
     MemoryNotFoundError,
     NoSuchOrgError,
@@ -85,6 +86,8 @@ def answer_for(exc: Exception) -> ApiError:
         return ApiError(404, "NOT_FOUND", str(exc))
     if isinstance(exc, NoSuchOrgError):
         return ApiError(403, "FORBIDDEN_ORG", str(exc))
+    if isinstance(exc, AgentNotFoundError):
+        return ApiError(404, "UNKNOWN_AGENT", str(exc))
     if isinstance(exc, UnknownAgentError):
         return validation_error({"agent_id": [str(exc)]})
     if isinstance(exc, SessionDeletedError):
