@@ -73,6 +73,25 @@ def demo_folder() -> Iterator[Path]:
         shutil.rmtree(folder, ignore_errors=True)
 
 
+def _assert_explained(out: str, *, memories: int) -> None:
+    """The figures say what they are: why 32 of the 36 sessions are extracted, that the
+    memories shown are a sample, what the scores mean, and what to do next."""
+    lines = out.splitlines()
+    imported = next(i for i, line in enumerate(lines) if line.startswith("imported "))
+    statuses = re.fullmatch(
+        r" +32 completed \(extracted\), (\d+) active \(still open: extracted once completed\),"
+        r" (\d+) abandoned \(never extracted\)",
+        lines[imported + 1],
+    )
+    assert statuses, lines[imported + 1]
+    assert int(statuses.group(1)) + int(statuses.group(2)) == 4
+    assert f"a sample: the first 8 of the {memories} memories, in import order" in out
+    assert "scores are 0-1, higher is better" in out and "docs/search.md" in out
+    tail = lines[lines.index("what next:") :]
+    assert any(line.split()[:2] == ["ibex", "up"] for line in tail), tail
+    assert any("Run it for development" in line for line in tail), tail
+
+
 def _assert_recall(out: str) -> None:
     """The read path after the summary: a search of acme/support-bot's memories with its top
     hits, best first, and the context assembled for the same question."""
@@ -119,6 +138,8 @@ def test_the_demo_extracts_the_samples_and_cleans_up(demo_folder: Path) -> None:
     assert summary["duplicates"] == "0" and summary["failed turns"] == "0"
     assert int(summary["memories"]) >= 100
     assert "The user's name is" in result.stdout  # the sample memories table
+    _assert_explained(result.stdout, memories=int(summary["memories"]))
+    assert "totals of this run" in result.stdout
     _assert_recall(result.stdout)
     assert _leftovers(str(data)) == []
 
@@ -135,6 +156,12 @@ def test_the_demo_extracts_the_samples_and_cleans_up(demo_folder: Path) -> None:
     assert "36 unchanged, 0 turns added" in again.stdout
     assert "0 turns sent" in again.stdout
     assert _summary(again.stdout) == summary
+    # The same totals, said to be cumulative: this run extracted nothing new.
+    assert (
+        "cumulative over every run (128 of the 128 turns were extracted by earlier runs;"
+        " --fresh starts over)" in again.stdout
+    ), again.stdout
+    _assert_explained(again.stdout, memories=int(summary["memories"]))
     _assert_recall(again.stdout)
     assert _leftovers(str(data)) == []
     assert time.monotonic() - started < 200
