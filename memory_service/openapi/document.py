@@ -15,6 +15,7 @@ from memory_service.openapi.parts import (
     ORG_HEADER,
     PRINTABLE_HEADER_PATTERN,
     RETRY_AFTER,
+    UNKNOWN_AGENT,
     error,
     exactly_one_of,
     null_only_alternatives,
@@ -163,6 +164,7 @@ def build_spec(max_body_bytes: int) -> dict[str, Any]:
                             "malformed X-IBEX-Org-ID (INVALID_HEADER) or none with a service "
                             "token (ORG_REQUIRED)."
                         ),
+                        "404": UNKNOWN_AGENT,
                         "422": error("Invalid query parameter (VALIDATION_FAILED)."),
                     }
                 ),
