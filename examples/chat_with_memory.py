@@ -91,8 +91,13 @@ def run(
     """Feed the conversation, wait for extraction, and return the extracted session and the
     context for what comes next."""
     # The external id makes the create safe to retry: a repeat finds this session.
+    # create_agent: the first run makes the agent; an unknown slug is refused otherwise.
     session = ibex.create_session(
-        agent, external_id=f"example-{uuid.uuid4()}", model="gpt-4o-mini", provider="openai"
+        agent,
+        create_agent=True,
+        external_id=f"example-{uuid.uuid4()}",
+        model="gpt-4o-mini",
+        provider="openai",
     )
     ibex.append_turns(session.id, CONVERSATION)
     session = ibex.complete_session(session.id)

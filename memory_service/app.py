@@ -25,8 +25,9 @@ from redis.retry import Retry
 from core.config import Settings
 from core.db import make_pool as db_pool
 from memory_service import docs_page, errors
+from memory_service.agents import AgentResolver
 from memory_service.auth import Authenticator
-from memory_service.health import HealthResource, ReadyResource
+from memory_service.health import HealthResource, ReadyResource, SchemaGate
 from memory_service.http import Api
 from memory_service.idempotency import IdempotencyStore
 from memory_service.memories.endpoints import (
@@ -118,19 +119,21 @@ def create_app(
     )
     memories = MemoryService(store, idempotency, metrics)
     # Metrics first: its process_response runs last, so it sees the final status and time.
-    middleware: list[Any] = [RequestMetrics(metrics), ReturnConnection(db)]
+    # The schema gate after ReturnConnection: the connection its check borrows goes back too.
+    middleware: list[Any] = [RequestMetrics(metrics), ReturnConnection(db), SchemaGate(db)]
     app = falcon.App(middleware=middleware)
     app.req_options.strip_url_path_trailing_slash = True
     errors.register(app)
     app.add_error_handler(MaxConnectionsExceeded, errors.handle_unavailable)
-    app.add_route("/v1/memories", MemoriesResource(api, memories))
+    agents = AgentResolver(db)
+    app.add_route("/v1/memories", MemoriesResource(api, memories, agents))
     app.add_route("/v1/memories/{memory_id:uuid}", MemoryResource(api, memories))
     app.add_route("/v1/memories/{memory_id:uuid}/history", MemoryHistoryResource(api, memories))
     app.add_route("/healthz", HealthResource())
     searches = SearchStore(db)
     reads = SearchService(searches)
-    app.add_route("/v1/memories/search", SearchResource(api, reads))
-    app.add_route("/v1/context", ContextResource(api, reads))
+    app.add_route("/v1/memories/search", SearchResource(api, reads, agents))
+    app.add_route("/v1/context", ContextResource(api, reads, agents))
     add_session_routes(app, api, db, store)
     app.add_route("/readyz", ReadyResource(store, redis_client, searches.search_mode))
     spec = docs_page.document(build_spec(settings.memory_max_body_bytes))

@@ -40,3 +40,13 @@ class SessionDeletedError(DomainError):
     """The external id names a session that was deleted: it is not reopened."""
 
     message = "the session with this external id was deleted; use another external id"
+
+
+class AgentNotFoundError(DomainError):
+    """The agent a request names (by slug or id) is not one of the org's: a read or a new
+    session for it is refused, never answered as if it were an agent with nothing stored."""
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+        self.message = f"no agent {name!r} in this org"
+        Exception.__init__(self, self.message)

@@ -14,8 +14,14 @@ from typing import Any
 
 import falcon
 
-from core.errors import DatabaseUnavailableError, ImmutableTurnError, TurnGapError
+from core.errors import (
+    DatabaseUnavailableError,
+    ImmutableTurnError,
+    SchemaNotReadyError,
+    TurnGapError,
+)
 from memory_service.domain_errors import (
+    AgentNotFoundError,
     DomainError,
     MemoryNotFoundError,
     NoSuchOrgError,
@@ -80,6 +86,8 @@ def answer_for(exc: Exception) -> ApiError:
         return ApiError(404, "NOT_FOUND", str(exc))
     if isinstance(exc, NoSuchOrgError):
         return ApiError(403, "FORBIDDEN_ORG", str(exc))
+    if isinstance(exc, AgentNotFoundError):
+        return ApiError(404, "UNKNOWN_AGENT", str(exc))
     if isinstance(exc, UnknownAgentError):
         return validation_error({"agent_id": [str(exc)]})
     if isinstance(exc, SessionDeletedError):
@@ -125,6 +133,17 @@ def handle_unavailable(
     resp.data = error_body("UNAVAILABLE", "the database is unavailable; retry", retry_after=1)
 
 
+def handle_schema_not_ready(
+    req: falcon.Request, resp: falcon.Response, exc: Exception, params: dict[str, Any]
+) -> None:
+    """The schema is missing or behind the code: every API call would fail until an operator
+    runs ``ibex migrate``; the message (one line) names the database and says so."""
+    log.warning("schema not ready: %s", exc)
+    resp.status = 503
+    resp.content_type = falcon.MEDIA_JSON
+    resp.data = error_body("SCHEMA_NOT_READY", str(exc))
+
+
 def handle_unexpected(
     req: falcon.Request, resp: falcon.Response, exc: Exception, params: dict[str, Any]
 ) -> None:
@@ -140,5 +159,6 @@ def register(app: falcon.App) -> None:
     app.set_error_serializer(serialize_error)
     app.add_error_handler(Exception, handle_unexpected)
     app.add_error_handler(DatabaseUnavailableError, handle_unavailable)
+    app.add_error_handler(SchemaNotReadyError, handle_schema_not_ready)
     for refusal in REFUSALS:
         app.add_error_handler(refusal, handle_refusal)

@@ -10,7 +10,7 @@ from typing import Any
 
 from marshmallow import RAISE, Schema, ValidationError, fields, validate, validates_schema
 
-from schema.common import StrictInteger
+from schema.common import Slug, StrictInteger
 from schema.memory import (
     MEMORY_KINDS,
     NOT_BLANK_PATTERN,
@@ -27,6 +27,15 @@ MAX_CONTEXT_TOKENS = 32_000
 DEFAULT_CONTEXT_TOKENS = 400
 MAX_CONTEXT_MESSAGES = 50
 MAX_MESSAGE_CHARS = 20_000
+
+
+AGENT_DESCRIPTION = "The agent's slug (instead of agent_id); 404 UNKNOWN_AGENT if the org has none."
+AGENT_ID_DESCRIPTION = "The agent's id (instead of agent); 404 UNKNOWN_AGENT if not the org's."
+
+
+def _one_agent(data: dict[str, Any]) -> None:
+    if ("agent" in data) == ("agent_id" in data):
+        raise ValidationError("give exactly one of agent (a slug) and agent_id", "agent")
 
 
 def _query_valid(text: str) -> None:
@@ -49,7 +58,8 @@ class SearchRequestSchema(Schema):
             "pattern": NOT_BLANK_PATTERN,
         },
     )
-    agent_id = fields.UUID(required=True, metadata={"description": "The agent to search."})
+    agent = Slug(metadata={"description": AGENT_DESCRIPTION})
+    agent_id = fields.UUID(metadata={"description": AGENT_ID_DESCRIPTION})
     session_id = fields.UUID(
         load_default=None,
         allow_none=True,
@@ -71,6 +81,10 @@ class SearchRequestSchema(Schema):
         load_default=False,
         metadata={"description": "Also return superseded memories (with their superseded_by)."},
     )
+
+    @validates_schema
+    def _one_agent(self, data: dict[str, Any], **kwargs: Any) -> None:
+        _one_agent(data)
 
 
 class SignalsSchema(Schema):
@@ -166,7 +180,8 @@ class ContextRequestSchema(Schema):
     class Meta:
         unknown = RAISE
 
-    agent_id = fields.UUID(required=True)
+    agent = Slug(metadata={"description": AGENT_DESCRIPTION})
+    agent_id = fields.UUID(metadata={"description": AGENT_ID_DESCRIPTION})
     query = fields.String(
         load_default=None,
         allow_none=True,
@@ -208,6 +223,10 @@ class ContextRequestSchema(Schema):
     def _one_source(self, data: dict[str, Any], **kwargs: Any) -> None:
         if (data.get("query") is None) == (data.get("messages") is None):
             raise ValidationError("give exactly one of query and messages", "query")
+
+    @validates_schema
+    def _one_agent(self, data: dict[str, Any], **kwargs: Any) -> None:
+        _one_agent(data)
 
 
 class ContextResultSchema(Schema):

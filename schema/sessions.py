@@ -53,12 +53,22 @@ def _storable(text: str) -> None:
 
 
 class SessionCreateSchema(Schema):
-    """Body of ``POST /v1/sessions``: the agent by slug (created when missing) or by id."""
+    """Body of ``POST /v1/sessions``: the agent by slug or by id; an unknown slug is created
+    only with ``create_agent``."""
 
     class Meta:
         unknown = RAISE
 
-    agent = Slug(metadata={"description": "The agent's slug; created when missing."})
+    agent = Slug(
+        metadata={
+            "description": "The agent's slug; 404 UNKNOWN_AGENT if the org has none, unless "
+            "create_agent is true."
+        }
+    )
+    create_agent = fields.Boolean(
+        load_default=False,
+        metadata={"description": "Create the agent named by agent when the org has none."},
+    )
     agent_id = fields.UUID(metadata={"description": "An agent of the org (instead of agent)."})
     external_id = fields.String(
         load_default=None,

@@ -71,6 +71,16 @@ def _gone() -> bool:
     return False
 
 
+def _agent(agent: str | None, agent_id: Id | None) -> dict[str, Any]:
+    """The body's agent: by slug (``agent``) or by id, exactly one."""
+    if (agent is None) == (agent_id is None):
+        raise ValueError("give exactly one of agent (a slug) and agent_id")
+    if agent is not None:
+        return {"agent": agent}
+    assert agent_id is not None
+    return {"agent_id": _id(agent_id, "agent_id")}
+
+
 # -- sessions --------------------------------------------------------------------------------
 
 
@@ -80,15 +90,13 @@ def create_session(
     external_id: str | None,
     model: str | None,
     provider: str | None,
+    create_agent: bool = False,
 ) -> Call[Session]:
-    if (agent is None) == (agent_id is None):
-        raise ValueError("give exactly one of agent (a slug) and agent_id")
-    body: dict[str, Any] = {}
-    if agent is not None:
-        body["agent"] = agent
-    else:
-        assert agent_id is not None
-        body["agent_id"] = _id(agent_id, "agent_id")
+    body = _agent(agent, agent_id)
+    if create_agent:
+        if agent is None:
+            raise ValueError("create_agent needs agent (a slug)")
+        body["create_agent"] = True
     for name, value in (("external_id", external_id), ("model", model), ("provider", provider)):
         if value is not None:
             body[name] = value
@@ -217,13 +225,14 @@ def delete_memory(memory_id: Id) -> Call[bool]:
 
 def search(
     query: str,
-    agent_id: Id,
+    agent_id: Id | None,
     session_id: Id | None,
     kinds: Sequence[str] | None,
     limit: int | None,
     include_superseded: bool = False,
+    agent: str | None = None,
 ) -> Call[tuple[SearchHit, ...]]:
-    body: dict[str, Any] = {"query": query, "agent_id": _id(agent_id, "agent_id")}
+    body: dict[str, Any] = {"query": query, **_agent(agent, agent_id)}
     if include_superseded:
         body["include_superseded"] = True
     if session_id is not None:
@@ -238,17 +247,18 @@ def search(
 
 
 def context(
-    agent_id: Id,
+    agent_id: Id | None,
     query: str | None,
     messages: Sequence[Mapping[str, Any]] | None,
     session_id: Id | None,
     kinds: Sequence[str] | None,
     max_tokens: int | None,
     include_superseded: bool = False,
+    agent: str | None = None,
 ) -> Call[Context]:
     if (query is None) == (messages is None):
         raise ValueError("give exactly one of query and messages")
-    body: dict[str, Any] = {"agent_id": _id(agent_id, "agent_id")}
+    body = _agent(agent, agent_id)
     if include_superseded:
         body["include_superseded"] = True
     if query is not None:

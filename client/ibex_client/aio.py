@@ -98,11 +98,16 @@ class AsyncIbexClient:
         external_id: str | None = None,
         model: str | None = None,
         provider: str | None = None,
+        create_agent: bool = False,
     ) -> Session:
-        """Start a session of ``agent`` (a slug, created when missing) or ``agent_id``; the
-        same ``external_id`` again returns the existing session. Without an external id every
-        call opens a new session, so the call is retried only when it could not connect."""
-        return await self._run(_calls.create_session(agent, agent_id, external_id, model, provider))
+        """Start a session of ``agent`` (the slug of one of the org's agents; one it does not
+        have raises :class:`~ibex_client.errors.NotFoundError` ``UNKNOWN_AGENT``, unless
+        ``create_agent``, which creates it) or ``agent_id``; the same ``external_id`` again
+        returns the existing session. Without an external id every call opens a new session,
+        so the call is retried only when it could not connect."""
+        return await self._run(
+            _calls.create_session(agent, agent_id, external_id, model, provider, create_agent)
+        )
 
     async def append_turns(self, session_id: Id, turns: Sequence[Turn]) -> TurnsAppended:
         """Append turns in order; turns already stored with the same content are no-ops
@@ -244,21 +249,25 @@ class AsyncIbexClient:
         self,
         query: str,
         *,
-        agent_id: Id,
+        agent_id: Id | None = None,
         session_id: Id | None = None,
         kinds: Sequence[str] | None = None,
         limit: int | None = None,
         include_superseded: bool = False,
+        agent: str | None = None,
     ) -> tuple[SearchHit, ...]:
-        """The agent's memories that match ``query``, best first."""
+        """The agent's memories that match ``query``, best first. The agent is ``agent`` (a
+        slug) or ``agent_id``, exactly one; one the org does not have raises
+        :class:`~ibex_client.errors.NotFoundError` (``UNKNOWN_AGENT``)."""
         return await self._run(
-            _calls.search(query, agent_id, session_id, kinds, limit, include_superseded)
+            _calls.search(query, agent_id, session_id, kinds, limit, include_superseded, agent)
         )
 
     async def context(
         self,
-        agent_id: Id,
+        agent_id: Id | None = None,
         *,
+        agent: str | None = None,
         query: str | None = None,
         messages: Sequence[Mapping[str, Any]] | None = None,
         session_id: Id | None = None,
@@ -267,10 +276,11 @@ class AsyncIbexClient:
         include_superseded: bool = False,
     ) -> Context:
         """The best memories for ``query`` (or the conversation's last ``messages``) packed
-        into ``max_tokens``, as a block for a system prompt."""
+        into ``max_tokens``, as a block for a system prompt. The agent is ``agent`` (a slug)
+        or ``agent_id``, exactly one, as for :meth:`search`."""
         return await self._run(
             _calls.context(
-                agent_id, query, messages, session_id, kinds, max_tokens, include_superseded
+                agent_id, query, messages, session_id, kinds, max_tokens, include_superseded, agent
             )
         )
 

@@ -8,7 +8,7 @@ a newer server's additions do not break an older client.
 from __future__ import annotations
 
 import uuid
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any, Generic, TypeVar
@@ -218,10 +218,18 @@ class Context:
 
 @dataclass(frozen=True)
 class Page(Generic[T]):
-    """One page of a list, and the cursor of the next one (None on the last page)."""
+    """One page of a list, and the cursor of the next one (None on the last page). Iterating
+    a page yields its items (``for s in client.list_sessions(): ...``), ``len`` counts them;
+    ``iter_sessions``/``iter_memories`` go on through the next pages."""
 
     items: tuple[T, ...]
     next_cursor: str | None
+
+    def __iter__(self) -> Iterator[T]:
+        return iter(self.items)
+
+    def __len__(self) -> int:
+        return len(self.items)
 
 
 def _page(value: Any, item: Callable[[Any], T]) -> Page[T]:

@@ -289,3 +289,29 @@ def test_supersession_calls() -> None:
     assert rec.requests[2].url.path == f"/v1/memories/{newer}/history"
     assert [m.id for m in chain] == [MEMORY, newer]
     assert rec.body(3)["include_superseded"] is True
+
+
+def test_the_agent_slug_on_search_context_and_session_and_an_unknown_one() -> None:
+    block = "<memories>\n- Dana is allergic to peanuts.\n</memories>"
+    rec = AsyncRecorder(
+        httpx.Response(201, json=session_json()),
+        httpx.Response(200, json={"items": [hit_json()]}),
+        httpx.Response(200, json={"context": block, "memories": [], "tokens": 14, "dropped": 0}),
+        error(404, "UNKNOWN_AGENT", "no agent 'suport-bot' in this org"),
+    )
+
+    async def run() -> tuple[Any, ...]:
+        async with client_for(rec, []) as ibex:
+            await ibex.create_session("support-bot", create_agent=True)
+            hits = await ibex.search("peanuts", agent="support-bot")
+            context = await ibex.context(agent="support-bot", query="peanuts")
+            with pytest.raises(NotFoundError) as caught:
+                await ibex.search("peanuts", agent="suport-bot")
+            return hits, context, caught.value
+
+    hits, context, unknown = asyncio.run(run())
+    assert rec.body(0) == {"agent": "support-bot", "create_agent": True}
+    assert rec.body(1) == {"query": "peanuts", "agent": "support-bot"}
+    assert rec.body(2) == {"agent": "support-bot", "query": "peanuts"}
+    assert hits[0].memory.id == MEMORY and context.context == block
+    assert (unknown.status, unknown.code) == (404, "UNKNOWN_AGENT")

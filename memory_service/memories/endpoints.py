@@ -13,6 +13,7 @@ import uuid
 
 import falcon
 
+from memory_service.agents import AgentResolver
 from memory_service.cursor import encode_cursor
 from memory_service.errors import ApiError, dumps
 from memory_service.http import (
@@ -46,9 +47,13 @@ def idempotency_key(req: falcon.Request) -> str | None:
 
 
 class MemoriesResource:
-    def __init__(self, api: Api, service: MemoryService) -> None:
+    def __init__(
+        self, api: Api, service: MemoryService, agents: AgentResolver | None = None
+    ) -> None:
         self.api = api
         self.service = service
+        # Given, a list filtered by an agent the org does not have is 404 UNKNOWN_AGENT.
+        self.agents = agents
 
     def on_post(self, req: falcon.Request, resp: falcon.Response) -> None:
         api = self.api
@@ -62,6 +67,8 @@ class MemoriesResource:
         org_id, after, query = list_request(self.api, req, READ, LIST_QUERY_SCHEMA)
         limit = query["limit"]
         filters = {name: query.get(name) for name in ("agent_id", "session_id")}
+        if self.agents is not None and filters["agent_id"] is not None:
+            self.agents.resolve(org_id, agent_id=filters["agent_id"])
         # Supersession: current memories unless include_superseded.
         filters["include_superseded"] = query["include_superseded"]
         rows = self.service.list(org_id, **filters, limit=limit + 1, after=after)

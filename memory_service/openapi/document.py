@@ -15,6 +15,7 @@ from memory_service.openapi.parts import (
     ORG_HEADER,
     PRINTABLE_HEADER_PATTERN,
     RETRY_AFTER,
+    UNKNOWN_AGENT,
     error,
     exactly_one_of,
     null_only_alternatives,
@@ -72,15 +73,16 @@ def build_spec(max_body_bytes: int) -> dict[str, Any]:
         ("MemoryHistory", MemoryHistorySchema),
         ("Error", ErrorSchema),
         ("Health", HealthSchema),
-        ("SearchRequest", SearchRequestSchema),
         ("SearchResult", SearchResultSchema),
         ("ContextResult", ContextResultSchema),
     ):
         spec.components.schema(name, schema=schema)
     # The rule the schema's validator enforces, which its fields cannot say.
+    one_agent = exactly_one_of(agent="string", agent_id="string")
+    spec.components.schema("SearchRequest", component=one_agent, schema=SearchRequestSchema)
     spec.components.schema(
         "ContextRequest",
-        component=exactly_one_of(query="string", messages="array"),
+        component={"allOf": [exactly_one_of(query="string", messages="array"), one_agent]},
         schema=ContextRequestSchema,
     )
 
@@ -166,6 +168,7 @@ def build_spec(max_body_bytes: int) -> dict[str, Any]:
                             "malformed X-IBEX-Org-ID (INVALID_HEADER) or none with a service "
                             "token (ORG_REQUIRED)."
                         ),
+                        "404": UNKNOWN_AGENT,
                         "422": error("Invalid query parameter (VALIDATION_FAILED)."),
                     }
                 ),
@@ -339,8 +342,15 @@ def _read_path(spec: APISpec, secured: list[dict[str, list[str]]], max_body_byte
                                 "Malformed JSON (MALFORMED_JSON) or header (INVALID_HEADER, "
                                 "ORG_REQUIRED)."
                             ),
+                            "404": error(
+                                "The agent (agent, a slug, or agent_id) is not one of the "
+                                "org's (UNKNOWN_AGENT)."
+                            ),
                             "413": error(f"Body over {max_body_bytes} bytes (BODY_TOO_LARGE)."),
-                            "422": error("Validation failed, field by field (VALIDATION_FAILED)."),
+                            "422": error(
+                                "Validation failed, field by field (VALIDATION_FAILED); also "
+                                "neither or both of agent and agent_id."
+                            ),
                         }
                     ),
                 }

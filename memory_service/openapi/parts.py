@@ -34,7 +34,11 @@ AUTH_ERRORS = {
 }
 COMMON_ERRORS = {
     "500": error("Unexpected error (INTERNAL_ERROR)."),
-    "503": error("Postgres unavailable (UNAVAILABLE).", **RETRY_AFTER),
+    "503": error(
+        "Postgres unavailable (UNAVAILABLE, with Retry-After), or its schema is not current"
+        " (SCHEMA_NOT_READY: the message names the database and says to run `ibex migrate`).",
+        **RETRY_AFTER,
+    ),
 }
 
 
@@ -60,6 +64,8 @@ def exactly_one_of(**types: str) -> dict[str, Any]:
         ]
     }
 
+
+UNKNOWN_AGENT = error("The agent named is not one of the org's (UNKNOWN_AGENT).")
 
 #: A header value as the service accepts it: printable (no control character, no
 #: non-breaking space or soft hyphen, as ``str.isprintable``), not blank at either end.

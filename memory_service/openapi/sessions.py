@@ -12,6 +12,7 @@ from apispec import APISpec
 from memory_service.openapi.parts import (
     ORG_HEADER,
     PRINTABLE_HEADER_PATTERN,
+    UNKNOWN_AGENT,
     error,
     exactly_one_of,
     with_org_errors,
@@ -118,9 +119,10 @@ def document(spec: APISpec, secured: list[dict[str, list[str]]], max_body_bytes:
             "post": {
                 "operationId": "openSession",
                 "summary": "Open a session, or find the one with this external id.",
-                "description": "The agent is a slug (created when missing) or an agent_id of "
-                "the org. The same (agent, external_id) again answers 200 with the existing "
-                "session; without an external id a new session is opened every time.",
+                "description": "The agent is the slug of one of the org's agents (an unknown "
+                "slug is 404 UNKNOWN_AGENT, unless create_agent is true: then it is created) or "
+                "an agent_id of the org. The same (agent, external_id) again answers 200 with "
+                "the existing session; without an external id a new session is opened every time.",
                 "security": secured,
                 "parameters": [
                     ORG_HEADER,
@@ -144,12 +146,9 @@ def document(spec: APISpec, secured: list[dict[str, list[str]]], max_body_bytes:
                         "201": ok("Opened.", "Session", **location),
                         "200": ok("The session with this external id.", "Session", **location),
                         **bad_body,
+                        "404": UNKNOWN_AGENT,
                         "409": error(
                             "The session with this external id was deleted (SESSION_DELETED)."
-                        ),
-                        "422": error(
-                            "Validation failed, field by field (VALIDATION_FAILED); also an "
-                            "agent_id that is not of this org."
                         ),
                     }
                 ),
@@ -168,6 +167,7 @@ def document(spec: APISpec, secured: list[dict[str, list[str]]], max_body_bytes:
                             "malformed X-IBEX-Org-ID (INVALID_HEADER) or none with a service "
                             "token (ORG_REQUIRED)."
                         ),
+                        "404": UNKNOWN_AGENT,
                         "422": error("Invalid query parameter (VALIDATION_FAILED)."),
                     }
                 ),

@@ -124,6 +124,7 @@ class SessionsResource:
             org_id,
             agent_slug=body.get("agent"),
             agent_id=body.get("agent_id"),
+            create_agent=body["create_agent"],
             external_id=external_id,
             model=body["model"],
             provider=body["provider"],
@@ -133,6 +134,8 @@ class SessionsResource:
 
     def on_get(self, req: falcon.Request, resp: falcon.Response) -> None:
         org_id, after, query = list_request(self.api, req, SESSIONS_READ, LIST_QUERY_SCHEMA)
+        if query.get("agent_id") is not None:
+            self.service.agents.resolve(org_id, agent_id=query["agent_id"])
         limit = query["limit"]
         infos = self.service.list(
             org_id,

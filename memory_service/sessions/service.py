@@ -22,11 +22,12 @@ from playhouse.postgres_ext import PostgresqlExtDatabase
 
 from core.db import tenant
 from core.errors import NotFoundError
+from memory_service.agents import AgentResolver
 from memory_service.domain_errors import (
+    AgentNotFoundError,
     NoSuchOrgError,
     SessionDeletedError,
     SessionNotFoundError,
-    UnknownAgentError,
 )
 from memory_service.memories.store import MemoryStore
 from models.session_status import SessionInfo, SessionStatusStore
@@ -40,6 +41,7 @@ class SessionService:
         self.sessions = SessionStore(cast(PostgresqlExtDatabase, db), bind_models=False)
         self.status = SessionStatusStore(db)
         self.memories = memories
+        self.agents = AgentResolver(db)
 
     def info(self, org_id: uuid.UUID, session_id: uuid.UUID) -> SessionInfo:
         """The live session with its progress."""
@@ -57,8 +59,14 @@ class SessionService:
         external_id: str | None,
         model: str | None,
         provider: str | None,
+        create_agent: bool = False,
     ) -> tuple[SessionInfo, bool]:
-        """The session of (org, agent, external id), opened when missing; whether it was."""
+        """The session of (org, agent, external id), opened when missing; whether it was. An
+        agent slug the org does not have is :class:`AgentNotFoundError` unless
+        ``create_agent``: a typo does not make a second agent (``ibex import`` keeps creating
+        the agents its files name; that is its contract)."""
+        if agent_slug is not None and not create_agent:
+            agent_id, agent_slug = self.agents.resolve(org_id, slug=agent_slug), None
         try:
             session, created = self.sessions.open_session(
                 org_id,
@@ -71,7 +79,7 @@ class SessionService:
         except UnknownOrgError:
             raise NoSuchOrgError() from None
         except NotFoundError:
-            raise UnknownAgentError() from None
+            raise AgentNotFoundError(str(agent_id)) from None
         if session.deleted_at is not None:
             raise SessionDeletedError()
         return self.info(org_id, session.id), created

@@ -120,5 +120,29 @@ def test_another_orgs_memories_are_never_packed(
     write(http, globex, "Dana is allergic to peanuts.", theirs)
     body = {"agent_id": str(globex.agent_id), "query": "Dana peanuts"}
     response = http.post("/v1/context", json=body, headers=acme.headers())
+    assert (response.status_code, response.json()["error"]["code"]) == (404, "UNKNOWN_AGENT")
+    # Nor by the slug of globex's agent: acme has an agent of that slug, with nothing stored.
+    body = {"agent": "bot", "query": "Dana peanuts"}
+    response = http.post("/v1/context", json=body, headers=acme.headers())
     assert response.status_code == 200
     assert response.json() == {"context": "", "memories": [], "tokens": 0, "dropped": 0}
+
+
+def test_the_agent_by_slug_or_id_and_an_unknown_one(
+    http: httpx.Client, acme: Tenant, session_id: uuid.UUID
+) -> None:
+    write(http, acme, "Dana is allergic to peanuts.", session_id)
+    by_id = {"agent_id": str(acme.agent_id), "query": "Dana peanuts"}
+    by_slug = {"agent": "bot", "query": "Dana peanuts"}
+    got = http.post("/v1/context", json=by_slug, headers=acme.headers(acme.reader))
+    assert got.status_code == 200, got.text
+    assert got.json()["context"] == "<memories>\n- Dana is allergic to peanuts.\n</memories>"
+    assert got.json() == http.post("/v1/context", json=by_id, headers=acme.headers()).json()
+    for named in ({"agent": "suport-bot"}, {"agent_id": str(uuid.uuid4())}):
+        body = {"query": "Dana peanuts", **named}
+        response = http.post("/v1/context", json=body, headers=acme.headers(acme.reader))
+        assert response.status_code == 404, response.text
+        assert response.json()["error"]["code"] == "UNKNOWN_AGENT"
+    both = {**by_slug, "agent_id": str(acme.agent_id)}
+    response = http.post("/v1/context", json=both, headers=acme.headers())
+    assert response.status_code == 422 and "agent" in response.json()["error"]["fields"]

@@ -120,7 +120,13 @@ def ibex(request: pytest.FixtureRequest, app: Any, token: str) -> Iterator[Drive
 
 
 def test_session_lifecycle_through_the_client(ibex: Driver, acme: Tenant) -> None:
-    opened = ibex("create_session", "support-bot", external_id="conv-42", model="gpt-4o-mini")
+    opened = ibex(
+        "create_session",
+        "support-bot",
+        create_agent=True,
+        external_id="conv-42",
+        model="gpt-4o-mini",
+    )
     assert isinstance(opened, Session)
     assert (opened.org_id, opened.external_id, opened.status) == (acme.org_id, "conv-42", "active")
     assert (opened.model, opened.provider, opened.turn_count) == ("gpt-4o-mini", None, 0)

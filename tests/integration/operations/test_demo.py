@@ -73,6 +73,35 @@ def demo_folder() -> Iterator[Path]:
         shutil.rmtree(folder, ignore_errors=True)
 
 
+def _assert_explained(out: str, summary: dict[str, str]) -> None:
+    """The figures say what they are: why fewer sessions are extracted than imported (the
+    others are active or abandoned), that the memories shown are a sample, what the scores
+    mean, and what to do next."""
+    sessions, memories = summary["sessions extracted"], summary["memories"]
+    lines = out.splitlines()
+    imported = next(i for i, line in enumerate(lines) if line.startswith("imported "))
+    statuses = re.fullmatch(
+        rf" +{sessions} completed \(extracted\), (\d+) active \(still open: extracted once"
+        r" completed\),"
+        r" (\d+) abandoned \(never extracted\)",
+        lines[imported + 1],
+    )
+    assert statuses, lines[imported + 1]
+    counts = re.search(
+        r"^imported +(\d+) sessions created, (\d+) extended, (\d+) unchanged", out, re.MULTILINE
+    )
+    assert counts, out
+    samples = sum(int(n) for n in counts.groups())
+    # Every sample is counted once, by its status: the ones not extracted are named.
+    assert int(sessions) + int(statuses.group(1)) + int(statuses.group(2)) == samples
+    assert int(statuses.group(1)) > 0 and int(statuses.group(2)) > 0
+    assert f"a sample: the first 8 of the {memories} memories, in import order" in out
+    assert "scores are 0-1, higher is better" in out and "docs/search.md" in out
+    tail = lines[lines.index("what next:") :]
+    assert any(line.split()[:2] == ["ibex", "up"] for line in tail), tail
+    assert any("Run it for development" in line for line in tail), tail
+
+
 def _assert_recall(out: str) -> None:
     """The read path after the summary: a search of acme/support-bot's memories with its top
     hits, best first, and the context assembled for the same question."""
@@ -119,6 +148,8 @@ def test_the_demo_extracts_the_samples_and_cleans_up(demo_folder: Path) -> None:
     assert summary["duplicates"] == "0" and summary["failed turns"] == "0"
     assert int(summary["memories"]) >= 100
     assert "The user's name is" in result.stdout  # the sample memories table
+    _assert_explained(result.stdout, summary)
+    assert "totals of this run" in result.stdout
     _assert_recall(result.stdout)
     assert _leftovers(str(data)) == []
 
@@ -135,6 +166,13 @@ def test_the_demo_extracts_the_samples_and_cleans_up(demo_folder: Path) -> None:
     assert "38 unchanged, 0 turns added" in again.stdout
     assert "0 turns sent" in again.stdout
     assert _summary(again.stdout) == summary
+    # The same totals, said to be cumulative: this run extracted nothing new.
+    turns = summary["turns extracted"]
+    assert (
+        f"cumulative over every run ({turns} of the {turns} turns were extracted by earlier runs;"
+        " --fresh starts over)" in again.stdout
+    ), again.stdout
+    _assert_explained(again.stdout, summary)
     _assert_recall(again.stdout)
     assert _leftovers(str(data)) == []
     assert time.monotonic() - started < 200
