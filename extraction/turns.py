@@ -48,8 +48,8 @@ from typing import Any
 
 import peewee
 
-from core.db import one_statement, tenant, transaction
-from core.errors import ConfigError, NotFoundError
+from core.db import one_statement, require_bypass_rls, tenant, transaction
+from core.errors import NotFoundError
 from extraction.caches import AnswerCache, SlotCache
 from extraction.values import (
     AlreadyDone,
@@ -489,23 +489,10 @@ class TurnStore:
 
     # -- pruning ---------------------------------------------------------------------------
 
-    def _check_can_prune(self) -> None:
-        # Across every org, as the connecting role: row-level security would show it no rows
-        # (and the delete would silently do nothing) unless it bypasses RLS.
-        allowed = self._sql(
-            "SELECT rolsuper OR rolbypassrls FROM pg_roles WHERE rolname = current_user"
-        ).fetchone()
-        if not (allowed and allowed[0]):
-            raise ConfigError(
-                "pruning needs the role that runs `ibex migrate` (a superuser or a role with"
-                " BYPASSRLS) in DATABASE_URL",
-                variable="DATABASE_URL",
-            )
-
     def count_prunable(self, cutoff: dt.datetime) -> Pruned:
         """The rows :meth:`prune_done` would delete for ``cutoff`` now, across every org."""
         with transaction(self.db):
-            self._check_can_prune()
+            require_bypass_rls(self.db)
             turns, slots = self._sql(_COUNT_PRUNABLE, {"cutoff": cutoff}).fetchone()
         return Pruned(int(turns), int(slots))
 
@@ -529,7 +516,7 @@ class TurnStore:
         message of a pruned turn finds it below the pointer and answers "already done"; a
         session that grows later gets new rows above the pointer only."""
         with transaction(self.db):
-            self._check_can_prune()
+            require_bypass_rls(self.db)
         total = Pruned()
         after: tuple[str, int] = (_NIL_UUID, 0)
         while stop is None or not stop():
