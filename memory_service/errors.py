@@ -14,14 +14,23 @@ from typing import Any
 
 import falcon
 
-from core.errors import DatabaseUnavailableError, ImmutableTurnError, TurnGapError
+from core.errors import (
+    DatabaseUnavailableError,
+    ImmutableTurnError,
+    TurnGapError,
+    UserConflictError,
+)
 from memory_service.domain_errors import (
+    AdminScopeError,
     DomainError,
     MemoryNotFoundError,
     NoSuchOrgError,
     SessionDeletedError,
     SessionNotFoundError,
     UnknownAgentError,
+    UnknownUserIdError,
+    UserForbiddenError,
+    UserNotFoundError,
 )
 from schema import describe_errors
 
@@ -76,8 +85,21 @@ def validation_error(messages: dict[str, Any] | list[Any]) -> ApiError:
 
 def answer_for(exc: Exception) -> ApiError:
     """The HTTP answer of a refusal a service raised."""
-    if isinstance(exc, MemoryNotFoundError | SessionNotFoundError):
+    if isinstance(exc, MemoryNotFoundError | SessionNotFoundError | UserNotFoundError):
         return ApiError(404, "NOT_FOUND", str(exc))
+    if isinstance(exc, UserForbiddenError):
+        return ApiError(403, "FORBIDDEN_USER", str(exc))
+    if isinstance(exc, AdminScopeError):
+        return ApiError(403, "INSUFFICIENT_SCOPE", str(exc))
+    if isinstance(exc, UnknownUserIdError):
+        return validation_error({exc.field: [str(exc)]})
+    if isinstance(exc, UserConflictError):
+        return ApiError(
+            409,
+            "USER_CONFLICT",
+            "this session belongs to another user; a session's user is set once",
+            session_id=str(exc.session_id),
+        )
     if isinstance(exc, NoSuchOrgError):
         return ApiError(403, "FORBIDDEN_ORG", str(exc))
     if isinstance(exc, UnknownAgentError):
@@ -92,7 +114,12 @@ def answer_for(exc: Exception) -> ApiError:
 
 
 #: The refusals :func:`answer_for` answers, registered as error handlers.
-REFUSALS: tuple[type[Exception], ...] = (DomainError, TurnGapError, ImmutableTurnError)
+REFUSALS: tuple[type[Exception], ...] = (
+    DomainError,
+    TurnGapError,
+    ImmutableTurnError,
+    UserConflictError,
+)
 
 
 def handle_refusal(

@@ -12,6 +12,13 @@ from marshmallow import RAISE, Schema, ValidationError, fields, validate, valida
 
 from schema.common import StrictInteger
 from schema.memory import MEMORY_KINDS, MemorySchema, _storable_text
+from schema.users import (
+    all_users_field,
+    check_one_user,
+    include_shared_field,
+    user_field,
+    user_id_field,
+)
 
 MAX_SEARCH_LIMIT = 50
 DEFAULT_SEARCH_LIMIT = 10
@@ -57,6 +64,15 @@ class SearchRequestSchema(Schema):
         load_default=DEFAULT_SEARCH_LIMIT,
         validate=validate.Range(min=1, max=MAX_SEARCH_LIMIT),
     )
+    # Whose memories (schema.users): a user's and the agent-wide ones, by default the latter.
+    user = user_field()
+    user_id = user_id_field()
+    include_shared = include_shared_field()
+    all_users = all_users_field()
+
+    @validates_schema
+    def _one_user(self, data: dict[str, Any], **kwargs: Any) -> None:
+        check_one_user(data)
 
 
 class SignalsSchema(Schema):
@@ -175,10 +191,17 @@ class ContextRequestSchema(Schema):
         },
     )
 
+    # Whose memories (schema.users): a user's and the agent-wide ones, by default the latter.
+    user = user_field()
+    user_id = user_id_field()
+    include_shared = include_shared_field()
+    all_users = all_users_field()
+
     @validates_schema
     def _one_source(self, data: dict[str, Any], **kwargs: Any) -> None:
         if (data.get("query") is None) == (data.get("messages") is None):
             raise ValidationError("give exactly one of query and messages", "query")
+        check_one_user(data)
 
 
 class ContextResultSchema(Schema):

@@ -9,7 +9,9 @@ from __future__ import annotations
 
 import uuid
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any
+from urllib.parse import quote
 
 import httpx
 
@@ -17,6 +19,7 @@ from ibex_client._base import IDEMPOTENCY_HEADER, Call, canonical_body
 from ibex_client.errors import UnexpectedResponseError
 from ibex_client.types import (
     Context,
+    ForgottenUser,
     Memory,
     MemorySource,
     Page,
@@ -58,6 +61,44 @@ def _key(idempotency_key: str | None) -> dict[str, str]:
     return {IDEMPOTENCY_HEADER: idempotency_key or str(uuid.uuid4())}
 
 
+@dataclass(frozen=True)
+class Who:
+    """Whose data a call is about: a user by the application's key (``user``) or id
+    (``user_id``); for reads also whether the agent-wide memories come along
+    (``include_shared``, the server's default: yes) or every user's (``all_users``, scope
+    memory:admin). All None: the server's defaults (no user: agent-wide only)."""
+
+    user: str | None = None
+    user_id: Id | None = None
+    include_shared: bool | None = None
+    all_users: bool | None = None
+
+    def fields(self) -> dict[str, Any]:
+        """As JSON body fields (only those given)."""
+        if self.user is not None and self.user_id is not None:
+            raise ValueError("give user or user_id, not both")
+        out: dict[str, Any] = {}
+        if self.user is not None:
+            out["user"] = self.user
+        if self.user_id is not None:
+            out["user_id"] = _id(self.user_id, "user_id")
+        if self.include_shared is not None:
+            out["include_shared"] = self.include_shared
+        if self.all_users is not None:
+            out["all_users"] = self.all_users
+        return out
+
+    def params(self) -> dict[str, str]:
+        """As query parameters (booleans as ``true``/``false``)."""
+        return {
+            k: (("true" if v else "false") if isinstance(v, bool) else str(v))
+            for k, v in self.fields().items()
+        }
+
+
+NOBODY = Who()
+
+
 def _session(response: httpx.Response) -> Session:
     return Session.from_json(_json(response))
 
@@ -79,6 +120,7 @@ def create_session(
     external_id: str | None,
     model: str | None,
     provider: str | None,
+    who: Who = NOBODY,
 ) -> Call[Session]:
     if (agent is None) == (agent_id is None):
         raise ValueError("give exactly one of agent (a slug) and agent_id")
@@ -91,6 +133,7 @@ def create_session(
     for name, value in (("external_id", external_id), ("model", model), ("provider", provider)):
         if value is not None:
             body[name] = value
+    body.update(who.fields())
     # The external id is what makes a repeat find the session the first attempt opened; without
     # one, every request that reaches the server opens a new session, so only a request that
     # never reached it may be sent again.
@@ -154,6 +197,7 @@ def create_memory(
     source: MemorySource | None,
     metadata: Mapping[str, Any] | None,
     idempotency_key: str | None,
+    who: Who = NOBODY,
 ) -> Call[Memory]:
     body = {
         "agent_id": _id(agent_id, "agent_id"),
@@ -161,6 +205,7 @@ def create_memory(
         "kind": kind,
         "source": None if source is None else source.as_json(),
         "metadata": dict(metadata or {}),
+        **who.fields(),
     }
     return Call(
         "POST",
@@ -171,16 +216,21 @@ def create_memory(
     )
 
 
-def get_memory(memory_id: Id) -> Call[Memory]:
+def get_memory(memory_id: Id, who: Who = NOBODY) -> Call[Memory]:
     return Call(
         "GET",
         f"/v1/memories/{_id(memory_id, 'memory_id')}",
         lambda r: Memory.from_json(_json(r)),
+        params=who.params(),
     )
 
 
 def list_memories(
-    agent_id: Id | None, session_id: Id | None, limit: int | None, cursor: str | None
+    agent_id: Id | None,
+    session_id: Id | None,
+    limit: int | None,
+    cursor: str | None,
+    who: Who = NOBODY,
 ) -> Call[Page[Memory]]:
     params = _params(
         agent_id=None if agent_id is None else _id(agent_id, "agent_id"),
@@ -188,6 +238,7 @@ def list_memories(
         limit=limit,
         cursor=cursor,
     )
+    params.update(who.params())
     return Call("GET", "/v1/memories", lambda r: memory_page(_json(r)), params=params)
 
 
@@ -204,8 +255,10 @@ def search(
     session_id: Id | None,
     kinds: Sequence[str] | None,
     limit: int | None,
+    who: Who = NOBODY,
 ) -> Call[tuple[SearchHit, ...]]:
     body: dict[str, Any] = {"query": query, "agent_id": _id(agent_id, "agent_id")}
+    body.update(who.fields())
     if session_id is not None:
         body["session_id"] = _id(session_id, "session_id")
     if kinds is not None:
@@ -224,10 +277,12 @@ def context(
     session_id: Id | None,
     kinds: Sequence[str] | None,
     max_tokens: int | None,
+    who: Who = NOBODY,
 ) -> Call[Context]:
     if (query is None) == (messages is None):
         raise ValueError("give exactly one of query and messages")
     body: dict[str, Any] = {"agent_id": _id(agent_id, "agent_id")}
+    body.update(who.fields())
     if query is not None:
         body["query"] = query
     else:
@@ -241,4 +296,21 @@ def context(
         body["max_tokens"] = max_tokens
     return Call(
         "POST", "/v1/context", lambda r: Context.from_json(_json(r)), body=canonical_body(body)
+    )
+
+
+# -- users -----------------------------------------------------------------------------------
+
+
+def forget_user(user: str | Id) -> Call[ForgottenUser | None]:
+    """``DELETE /v1/users/{user}``: by the application's key or by id. None on 404 (no such
+    user, including when an earlier attempt of this call forgot them)."""
+    key = str(user)
+    if not key:
+        raise ValueError("name the user to forget")
+    return Call(
+        "DELETE",
+        f"/v1/users/{quote(key, safe='')}",
+        lambda r: ForgottenUser.from_json(_json(r)),
+        on_404=lambda: None,
     )

@@ -15,6 +15,7 @@ without peewee's per-statement work; its errors are translated here the same way
 
 from __future__ import annotations
 
+import dataclasses
 import datetime as dt
 import enum
 import threading
@@ -38,10 +39,11 @@ from core.db import (
     uuid_column,
 )
 from core.errors import DatabaseUnavailableError
+from memory_service.scope import AGENT_WIDE, ReadScope
 
 COLUMNS = (
     "id, org_id, agent_id, session_id, turn_index, ordinal, content, content_hash, kind,"
-    " metadata, created_at, idempotency_key, request_fingerprint"
+    " metadata, created_at, idempotency_key, request_fingerprint, user_id"
 )
 
 #: The write, with its 12 parameters in the order of :func:`create_params`.
@@ -70,13 +72,16 @@ BY_KEY_SQL = f"""
 SELECT {COLUMNS} FROM ibex_memory.memories WHERE org_id = %s AND idempotency_key = %s
 """
 
+# GET and DELETE by id: the trailing condition is the reader's user scope
+# (memory_service.scope.ReadScope.condition), so another user's memory is not found.
 GET_SQL = f"""
 SELECT {COLUMNS} FROM ibex_memory.memories WHERE org_id = %s AND id = %s AND deleted_at IS NULL
+   AND {{user_scope}}
 """
 
 DELETE_SQL = """
 UPDATE ibex_memory.memories SET deleted_at = now()
- WHERE org_id = %s AND id = %s AND deleted_at IS NULL
+ WHERE org_id = %s AND id = %s AND deleted_at IS NULL AND {user_scope}
 """
 
 ORG_FK = "memories_org_id_fkey"
@@ -120,9 +125,14 @@ class MemoryRow:
     created_at: dt.datetime
     idempotency_key: str | None
     request_fingerprint: str | None
+    #: Whose memory; None: agent-wide.
+    user_id: uuid.UUID | None = None
 
     @classmethod
     def from_db(cls, row: Sequence[Any]) -> MemoryRow:
+        """From :data:`COLUMNS`; ``create_memory``'s row (one column fewer, no user) has
+        ``user_id`` None, which :meth:`MemoryStore.create` sets from the write."""
+        user = row[13] if len(row) > 13 else None
         return cls(
             id=uuid_column(row[0]),
             org_id=uuid_column(row[1]),
@@ -137,6 +147,7 @@ class MemoryRow:
             created_at=row[10],
             idempotency_key=row[11],
             request_fingerprint=row[12],
+            user_id=uuid_column(user) if user is not None else None,
         )
 
     def as_json(self) -> dict[str, Any]:
@@ -157,6 +168,7 @@ class MemoryRow:
             "kind": self.kind,
             "source": source,
             "metadata": self.metadata,
+            "user_id": str(self.user_id) if self.user_id is not None else None,
             "created_at": self.created_at.astimezone(dt.UTC).isoformat(),
         }
 
@@ -226,16 +238,27 @@ class MemoryStore:
             break
         if row is None:
             raise DatabaseUnavailableError("memory insert kept conflicting with vanishing rows")
-        return CreateResult(OUTCOMES[row[0]], MemoryRow.from_db(row[1:]))
+        # create_memory's row has no user column: a created row carries the write's user (the
+        # insert trigger refuses any other), and so does a row holding the key whose
+        # fingerprint matches (the user is part of the fingerprint when there is one); for any
+        # other outcome only the row's id is used.
+        return CreateResult(
+            OUTCOMES[row[0]], dataclasses.replace(MemoryRow.from_db(row[1:]), user_id=new.user_id)
+        )
 
     def find_by_key(self, org_id: uuid.UUID, idempotency_key: str) -> MemoryRow | None:
         with tenant(self.db, org_id):
             row = self.db.execute_sql(BY_KEY_SQL, (str(org_id), idempotency_key)).fetchone()
         return MemoryRow.from_db(row) if row else None
 
-    def get(self, org_id: uuid.UUID, memory_id: uuid.UUID) -> MemoryRow | None:
+    def get(
+        self, org_id: uuid.UUID, memory_id: uuid.UUID, scope: ReadScope = AGENT_WIDE
+    ) -> MemoryRow | None:
+        """The live memory if it is in the reader's ``scope``."""
+        condition, params = scope.condition()
+        sql = GET_SQL.format(user_scope=condition)
         with tenant(self.db, org_id):
-            row = self.db.execute_sql(GET_SQL, (str(org_id), str(memory_id))).fetchone()
+            row = self.db.execute_sql(sql, (str(org_id), str(memory_id), *params)).fetchone()
         return MemoryRow.from_db(row) if row else None
 
     def list(
@@ -246,10 +269,17 @@ class MemoryStore:
         session_id: uuid.UUID | None,
         limit: int,
         after: tuple[dt.datetime, uuid.UUID] | None,
+        scope: ReadScope = AGENT_WIDE,
     ) -> list[MemoryRow]:
-        """Newest first; ``after`` is the (created_at, id) of the last row already seen."""
+        """Newest first; ``after`` is the (created_at, id) of the last row already seen;
+        ``scope``: whose memories (idx_memories_agent_user serves one user's and the
+        agent-wide ones of one agent)."""
         where = ["org_id = %s", "deleted_at IS NULL"]
         params: list[Any] = [str(org_id)]
+        # Whose memories: the reader's user scope.
+        user_condition, user_params = scope.condition()
+        where.append(user_condition)
+        params.extend(user_params)
         if agent_id is not None:
             where.append("agent_id = %s")
             params.append(str(agent_id))
@@ -268,9 +298,14 @@ class MemoryStore:
             rows = self.db.execute_sql(sql, params).fetchall()
         return [MemoryRow.from_db(r) for r in rows]
 
-    def soft_delete(self, org_id: uuid.UUID, memory_id: uuid.UUID) -> bool:
+    def soft_delete(
+        self, org_id: uuid.UUID, memory_id: uuid.UUID, scope: ReadScope | None = None
+    ) -> bool:
+        """Soft-delete the live memory; with ``scope``, only if it is in it."""
+        condition, params = scope.condition() if scope is not None else ("true", [])
+        sql = DELETE_SQL.format(user_scope=condition)
         with tenant(self.db, org_id):
-            cursor = self.db.execute_sql(DELETE_SQL, (str(org_id), str(memory_id)))
+            cursor = self.db.execute_sql(sql, (str(org_id), str(memory_id), *params))
             return bool(cursor.rowcount)
 
     def soft_delete_session_memories(self, org_id: uuid.UUID, session_id: uuid.UUID) -> int:

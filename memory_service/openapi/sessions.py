@@ -10,6 +10,7 @@ from typing import Any
 from apispec import APISpec
 
 from memory_service.openapi.parts import ORG_HEADER, error, with_org_errors
+from memory_service.scope import USER_HEADER
 from memory_service.sessions.endpoints import SESSION_HEADER
 from schema.sessions import (
     MAX_EXTERNAL_ID_CHARS,
@@ -20,6 +21,7 @@ from schema.sessions import (
     TurnsAppendedSchema,
     TurnsAppendSchema,
 )
+from schema.users import MAX_USER_KEY_CHARS
 
 SESSION_ID = {
     "in": "path",
@@ -61,7 +63,12 @@ def document(spec: APISpec, secured: list[dict[str, list[str]]], max_body_bytes:
         "413": error(f"Body over {max_body_bytes} bytes (BODY_TOO_LARGE)."),
         "422": error("Validation failed, field by field (VALIDATION_FAILED)."),
     }
-    missing = {"404": error("No such live session in this org (NOT_FOUND).")}
+    missing = {
+        "404": error(
+            "No such live session in this org, or another user's for a user-bound token"
+            " (NOT_FOUND)."
+        )
+    }
     replayed = {
         "Idempotent-Replayed": {
             "description": "`true` when every turn was already stored (nothing was written).",
@@ -93,6 +100,18 @@ def document(spec: APISpec, secured: list[dict[str, list[str]]], max_body_bytes:
                             "maxLength": MAX_EXTERNAL_ID_CHARS,
                         },
                     },
+                    {
+                        "in": "header",
+                        "name": USER_HEADER,
+                        "required": False,
+                        "description": "The user's key (created when missing), instead of (or"
+                        " equal to) the body's user.",
+                        "schema": {
+                            "type": "string",
+                            "minLength": 1,
+                            "maxLength": MAX_USER_KEY_CHARS,
+                        },
+                    },
                 ],
                 "requestBody": body("SessionCreate"),
                 "responses": with_org_errors(
@@ -101,11 +120,13 @@ def document(spec: APISpec, secured: list[dict[str, list[str]]], max_body_bytes:
                         "200": ok("The session with this external id.", "Session", **location),
                         **bad_body,
                         "409": error(
-                            "The session with this external id was deleted (SESSION_DELETED)."
+                            "The session with this external id was deleted (SESSION_DELETED),"
+                            " or has another user (USER_CONFLICT: a session's user is set"
+                            " once)."
                         ),
                         "422": error(
                             "Validation failed, field by field (VALIDATION_FAILED); also an "
-                            "agent_id that is not of this org."
+                            "agent_id or user_id that is not of this org."
                         ),
                     }
                 ),
