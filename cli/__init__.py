@@ -28,6 +28,7 @@ from cli import (
     search,
     status,
     tokens,
+    user,
 )
 from cli.common import EXIT_FAILURE, EXIT_OK, EXIT_USAGE, Command
 from core.config import Settings
@@ -45,6 +46,7 @@ COMMANDS: dict[str, Command] = {
     "migrate": migrate,
     "import": imports,
     "token": tokens,
+    "user": user,
     "search": search,
     "scan": scan,
     "extract": extract,
