@@ -111,8 +111,9 @@ def trigram_words(words: Sequence[str]) -> list[str]:
 def _search_sql(*, trigram: bool) -> str:
     """The ranking statement; the trigram signal only where pg_trgm is installed."""
     # Ids from the indexes (migration 000006 says why a function), rows read under RLS.
-    # The user scope (migration 000013) narrows every branch, so the capped branches hold the
-    # reader's memories only.
+    # Whose memories: the user scope (migration 000013) narrows every branch, so the capped
+    # branches hold the reader's memories only. (Not filtered again on the rows: a condition
+    # there makes the planner scan the table instead of reading the candidates by id.)
     candidates = (
         "SELECT DISTINCT id FROM ibex_memory.search_candidates(%(agent_id)s::uuid,"
         " %(words)s::text[], %(tri_words)s::text[], %(session_id)s::uuid, %(kinds)s::text[],"
@@ -139,9 +140,6 @@ cand AS (
            ARRAY(SELECT l FROM unnest(tsvector_to_array(m.content_tsv)) l
                   WHERE l = ANY(q.lexemes)) AS hits
       FROM ids JOIN ibex_memory.memories m ON m.id = ids.id, q
-     -- Whose memories, again on the rows (the candidates were already narrowed to them).
-     WHERE (%(all_users)s OR m.user_id = %(user_id)s::uuid
-            OR (m.user_id IS NULL AND %(shared)s))
 ),
 df AS (
     SELECT l AS lexeme, count(c.id) AS n
@@ -214,7 +212,6 @@ def scope_params(scope: ReadScope) -> dict[str, Any]:
         "all_users": scope.all_users,
         "user_id": str(scope.user_id) if scope.user_id is not None else None,
         "include_shared": scope.include_shared,
-        "shared": scope.shared,
     }
 
 
