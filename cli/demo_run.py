@@ -299,9 +299,7 @@ def _print_recall(db: Any, url: str, token: str) -> None:
     # The demo's token is a service token: it names the org it acts for.
     try:
         with IbexClient(url, token, org_id=org_id) as ibex:
-            hits = ibex.search(
-                RECALL_QUERY, agent_id=agent_id, limit=RECALL_HITS, user=RECALL_USER
-            )
+            hits = ibex.search(RECALL_QUERY, agent_id=agent_id, limit=RECALL_HITS, user=RECALL_USER)
             context = ibex.context(
                 agent_id, query=RECALL_QUERY, max_tokens=RECALL_TOKENS, user=RECALL_USER
             )

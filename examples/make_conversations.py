@@ -4,8 +4,8 @@ Three orgs, five agents, 36 sessions of 2 to 6 turns: people introducing themsel
 allergies, likes and dislikes, where they live and work, plans, pets and things to remember,
 mixed with small talk and questions that hold nothing worth remembering. Each session is one
 person's (``user``: the application's key for them, e.g. ``dana``), so their memories are
-theirs alone. A few sessions are still active or were abandoned, so they are not extracted. Deterministic: running it again
-writes the same file.
+theirs alone. A few sessions are still active or were abandoned, so they are not extracted.
+Deterministic: running it again writes the same file.
 
     python examples/make_conversations.py > examples/conversations.jsonl
 """
