@@ -178,7 +178,7 @@ def test_two_users_fed_by_import_and_over_the_api_read_only_their_own_memories(
     user their memories and the agent-wide ones and never the other's; a read without a user
     gives the agent-wide ones only; a token bound to Dana gets 404 for Grace's session and
     memory; after Dana is forgotten her memories leave every read at once."""
-    from ibex_client import IbexClient, NotFoundError, PermissionDeniedError, Turn
+    from ibex_client import IbexClient
 
     env, tmp, launcher = stack["env"], stack["tmp"], stack["launcher"]
     data = tmp / "sessions.jsonl"
@@ -193,8 +193,26 @@ def test_two_users_fed_by_import_and_over_the_api_read_only_their_own_memories(
         org_id=org_id, name="admin", scopes=["memory:read", "memory:admin"]
     )
     base = env["MEMORY_SERVICE_URL"]
-    ibex = IbexClient(base, app_token)
-    admin = IbexClient(base, admin_token)
+    with contextlib.ExitStack() as clients:
+        ibex = clients.enter_context(IbexClient(base, app_token))
+        admin = clients.enter_context(IbexClient(base, admin_token))
+        _two_users_read_their_own(db, env, launcher, ibex, admin, tokens, org_id, scopes, clients)
+
+
+def _two_users_read_their_own(
+    db: Any,
+    env: dict[str, str],
+    launcher: Any,
+    ibex: Any,
+    admin: Any,
+    tokens: TokenStore,
+    org_id: Any,
+    scopes: list[str],
+    clients: contextlib.ExitStack,
+) -> None:
+    from ibex_client import IbexClient, NotFoundError, PermissionDeniedError, Turn
+
+    base = env["MEMORY_SERVICE_URL"]
     # Over the API: one more session each, words of their own.
     for user, words in (("dana", "oat milk"), ("grace", "sea swimming")):
         session = ibex.create_session("support-bot", external_id=f"{user}-api", user=user)
@@ -232,7 +250,7 @@ def test_two_users_fed_by_import_and_over_the_api_read_only_their_own_memories(
         by_user.setdefault(owner, set()).add(memory)
     assert set(by_user) == {str(dana), str(grace), None}
 
-    def reads(client: IbexClient, **who: Any) -> dict[str, set[str]]:
+    def reads(client: Any, **who: Any) -> dict[str, set[str]]:
         listed = {str(m.id) for m in client.iter_memories(agent_id=agent, page_size=7, **who)}
         hits = {
             str(h.memory.id) for h in client.search("allergic", agent_id=agent, limit=50, **who)
@@ -274,7 +292,7 @@ def test_two_users_fed_by_import_and_over_the_api_read_only_their_own_memories(
 
     # A token bound to Dana: Grace's session and memory are not found on any route.
     _, bound = tokens.issue(org_id=org_id, name="dana", scopes=scopes, user_id=dana)
-    as_dana = IbexClient(base, bound)
+    as_dana = clients.enter_context(IbexClient(base, bound))
     grace_session = db.execute_sql(
         "SELECT id FROM ibex_core.sessions WHERE external_id = 'grace-api'"
     ).fetchone()[0]
