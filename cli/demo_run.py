@@ -34,6 +34,8 @@ from core.progress import Progress
 
 #: The sample agent the read path is shown for, and what it is asked.
 RECALL_ORG, RECALL_AGENT = "acme", "support-bot"
+#: Whose memories the demo recalls: one person of the samples (each session is one person's).
+RECALL_USER = "elena"
 RECALL_QUERY = "Is the user allergic to anything, and what do they love?"
 RECALL_HITS, RECALL_TOKENS = 3, 120
 #: One line under the hits: what their numbers mean.
@@ -305,7 +307,8 @@ def _summary(db: Any, seconds: float) -> Summary:
         ).fetchone()[0]
         duplicate_contents = db.execute_sql(
             "SELECT count(*) FROM (SELECT 1 FROM ibex_memory.memories WHERE deleted_at IS NULL"
-            " GROUP BY org_id, agent_id, content_hash HAVING count(*) > 1) d"
+            # One live content per agent and user (two people may say the same thing).
+            " GROUP BY org_id, agent_id, user_id, content_hash HAVING count(*) > 1) d"
         ).fetchone()[0]
     return Summary(
         int(sessions),
@@ -355,7 +358,7 @@ def _print_recall(db: Any, url: str, token: str) -> None:
             " WHERE o.slug = %s AND a.slug = %s",
             (RECALL_ORG, RECALL_AGENT),
         ).fetchone()
-    name = f"{RECALL_ORG}/{RECALL_AGENT}"
+    name = f"{RECALL_ORG}/{RECALL_AGENT}, user {RECALL_USER}"
     if row is None:
         print(f"search              (no agent {name} in the samples)")
         return
@@ -363,8 +366,10 @@ def _print_recall(db: Any, url: str, token: str) -> None:
     # The demo's token is a service token: it names the org it acts for.
     try:
         with IbexClient(url, token, org_id=org_id) as ibex:
-            hits = ibex.search(RECALL_QUERY, agent_id=agent_id, limit=RECALL_HITS)
-            context = ibex.context(agent_id, query=RECALL_QUERY, max_tokens=RECALL_TOKENS)
+            hits = ibex.search(RECALL_QUERY, agent_id=agent_id, limit=RECALL_HITS, user=RECALL_USER)
+            context = ibex.context(
+                agent_id, query=RECALL_QUERY, max_tokens=RECALL_TOKENS, user=RECALL_USER
+            )
     except IbexClientError as exc:
         raise ConfigError(f"the search through the memory service failed: {exc}") from exc
     print(f"search              {name}: {RECALL_QUERY!r}")

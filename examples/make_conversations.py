@@ -2,10 +2,11 @@
 
 Three orgs, five agents, 38 sessions of 2 to 6 turns: people introducing themselves, stating
 allergies, likes and dislikes, where they live and work, plans, pets and things to remember,
-mixed with small talk and questions that hold nothing worth remembering. A few sessions are
-still active or were abandoned, so they are not extracted. The last two are one user's, who
-moves and changes jobs between them (facts that change). Deterministic: running it again
-writes the same file.
+mixed with small talk and questions that hold nothing worth remembering. Each session is one
+person's (``user``: the application's key for them, e.g. ``dana``), so their memories are
+theirs alone. A few sessions are still active or were abandoned, so they are not extracted.
+The last two are one user's, who moves and changes jobs between them (facts that change).
+Deterministic: running it again writes the same file.
 
     python examples/make_conversations.py > examples/conversations.jsonl
 """
@@ -120,6 +121,7 @@ def session(rng: random.Random, number: int, org: str, agent: str) -> dict:
         "org": org,
         "agent": agent,
         "session": f"demo-{number:03d}",
+        "user": name.lower(),
         "status": status,
         "model": rng.choice(["gpt-4o-mini", "llama-3.1-8b-instruct", "qwen2.5-7b"]),
         "provider": rng.choice(["openai", "vllm", "ollama"]),

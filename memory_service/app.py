@@ -1,6 +1,7 @@
 """``create_app(settings)``: the memory service as a Falcon WSGI app. No import-time state.
 
-One folder per domain (:mod:`.memories`, :mod:`.sessions`, :mod:`.search`, :mod:`.tokens`),
+One folder per domain (:mod:`.memories`, :mod:`.sessions`, :mod:`.search`, :mod:`.tokens`,
+:mod:`.users`),
 each with its resources (``endpoints``), its flows (``service``) and its SQL (``store``); the
 helpers every resource shares in :mod:`.http`, the refusals mapped onto HTTP once in
 :mod:`.errors`, idempotency records in :mod:`.idempotency`, ``/healthz`` and ``/readyz`` in
@@ -45,6 +46,9 @@ from memory_service.search.service import SearchService
 from memory_service.search.store import SearchStore
 from memory_service.sessions.endpoints import add_routes as add_session_routes
 from memory_service.tokens.store import TokenStore
+from memory_service.users.endpoints import UserResource
+from memory_service.users.service import UserService
+from memory_service.users.store import UserStore
 
 log = logging.getLogger(__name__)
 
@@ -117,7 +121,8 @@ def create_app(
         auth=Authenticator(TokenStore(db), cache_seconds=token_cache_seconds),
         max_body_bytes=settings.memory_max_body_bytes,
     )
-    memories = MemoryService(store, idempotency, metrics)
+    users = UserService(UserStore(db))
+    memories = MemoryService(store, idempotency, metrics, users)
     # Metrics first: its process_response runs last, so it sees the final status and time.
     # The schema gate after ReturnConnection: the connection its check borrows goes back too.
     middleware: list[Any] = [RequestMetrics(metrics), ReturnConnection(db), SchemaGate(db)]
@@ -126,15 +131,18 @@ def create_app(
     errors.register(app)
     app.add_error_handler(MaxConnectionsExceeded, errors.handle_unavailable)
     agents = AgentResolver(db)
-    app.add_route("/v1/memories", MemoriesResource(api, memories, agents))
-    app.add_route("/v1/memories/{memory_id:uuid}", MemoryResource(api, memories))
-    app.add_route("/v1/memories/{memory_id:uuid}/history", MemoryHistoryResource(api, memories))
+    app.add_route("/v1/memories", MemoriesResource(api, memories, users, agents))
+    app.add_route("/v1/memories/{memory_id:uuid}", MemoryResource(api, memories, users))
+    app.add_route(
+        "/v1/memories/{memory_id:uuid}/history", MemoryHistoryResource(api, memories, users)
+    )
     app.add_route("/healthz", HealthResource())
     searches = SearchStore(db)
     reads = SearchService(searches)
-    app.add_route("/v1/memories/search", SearchResource(api, reads, agents))
-    app.add_route("/v1/context", ContextResource(api, reads, agents))
-    add_session_routes(app, api, db, store)
+    app.add_route("/v1/memories/search", SearchResource(api, reads, users, agents))
+    app.add_route("/v1/context", ContextResource(api, reads, users, agents))
+    add_session_routes(app, api, db, store, users)
+    app.add_route("/v1/users/{user}", UserResource(api, users))
     app.add_route("/readyz", ReadyResource(store, redis_client, searches.search_mode))
     spec = docs_page.document(build_spec(settings.memory_max_body_bytes))
     app.add_route("/openapi.json", OpenApiResource(spec))

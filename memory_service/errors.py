@@ -19,8 +19,10 @@ from core.errors import (
     ImmutableTurnError,
     SchemaNotReadyError,
     TurnGapError,
+    UserConflictError,
 )
 from memory_service.domain_errors import (
+    AdminScopeError,
     AgentNotFoundError,
     DomainError,
     MemoryNotFoundError,
@@ -28,6 +30,9 @@ from memory_service.domain_errors import (
     SessionDeletedError,
     SessionNotFoundError,
     UnknownAgentError,
+    UnknownUserIdError,
+    UserForbiddenError,
+    UserNotFoundError,
 )
 from schema import describe_errors
 
@@ -82,8 +87,21 @@ def validation_error(messages: dict[str, Any] | list[Any]) -> ApiError:
 
 def answer_for(exc: Exception) -> ApiError:
     """The HTTP answer of a refusal a service raised."""
-    if isinstance(exc, MemoryNotFoundError | SessionNotFoundError):
+    if isinstance(exc, MemoryNotFoundError | SessionNotFoundError | UserNotFoundError):
         return ApiError(404, "NOT_FOUND", str(exc))
+    if isinstance(exc, UserForbiddenError):
+        return ApiError(403, "FORBIDDEN_USER", str(exc))
+    if isinstance(exc, AdminScopeError):
+        return ApiError(403, "INSUFFICIENT_SCOPE", str(exc))
+    if isinstance(exc, UnknownUserIdError):
+        return validation_error({exc.field: [str(exc)]})
+    if isinstance(exc, UserConflictError):
+        return ApiError(
+            409,
+            "USER_CONFLICT",
+            "this session belongs to another user; a session's user is set once",
+            session_id=str(exc.session_id),
+        )
     if isinstance(exc, NoSuchOrgError):
         return ApiError(403, "FORBIDDEN_ORG", str(exc))
     if isinstance(exc, AgentNotFoundError):
@@ -100,7 +118,12 @@ def answer_for(exc: Exception) -> ApiError:
 
 
 #: The refusals :func:`answer_for` answers, registered as error handlers.
-REFUSALS: tuple[type[Exception], ...] = (DomainError, TurnGapError, ImmutableTurnError)
+REFUSALS: tuple[type[Exception], ...] = (
+    DomainError,
+    TurnGapError,
+    ImmutableTurnError,
+    UserConflictError,
+)
 
 
 def handle_refusal(

@@ -12,10 +12,24 @@ from typing import Any
 from marshmallow import RAISE, Schema, ValidationError, fields, validate, validates_schema
 
 from schema.common import StrictInteger
+from schema.users import (
+    all_users_field,
+    check_one_user,
+    include_shared_field,
+    user_field,
+    user_id_field,
+)
 
 #: Mirrors the CHECK on ``ibex_memory.memories.kind`` (a unit test keeps them in step).
 MEMORY_KINDS = ("fact", "preference", "event", "other")
-SCOPES = ("memory:read", "memory:write", "sessions:read", "sessions:write")
+SCOPES = (
+    "memory:read",
+    "memory:write",
+    "sessions:read",
+    "sessions:write",
+    "memory:admin",
+    "users:delete",
+)
 MAX_CONTENT_CHARS = 4000
 MAX_METADATA_BYTES = 16384
 MAX_METADATA_DEPTH = 16
@@ -47,6 +61,8 @@ ERROR_CODES = (
     "TURN_CONFLICT",
     "TURN_GAP",
     "SESSION_DELETED",
+    "USER_CONFLICT",
+    "FORBIDDEN_USER",
     "BAD_REQUEST",
     "URI_TOO_LONG",
     "HEADERS_TOO_LARGE",
@@ -189,11 +205,13 @@ class MemoryCreateSchema(Schema):
             f"at most {MAX_METADATA_DEPTH} levels; no NUL in any key or string."
         },
     )
+    user = user_field(writes=True)
     user_id = fields.UUID(
         allow_none=True,
         metadata={
-            "description": "The user of the org the memory is about; none: agent-wide. A memory"
-            " whose source session has a user must carry that user."
+            "description": "The user of the org the memory is about (or give user); none:"
+            " agent-wide. A memory whose source session has a user must carry that user (422"
+            " otherwise). A user-bound token's memories are its user's."
         },
     )
     supersedes = fields.List(
@@ -217,6 +235,10 @@ class MemoryCreateSchema(Schema):
         },
     )
 
+    @validates_schema
+    def _one_user(self, data: dict[str, Any], **kwargs: Any) -> None:
+        check_one_user(data)
+
 
 class MemorySchema(Schema):
     """A stored memory, as every read and write returns it."""
@@ -236,6 +258,11 @@ class MemorySchema(Schema):
     kind = fields.String(required=True, validate=validate.OneOf(MEMORY_KINDS))
     source = fields.Nested(MemorySourceSchema, required=True, allow_none=True)
     metadata = fields.Dict(keys=fields.String(), values=fields.Raw(allow_none=True), required=True)
+    user_id = fields.UUID(
+        required=True,
+        allow_none=True,
+        metadata={"description": "Whose memory it is; null: agent-wide (shared by everyone)."},
+    )
     created_at = fields.AwareDateTime(required=True)
     valid_from = fields.AwareDateTime(
         required=True, metadata={"description": "Since when the fact holds (its creation)."}
@@ -275,6 +302,33 @@ class MemoryListQuerySchema(Schema):
         load_default=False,
         metadata={"description": "Also list superseded memories (with their superseded_by)."},
     )
+    # Whose memories (schema.users): a user's and the agent-wide ones, by default the latter.
+    user = user_field()
+    user_id = user_id_field()
+    include_shared = include_shared_field()
+    all_users = all_users_field()
+
+    @validates_schema
+    def _one_user(self, data: dict[str, Any], **kwargs: Any) -> None:
+        check_one_user(data)
+
+
+class MemoryReadQuerySchema(Schema):
+    """Query parameters of ``GET /v1/memories/{id}`` and its history: whose memories the read
+    may return."""
+
+    class Meta:
+        unknown = RAISE
+
+    # Whose memories (schema.users): a user's and the agent-wide ones, by default the latter.
+    user = user_field()
+    user_id = user_id_field()
+    include_shared = include_shared_field()
+    all_users = all_users_field()
+
+    @validates_schema
+    def _one_user(self, data: dict[str, Any], **kwargs: Any) -> None:
+        check_one_user(data)
 
 
 class MemoryHistorySchema(Schema):

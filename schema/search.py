@@ -18,6 +18,13 @@ from schema.memory import (
     MemorySchema,
     _storable_text,
 )
+from schema.users import (
+    all_users_field,
+    check_one_user,
+    include_shared_field,
+    user_field,
+    user_id_field,
+)
 
 MAX_SEARCH_LIMIT = 50
 DEFAULT_SEARCH_LIMIT = 10
@@ -85,6 +92,15 @@ class SearchRequestSchema(Schema):
     @validates_schema
     def _one_agent(self, data: dict[str, Any], **kwargs: Any) -> None:
         _one_agent(data)
+    # Whose memories (schema.users): a user's and the agent-wide ones, by default the latter.
+    user = user_field()
+    user_id = user_id_field()
+    include_shared = include_shared_field()
+    all_users = all_users_field()
+
+    @validates_schema
+    def _one_user(self, data: dict[str, Any], **kwargs: Any) -> None:
+        check_one_user(data)
 
 
 class SignalsSchema(Schema):
@@ -219,10 +235,17 @@ class ContextRequestSchema(Schema):
         },
     )
 
+    # Whose memories (schema.users): a user's and the agent-wide ones, by default the latter.
+    user = user_field()
+    user_id = user_id_field()
+    include_shared = include_shared_field()
+    all_users = all_users_field()
+
     @validates_schema
     def _one_source(self, data: dict[str, Any], **kwargs: Any) -> None:
         if (data.get("query") is None) == (data.get("messages") is None):
             raise ValidationError("give exactly one of query and messages", "query")
+        check_one_user(data)
 
     @validates_schema
     def _one_agent(self, data: dict[str, Any], **kwargs: Any) -> None:

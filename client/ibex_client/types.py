@@ -74,6 +74,10 @@ def _opt_time(value: Any, what: str) -> datetime | None:
     return None if value is None else _time(value, what)
 
 
+def _opt_uuid(value: Any, what: str) -> uuid.UUID | None:
+    return None if value is None else _uuid(value, what)
+
+
 # -- memories --------------------------------------------------------------------------------
 
 
@@ -122,6 +126,8 @@ class Memory:
     valid_from: datetime | None = None
     superseded_by: uuid.UUID | None = None
     superseded_at: datetime | None = None
+    #: Whose memory it is; None: agent-wide (shared by everyone the agent talks to).
+    user_id: uuid.UUID | None = None
 
     @property
     def current(self) -> bool:
@@ -148,6 +154,7 @@ class Memory:
             if data.get("superseded_by") is None
             else _uuid(data["superseded_by"], "memory.superseded_by"),
             superseded_at=_opt_time(data.get("superseded_at"), "memory.superseded_at"),
+            user_id=_opt_uuid(data.get("user_id"), "memory.user_id"),
         )
 
 
@@ -354,6 +361,8 @@ class Session:
     created_at: datetime
     updated_at: datetime
     completed_at: datetime | None
+    #: Whose conversation; None: agent-wide. Set once.
+    user_id: uuid.UUID | None = None
 
     @property
     def extracted(self) -> bool:
@@ -380,6 +389,7 @@ class Session:
             created_at=_time(_req(data, "created_at", what), "session.created_at"),
             updated_at=_time(_req(data, "updated_at", what), "session.updated_at"),
             completed_at=_opt_time(_req(data, "completed_at", what), "session.completed_at"),
+            user_id=_opt_uuid(data.get("user_id"), "session.user_id"),
         )
 
 
@@ -408,10 +418,36 @@ def session_page(value: Any) -> Page[Session]:
     return _page(value, Session.from_json)
 
 
+# -- users -----------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class ForgottenUser:
+    """What forgetting a user did: the user's id, and how many of their sessions and memories
+    were deleted and tokens revoked."""
+
+    user_id: uuid.UUID
+    sessions: int
+    memories: int
+    tokens: int
+
+    @classmethod
+    def from_json(cls, value: Any) -> ForgottenUser:
+        data = _obj(value, "forgotten user")
+        what = "forgotten user"
+        return cls(
+            user_id=_uuid(_req(data, "user_id", what), "forgotten user.user_id"),
+            sessions=_req_int(data, "sessions", what),
+            memories=_req_int(data, "memories", what),
+            tokens=_req_int(data, "tokens", what),
+        )
+
+
 __all__ = [
     "MEMORY_KINDS",
     "SESSION_STATUSES",
     "Context",
+    "ForgottenUser",
     "Memory",
     "MemorySource",
     "Page",

@@ -58,6 +58,7 @@ def memory_json(memory_id: uuid.UUID = MEMORY, content: str = "Dana is allergic 
         "kind": "fact",
         "source": {"session_id": str(SESSION), "turn_index": 3, "ordinal": 0},
         "metadata": {"lang": "en"},
+        "user_id": None,
         "created_at": CREATED,
     }
 
@@ -80,6 +81,7 @@ def session_json(**extra: Any) -> dict[str, Any]:
         "org_id": str(ORG),
         "agent_id": str(AGENT),
         "external_id": "conv-42",
+        "user_id": None,
         "status": "active",
         "model": "gpt-4o-mini",
         "provider": "openai",

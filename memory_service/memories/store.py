@@ -15,6 +15,7 @@ without peewee's per-statement work; its errors are translated here the same way
 
 from __future__ import annotations
 
+import dataclasses
 import datetime as dt
 import enum
 import threading
@@ -38,12 +39,15 @@ from core.db import (
     uuid_column,
 )
 from core.errors import DatabaseUnavailableError
+from memory_service.scope import AGENT_WIDE, ReadScope
 
 COLUMNS = (
     "id, org_id, agent_id, session_id, turn_index, ordinal, content, content_hash, kind,"
     " metadata, created_at, idempotency_key, request_fingerprint"
     # Supersession (migration 000014): since when the fact holds, and what replaced it.
     ", valid_from, superseded_by, superseded_at"
+    # Whose memory (migration 000012): None, agent-wide.
+    ", user_id"
 )
 
 #: The write, with its 15 parameters in the order of :func:`create_params` (000014 added
@@ -75,8 +79,11 @@ BY_KEY_SQL = f"""
 SELECT {COLUMNS} FROM ibex_memory.memories WHERE org_id = %s AND idempotency_key = %s
 """
 
+# GET and DELETE by id: the trailing condition is the reader's user scope
+# (memory_service.scope.ReadScope.condition), so another user's memory is not found.
 GET_SQL = f"""
 SELECT {COLUMNS} FROM ibex_memory.memories WHERE org_id = %s AND id = %s AND deleted_at IS NULL
+   AND {{user_scope}}
 """
 
 #: The chain of a memory, oldest first (``ibex_memory.memory_history``, migration 000014):
@@ -85,12 +92,13 @@ HISTORY_SQL = f"""
 SELECT {COLUMNS} FROM ibex_memory.memories
  WHERE org_id = %s AND deleted_at IS NULL
    AND id IN (SELECT ibex_memory.memory_history(%s::uuid))
+   AND {{user_scope}}
  ORDER BY valid_from, created_at, id
 """
 
 DELETE_SQL = """
 UPDATE ibex_memory.memories SET deleted_at = now()
- WHERE org_id = %s AND id = %s AND deleted_at IS NULL
+ WHERE org_id = %s AND id = %s AND deleted_at IS NULL AND {user_scope}
 """
 
 ORG_FK = "memories_org_id_fkey"
@@ -141,9 +149,14 @@ class MemoryRow:
     valid_from: dt.datetime | None = None
     superseded_by: uuid.UUID | None = None
     superseded_at: dt.datetime | None = None
+    #: Whose memory; None: agent-wide.
+    user_id: uuid.UUID | None = None
 
     @classmethod
     def from_db(cls, row: Sequence[Any]) -> MemoryRow:
+        """From :data:`COLUMNS`; ``create_memory``'s row (one column fewer, no user) has
+        ``user_id`` None, which :meth:`MemoryStore.create` sets from the write."""
+        user = row[16] if len(row) > 16 else None
         return cls(
             id=uuid_column(row[0]),
             org_id=uuid_column(row[1]),
@@ -161,6 +174,7 @@ class MemoryRow:
             valid_from=row[13],
             superseded_by=uuid_column(row[14]) if row[14] is not None else None,
             superseded_at=row[15],
+            user_id=uuid_column(user) if user is not None else None,
         )
 
     def as_json(self, *, as_created: bool = False) -> dict[str, Any]:
@@ -181,6 +195,7 @@ class MemoryRow:
             "kind": self.kind,
             "source": source,
             "metadata": self.metadata,
+            "user_id": str(self.user_id) if self.user_id is not None else None,
             "created_at": self.created_at.astimezone(dt.UTC).isoformat(),
             # Supersession: a 201 (and its replay) shows the memory as it was created, so the
             # replay stays byte for byte the first answer even after a later supersession.
@@ -277,23 +292,38 @@ class MemoryStore:
         if outcome is WriteOutcome.SUPERSEDES_INVALID:
             return CreateResult(outcome, refused=tuple(uuid_column(i) for i in row[-1] or ()))
         marked = tuple(uuid_column(i) for i in row[-2] or ())
-        return CreateResult(outcome, MemoryRow.from_db(row[1:]), marked=marked)
+        # create_memory's row has no user column: a created row carries the write's user (the
+        # insert trigger refuses any other), and so does a row holding the key whose
+        # fingerprint matches (the user is part of the fingerprint when there is one); for any
+        # other outcome only the row's id is used. Its last two columns are the marks.
+        memory = dataclasses.replace(MemoryRow.from_db(row[1:-2]), user_id=new.user_id)
+        return CreateResult(outcome, memory, marked=marked)
 
     def find_by_key(self, org_id: uuid.UUID, idempotency_key: str) -> MemoryRow | None:
         with tenant(self.db, org_id):
             row = self.db.execute_sql(BY_KEY_SQL, (str(org_id), idempotency_key)).fetchone()
         return MemoryRow.from_db(row) if row else None
 
-    def get(self, org_id: uuid.UUID, memory_id: uuid.UUID) -> MemoryRow | None:
+    def get(
+        self, org_id: uuid.UUID, memory_id: uuid.UUID, scope: ReadScope = AGENT_WIDE
+    ) -> MemoryRow | None:
+        """The live memory if it is in the reader's ``scope``."""
+        condition, params = scope.condition()
+        sql = GET_SQL.format(user_scope=condition)
         with tenant(self.db, org_id):
-            row = self.db.execute_sql(GET_SQL, (str(org_id), str(memory_id))).fetchone()
+            row = self.db.execute_sql(sql, (str(org_id), str(memory_id), *params)).fetchone()
         return MemoryRow.from_db(row) if row else None
 
-    def history(self, org_id: uuid.UUID, memory_id: uuid.UUID) -> list[MemoryRow]:
+    def history(
+        self, org_id: uuid.UUID, memory_id: uuid.UUID, scope: ReadScope = AGENT_WIDE
+    ) -> list[MemoryRow]:
         """The supersession chain ``memory_id`` belongs to, oldest first; empty when the
-        memory is unknown or deleted."""
+        memory is unknown, deleted or not in the reader's ``scope`` (a chain never leaves
+        its scope: supersedes names memories of the same agent and user only)."""
+        condition, params = scope.condition()
+        sql = HISTORY_SQL.format(user_scope=condition)
         with tenant(self.db, org_id):
-            rows = self.db.execute_sql(HISTORY_SQL, (str(org_id), str(memory_id))).fetchall()
+            rows = self.db.execute_sql(sql, (str(org_id), str(memory_id), *params)).fetchall()
         return [MemoryRow.from_db(r) for r in rows]
 
     def list(
@@ -305,14 +335,20 @@ class MemoryStore:
         limit: int,
         after: tuple[dt.datetime, uuid.UUID] | None,
         include_superseded: bool = False,
+        scope: ReadScope = AGENT_WIDE,
     ) -> list[MemoryRow]:
         """Newest first; ``after`` is the (created_at, id) of the last row already seen.
-        Current memories only unless ``include_superseded``."""
+        Current memories only unless ``include_superseded``; ``scope``: whose memories
+        (idx_memories_agent_user serves one user's and the agent-wide ones of one agent)."""
         where = ["org_id = %s", "deleted_at IS NULL"]
         params: list[Any] = [str(org_id)]
         # Supersession (000014): a superseded memory is listed only when asked for.
         if not include_superseded:
             where.append("superseded_by IS NULL")
+        # Whose memories: the reader's user scope.
+        user_condition, user_params = scope.condition()
+        where.append(user_condition)
+        params.extend(user_params)
         if agent_id is not None:
             where.append("agent_id = %s")
             params.append(str(agent_id))
@@ -331,9 +367,14 @@ class MemoryStore:
             rows = self.db.execute_sql(sql, params).fetchall()
         return [MemoryRow.from_db(r) for r in rows]
 
-    def soft_delete(self, org_id: uuid.UUID, memory_id: uuid.UUID) -> bool:
+    def soft_delete(
+        self, org_id: uuid.UUID, memory_id: uuid.UUID, scope: ReadScope | None = None
+    ) -> bool:
+        """Soft-delete the live memory; with ``scope``, only if it is in it."""
+        condition, params = scope.condition() if scope is not None else ("true", [])
+        sql = DELETE_SQL.format(user_scope=condition)
         with tenant(self.db, org_id):
-            cursor = self.db.execute_sql(DELETE_SQL, (str(org_id), str(memory_id)))
+            cursor = self.db.execute_sql(sql, (str(org_id), str(memory_id), *params))
             return bool(cursor.rowcount)
 
     def soft_delete_session_memories(self, org_id: uuid.UUID, session_id: uuid.UUID) -> int:

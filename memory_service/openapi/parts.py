@@ -30,7 +30,11 @@ WWW_AUTHENTICATE = {"WWW-Authenticate": {"schema": {"type": "string"}}}
 
 AUTH_ERRORS = {
     "401": error("Missing, unknown or revoked token (UNAUTHORIZED).", **WWW_AUTHENTICATE),
-    "403": error("The token lacks the scope (INSUFFICIENT_SCOPE) or the org (FORBIDDEN_ORG)."),
+    "403": error(
+        "The token lacks the scope (INSUFFICIENT_SCOPE; all_users needs memory:admin) or the"
+        " org (FORBIDDEN_ORG), or a user-bound token named another user or all_users"
+        " (FORBIDDEN_USER)."
+    ),
 }
 COMMON_ERRORS = {
     "500": error("Unexpected error (INTERNAL_ERROR)."),

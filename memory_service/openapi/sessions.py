@@ -17,6 +17,7 @@ from memory_service.openapi.parts import (
     exactly_one_of,
     with_org_errors,
 )
+from memory_service.scope import USER_HEADER
 from memory_service.sessions.endpoints import SESSION_HEADER
 from schema.imports import FORBIDDEN_FREE_PATTERN
 from schema.sessions import (
@@ -28,6 +29,7 @@ from schema.sessions import (
     TurnsAppendedSchema,
     TurnsAppendSchema,
 )
+from schema.users import MAX_USER_KEY_CHARS
 
 SESSION_ID = {
     "in": "path",
@@ -105,7 +107,12 @@ def document(spec: APISpec, secured: list[dict[str, list[str]]], max_body_bytes:
         "413": error(f"Body over {max_body_bytes} bytes (BODY_TOO_LARGE)."),
         "422": error("Validation failed, field by field (VALIDATION_FAILED)."),
     }
-    missing = {"404": error("No such live session in this org (NOT_FOUND).")}
+    missing = {
+        "404": error(
+            "No such live session in this org, or another user's for a user-bound token"
+            " (NOT_FOUND)."
+        )
+    }
     replayed = {
         "Idempotent-Replayed": {
             "description": "`true` when every turn was already stored (nothing was written).",
@@ -139,6 +146,18 @@ def document(spec: APISpec, secured: list[dict[str, list[str]]], max_body_bytes:
                             "pattern": PRINTABLE_HEADER_PATTERN,
                         },
                     },
+                    {
+                        "in": "header",
+                        "name": USER_HEADER,
+                        "required": False,
+                        "description": "The user's key (created when missing), instead of (or"
+                        " equal to) the body's user.",
+                        "schema": {
+                            "type": "string",
+                            "minLength": 1,
+                            "maxLength": MAX_USER_KEY_CHARS,
+                        },
+                    },
                 ],
                 "requestBody": body("SessionCreate"),
                 "responses": with_org_errors(
@@ -148,7 +167,13 @@ def document(spec: APISpec, secured: list[dict[str, list[str]]], max_body_bytes:
                         **bad_body,
                         "404": UNKNOWN_AGENT,
                         "409": error(
-                            "The session with this external id was deleted (SESSION_DELETED)."
+                            "The session with this external id was deleted (SESSION_DELETED),"
+                            " or has another user (USER_CONFLICT: a session's user is set"
+                            " once)."
+                        ),
+                        "422": error(
+                            "Validation failed, field by field (VALIDATION_FAILED); also a "
+                            "user_id that is not of this org."
                         ),
                     }
                 ),

@@ -95,11 +95,20 @@ SCAN_COLUMNS = {
 
 POLICY_PREDICATE = "ibex_core.rls_org_visible(uuid)"
 TOKEN_LOOKUP = "ibex_memory.authenticate_token(text)"
+#: The lookup with the user a token is bound to (migration 000013), which the service calls.
+BEARER_LOOKUP = "ibex_memory.authenticate_bearer(text)"
 #: Memory search: index lookups scoped to the transaction's org (ids only; rows are then read
 #: under RLS).
 SEARCH = {
     "ibex_memory.search_branches(uuid,text[],text[],uuid,text[],integer,integer)",
     "ibex_memory.search_candidates(uuid,text[],text[],uuid,text[],integer,integer)",
+    # Narrowed to the reader's users (migration 000013): all users, one user with or without
+    # the agent-wide memories, or those alone.
+    "ibex_memory.search_branches(uuid,text[],text[],uuid,text[],integer,integer,boolean,uuid,"
+    "boolean)",
+    "ibex_memory.search_candidates(uuid,text[],text[],uuid,text[],integer,integer,boolean,uuid,"
+    "boolean)",
+    "ibex_memory.user_scope_condition(boolean,uuid,boolean)",
 }
 
 #: Supersession and near-duplicates (000014): the trigram lookup create_memory calls as the
@@ -144,11 +153,27 @@ FORGET_USER = "ibex_core.forget_user(uuid,uuid)"
 EXPECTED: dict[str, dict[str, Any]] = {
     "tenant": {
         "tables": TENANT_TABLES,
-        "functions": {POLICY_PREDICATE, TOKEN_LOOKUP, PROGRESS, STAGE_PAUSE, *SEARCH, *CHANGE},
+        "functions": {
+            POLICY_PREDICATE,
+            TOKEN_LOOKUP,
+            BEARER_LOOKUP,
+            PROGRESS,
+            STAGE_PAUSE,
+            *SEARCH,
+            *CHANGE,
+        },
     },
     "tenant without org": {
         "tables": {},
-        "functions": {POLICY_PREDICATE, TOKEN_LOOKUP, PROGRESS, STAGE_PAUSE, *SEARCH, *CHANGE},
+        "functions": {
+            POLICY_PREDICATE,
+            TOKEN_LOOKUP,
+            BEARER_LOOKUP,
+            PROGRESS,
+            STAGE_PAUSE,
+            *SEARCH,
+            *CHANGE,
+        },
     },
     "scan": {
         "tables": {"ibex_core.sessions": {"SELECT": SCAN_COLUMNS}},
@@ -168,6 +193,7 @@ KNOWN_TABLES = set(TENANT_TABLES)
 KNOWN_FUNCTIONS = {
     POLICY_PREDICATE,
     TOKEN_LOOKUP,
+    BEARER_LOOKUP,
     "ibex_core.touch_updated_at()",
     "ibex_core.reject_update()",
     "ibex_core.sessions_monotonic()",

@@ -217,6 +217,7 @@ def test_the_readme_client_example_runs_against_the_service(
 
     session = scope["session"]
     assert isinstance(session, Session) and session.external_id == "conv-42"
+    assert session.user_id is not None  # the example's user, created by the call
     # Printed right after completing: nothing extracted yet (no pipeline runs here).
     assert capsys.readouterr().out.strip() == str(Progress(done=0, pending=1, failed=0, pointer=0))
     with Local(BASE_URL, token) as ibex:

@@ -103,11 +103,12 @@ def _assert_explained(out: str, summary: dict[str, str]) -> None:
 
 
 def _assert_recall(out: str) -> None:
-    """The read path after the summary: a search of acme/support-bot's memories with its top
-    hits, best first, and the context assembled for the same question."""
+    """The read path after the summary: a search of one user's memories of acme/support-bot
+    with its top hits, best first, and the context assembled for the same question: that
+    person's memories only (each sample session is one person's)."""
     lines = out.splitlines()
     start = next(i for i, line in enumerate(lines) if line.startswith("search "))
-    assert "acme/support-bot" in lines[start]
+    assert "acme/support-bot, user elena" in lines[start]
     hits = []
     for line in lines[start + 1 :]:
         found = re.fullmatch(r"  (\d\.\d\d)  (.+)  \(text (\d\.\d\d), trigram (\d\.\d\d)\)", line)
@@ -121,12 +122,17 @@ def _assert_recall(out: str) -> None:
     header = next(i for i, line in enumerate(lines) if line.startswith("context "))
     assert header > start
     assert re.fullmatch(
-        r"context +acme/support-bot: (\d+) of 120 tokens, [1-9]\d* memories, \d+ dropped",
+        r"context +acme/support-bot, user elena: (\d+) of 120 tokens, [1-9]\d* memories,"
+        r" \d+ dropped",
         lines[header],
     ), lines[header]
     block = lines[header + 1 : lines.index("</memories>", header) + 1]
     assert block[0] == "<memories>" and all(line.startswith("- ") for line in block[1:-1])
     assert any(line.startswith("- The user is allergic to") for line in block), out
+    # Elena's allergy alone: no other person's (the samples' Kwame and Tomás talk to the same
+    # agent and state theirs).
+    allergies = [line for line in block if "allergic to" in line]
+    assert allergies and all("latex" in line for line in allergies), out
 
 
 def test_the_demo_extracts_the_samples_and_cleans_up(demo_folder: Path) -> None:
