@@ -92,6 +92,7 @@ class SearchRequestSchema(Schema):
     @validates_schema
     def _one_agent(self, data: dict[str, Any], **kwargs: Any) -> None:
         _one_agent(data)
+
     # Whose memories (schema.users): a user's and the agent-wide ones, by default the latter.
     user = user_field()
     user_id = user_id_field()

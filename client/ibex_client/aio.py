@@ -112,9 +112,7 @@ class AsyncIbexClient:
         set once (another one later raises :class:`~ibex_client.errors.UserConflictError`)."""
         who = _calls.Who(user=user, user_id=user_id)
         return await self._run(
-            _calls.create_session(
-                agent, agent_id, external_id, model, provider, create_agent, who
-            )
+            _calls.create_session(agent, agent_id, external_id, model, provider, create_agent, who)
         )
 
     async def append_turns(self, session_id: Id, turns: Sequence[Turn]) -> TurnsAppended:
@@ -315,9 +313,7 @@ class AsyncIbexClient:
         :class:`~ibex_client.errors.NotFoundError` (``UNKNOWN_AGENT``)."""
         who = _calls.Who(user, user_id, include_shared, all_users)
         return await self._run(
-            _calls.search(
-                query, agent_id, session_id, kinds, limit, include_superseded, agent, who
-            )
+            _calls.search(query, agent_id, session_id, kinds, limit, include_superseded, agent, who)
         )
 
     async def context(
