@@ -6,6 +6,7 @@ search and context name a user the same way (and the OpenAPI document says so on
 
 from __future__ import annotations
 
+import unicodedata
 from typing import Any
 
 from marshmallow import RAISE, Schema, ValidationError, fields, validate
@@ -14,9 +15,14 @@ from marshmallow import RAISE, Schema, ValidationError, fields, validate
 MAX_USER_KEY_CHARS = 200
 
 
-def _printable(text: str) -> None:
-    if not text.isprintable():
-        raise ValidationError("must be printable characters only")
+#: A user key holds no control character (C0, DEL, C1), as ``ibex_core.users`` checks; as an
+#: OpenAPI pattern (lone surrogates are not Unicode text: JSON strings cannot hold them).
+USER_KEY_PATTERN = r"^[^\x00-\x1f\x7f-\x9f]*$"
+
+
+def _key_text(text: str) -> None:
+    if any(unicodedata.category(c) in ("Cc", "Cs") for c in text):
+        raise ValidationError("must not hold control characters")
 
 
 def user_field(*, writes: bool = False) -> fields.String:
@@ -25,11 +31,12 @@ def user_field(*, writes: bool = False) -> fields.String:
     return fields.String(
         load_default=None,
         allow_none=True,
-        validate=[validate.Length(min=1, max=MAX_USER_KEY_CHARS), _printable],
+        validate=[validate.Length(min=1, max=MAX_USER_KEY_CHARS), _key_text],
         metadata={
+            "pattern": USER_KEY_PATTERN,
             "description": f"The application's key for the person{created}; or give user_id."
             " A user-bound token acts for its own user: naming another one is 403"
-            " FORBIDDEN_USER."
+            " FORBIDDEN_USER.",
         },
     )
 

@@ -12,6 +12,7 @@ from apispec import APISpec
 from apispec.ext.marshmallow import MarshmallowPlugin
 
 from memory_service.openapi.parts import (
+    ONE_USER,
     ORG_HEADER,
     PRINTABLE_HEADER_PATTERN,
     RETRY_AFTER,
@@ -69,7 +70,6 @@ def build_spec(max_body_bytes: int) -> dict[str, Any]:
     )
     spec.components.security_scheme("bearer", {"type": "http", "scheme": "bearer"})
     for name, schema in (
-        ("MemoryCreate", MemoryCreateSchema),
         ("Memory", MemorySchema),
         ("MemoryPage", MemoryPageSchema),
         ("MemoryHistory", MemoryHistorySchema),
@@ -81,10 +81,15 @@ def build_spec(max_body_bytes: int) -> dict[str, Any]:
         spec.components.schema(name, schema=schema)
     # The rule the schema's validator enforces, which its fields cannot say.
     one_agent = exactly_one_of(agent="string", agent_id="string")
-    spec.components.schema("SearchRequest", component=one_agent, schema=SearchRequestSchema)
+    spec.components.schema("MemoryCreate", component=ONE_USER, schema=MemoryCreateSchema)
+    spec.components.schema(
+        "SearchRequest", component={"allOf": [one_agent, ONE_USER]}, schema=SearchRequestSchema
+    )
     spec.components.schema(
         "ContextRequest",
-        component={"allOf": [exactly_one_of(query="string", messages="array"), one_agent]},
+        component={
+            "allOf": [exactly_one_of(query="string", messages="array"), one_agent, ONE_USER]
+        },
         schema=ContextRequestSchema,
     )
 

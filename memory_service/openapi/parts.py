@@ -69,6 +69,36 @@ def exactly_one_of(**types: str) -> dict[str, Any]:
     }
 
 
+def _given(name: str, schema: dict[str, Any]) -> dict[str, Any]:
+    return {"required": [name], "properties": {name: schema}}
+
+
+#: The user fields' rule (schema.users.check_one_user) for a body: not both ``user`` and
+#: ``user_id``, and neither with ``all_users: true``. (Query parameters cannot state it.)
+ONE_USER: dict[str, Any] = {
+    "allOf": [
+        {
+            "not": {
+                "allOf": [_given("user", {"type": "string"}), _given("user_id", {"type": "string"})]
+            }
+        },
+        {
+            "not": {
+                "allOf": [
+                    _given("all_users", {"enum": [True]}),
+                    {
+                        "anyOf": [
+                            _given("user", {"type": "string"}),
+                            _given("user_id", {"type": "string"}),
+                        ]
+                    },
+                ]
+            }
+        },
+    ]
+}
+
+
 UNKNOWN_AGENT = error("The agent named is not one of the org's (UNKNOWN_AGENT).")
 
 #: A header value as the service accepts it: printable (no control character, no

@@ -10,6 +10,7 @@ from typing import Any
 from apispec import APISpec
 
 from memory_service.openapi.parts import (
+    ONE_USER,
     ORG_HEADER,
     PRINTABLE_HEADER_PATTERN,
     UNKNOWN_AGENT,
@@ -75,7 +76,7 @@ def document(spec: APISpec, secured: list[dict[str, list[str]]], max_body_bytes:
     # The rule the schema's validator enforces, which its fields cannot say.
     spec.components.schema(
         "SessionCreate",
-        component=exactly_one_of(agent="string", agent_id="string"),
+        component={"allOf": [exactly_one_of(agent="string", agent_id="string"), ONE_USER]},
         schema=SessionCreateSchema,
     )
     for name, schema in (

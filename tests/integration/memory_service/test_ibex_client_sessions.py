@@ -203,7 +203,7 @@ def test_the_readme_client_example_runs_against_the_service(
     blocks = re.findall(r"```python\n(.*?)```", (ROOT / "README.md").read_text(), re.DOTALL)
     assert len(blocks) == 1
     code = blocks[0]
-    assert len(code.strip().splitlines()) == 10
+    assert len(code.strip().splitlines()) <= 12  # short enough to read at a glance
 
     class Local(IbexClient):
         """The README's client, with the network swapped for the app in this process."""

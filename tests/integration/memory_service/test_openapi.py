@@ -86,9 +86,11 @@ def test_fuzz_finds_no_server_error(app, acme: Tenant, db) -> None:
                     case.body["agent_id"] = str(acme.agent_id)
                     # The agent by id, so not also by slug (the sessions API takes one).
                     case.body.pop("agent", None)
-                if case.operation.label == "POST /v1/sessions" and isinstance(case.body, dict):
+                writes = ("POST /v1/sessions", "POST /v1/memories")
+                if case.operation.label in writes and isinstance(case.body, dict):
                     # Random users (an unknown id, an unprintable key, a header that differs)
-                    # would keep the fuzz from ever opening a session; the users API has its
+                    # would keep the fuzz from ever opening a session or storing a memory
+                    # (one not its session's user's); the users API has its
                     # own tests (test_users_api.py).
                     for name in ("user", "user_id"):
                         case.body.pop(name, None)

@@ -61,6 +61,13 @@ UNSTATABLE = (
     "must follow the previous turn's index by one",
 )
 
+#: Rules across query parameters, which OpenAPI 3.0 cannot state for them (bodies state them
+#: with ``not``): user and user_id are exclusive, and neither goes with all_users.
+UNSTATABLE_IN_QUERIES = (
+    "give user or user_id, not both",
+    "all_users reads every user: do not name one",
+)
+
 CHECKS = [
     checks.not_a_server_error,
     checks.status_code_conformance,
@@ -126,6 +133,10 @@ def test_schemathesis_finds_no_rejected_valid_or_accepted_invalid_request(
                     source["session_id"] = str(acme.session_id)  # acme's, not made up
                 response = case.call(headers=headers)
                 if any(rule in response.text for rule in UNSTATABLE):
+                    return
+                if case.operation.method.upper() == "GET" and any(
+                    rule in response.text for rule in UNSTATABLE_IN_QUERIES
+                ):
                     return
                 try:
                     case.validate_response(response, checks=CHECKS, headers=headers)
