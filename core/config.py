@@ -50,6 +50,9 @@ DEFAULTS: dict[str, str | None] = {
     "SESSION_IDLE_ACTION": "complete",
     "PRUNE_DONE_AFTER_DAYS": None,  # unset: the scheduler prunes nothing
     "PRUNE_DELETED_AFTER_DAYS": None,  # unset: the scheduler erases nothing
+    "UPSTREAM_LLM_BASE_URL": None,  # the chat path's upstream; unset: the proxy refuses to start
+    "UPSTREAM_LLM_API_KEY": None,  # unset: the caller's Authorization is passed on
+    "UPSTREAM_TIMEOUT_SECONDS": "600",
 }
 
 LLM_PROVIDERS = ("openai", "rules")
@@ -124,6 +127,11 @@ class Settings:
     #: The scheduler erases what was soft-deleted longer ago (sessions, memories, users);
     #: None: never.
     prune_deleted_after_days: int | None = None
+    #: The chat path (the ``proxy`` process): where chat completions are forwarded, the key
+    #: used when the caller sends no ``Authorization``, and the upstream read timeout.
+    upstream_llm_base_url: str | None = None
+    upstream_llm_api_key: str | None = None
+    upstream_timeout_seconds: int = 600
     #: The variables that were set (non-empty) in the environment, defaults aside.
     explicit: frozenset[str] = frozenset()
 
@@ -192,6 +200,9 @@ class Settings:
             prune_deleted_after_days=_int(env, "PRUNE_DELETED_AFTER_DAYS", 1)
             if _str(env, "PRUNE_DELETED_AFTER_DAYS")
             else None,
+            upstream_llm_base_url=(_str(env, "UPSTREAM_LLM_BASE_URL") or "").rstrip("/") or None,
+            upstream_llm_api_key=_str(env, "UPSTREAM_LLM_API_KEY"),
+            upstream_timeout_seconds=_int(env, "UPSTREAM_TIMEOUT_SECONDS", 1),
             explicit=frozenset(name for name in DEFAULTS if (env.get(name) or "").strip()),
         )
         if settings.retry_max_backoff_ms < settings.retry_min_backoff_ms:
