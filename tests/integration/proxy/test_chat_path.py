@@ -10,6 +10,7 @@ import httpx
 import pytest
 
 from core.db import tenant
+from proxy import metrics
 from tests.integration.proxy.conftest import REPLY, Org, ProxyServer, wait_for
 
 pytestmark = pytest.mark.integration
@@ -162,15 +163,43 @@ def test_a_stream_cut_halfway_is_recorded_incomplete(
 def test_the_same_request_retried_three_times_is_one_turn(
     proxy_server: ProxyServer, upstream: Any, store: Any, worker: Any, acme: Org
 ) -> None:
+    before = {name: metrics.count(name) for name in metrics.TURN_OUTCOMES}
     messages = [SYSTEM, {"role": "user", "content": "Remember my dog is called Rex."}]
     for _ in range(3):
         assert chat(proxy_server, messages, headers(acme)).status_code == 200
     proxy_server.settle()
-    worker.join("chat_turns", timeout=10000)
+    wait_for(lambda: metrics.count("replayed") - before["replayed"] == 2, "the retries drained")
     assert upstream.requests == 3
     turns = checkpoints(store, acme)
     assert len(turns) == 1 and turns[0]["turn_count"] == 1
     assert turns[0]["messages"] == messages
+    assert metrics.count("spooled") - before["spooled"] == 3
+    assert metrics.count("recorded") - before["recorded"] == 1
+    assert metrics.count("failed") == before["failed"]
+    exposed = httpx.get(f"{proxy_server.url}/metrics").text
+    assert 'ibex_chat_turns_total{outcome="spooled"}' in exposed
+
+
+def test_a_client_that_leaves_mid_stream_is_recorded_incomplete(
+    proxy_server: ProxyServer, upstream: Any, store: Any, worker: Any, acme: Org
+) -> None:
+    upstream.configure(stream_chunk_ms=300)
+    messages = [SYSTEM, {"role": "user", "content": "Take your time."}]
+    with httpx.stream(
+        "POST",
+        f"{proxy_server.url}/v1/chat/completions",
+        json={"model": "fake", "messages": messages, "stream": True},
+        headers=headers(acme),
+        timeout=10,
+    ) as answer:
+        first = next(answer.iter_raw())
+        assert first.startswith(b"data: ")
+    # The client has hung up; the proxy notices at the next chunk.
+    proxy_server.settle()
+    wait_for(lambda: len(checkpoints(store, acme)) == 1, "the abandoned turn")
+    (turn,) = checkpoints(store, acme)
+    assert turn["is_streaming"] is True and turn["is_complete"] is False
+    assert turn["completion"]["content"] != REPLY
 
 
 def test_upstream_errors_are_passed_through_unchanged_and_not_recorded(
