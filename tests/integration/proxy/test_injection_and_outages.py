@@ -188,3 +188,40 @@ def test_the_openai_sdk_works_unchanged_for_both_modes(
     assert (one["is_streaming"], two["is_streaming"]) == (False, True)
     assert two["messages"] == [{"role": "user", "content": "Now stream."}]
     assert two["is_complete"] is True
+
+
+def test_a_spooled_turn_whose_token_the_worker_refuses_is_dead_lettered(
+    proxy_settings: Settings, store: Any, db: Any, database_url: str, redis_url: str, acme: Org
+) -> None:
+    from proxy import metrics
+
+    failed = metrics.count("failed")
+    dead = make_pool(dead_database_url(database_url), max_connections=2)
+    app, proxy = create_app(proxy_settings, db=dead, token_cache_seconds=0)
+    hdrs = {"X-IBEX-Token": "ibex_forged", "X-IBEX-Agent": "bot", "X-IBEX-Session-ID": "forged"}
+    with serve(app, proxy) as server:
+        # The token cannot be checked with the database away: the call is answered anyway.
+        assert chat(server, [{"role": "user", "content": "hi"}], hdrs).status_code == 200
+        server.settle()
+    dead.close_all()
+    settings = pipeline_settings(database_url, redis_url)
+    client = redis.Redis.from_url(redis_url)
+    with redis_worker(StageDeps(store=store, settings=settings), redis_url):
+        wait_for(lambda: client.zcard("dramatiq:chat_turns.XQ") == 1, "the dead letter")
+        wait_for(
+            lambda: (
+                db.execute_sql(
+                    "SELECT count(*) FROM ibex_core.dead_letters"
+                    " WHERE actor_name = 'record_chat_turn'"
+                ).fetchone()[0]
+                == 1
+            ),
+            "the mirrored dead letter",
+        )
+    reason = db.execute_sql(
+        "SELECT exception_type, exception_message FROM ibex_core.dead_letters"
+        " WHERE actor_name = 'record_chat_turn'"
+    ).fetchone()
+    assert reason == ("RecordRefused", "the call's X-IBEX-Token is unknown or revoked")
+    assert metrics.count("failed") == failed + 1
+    assert checkpoints(store, acme, "forged") == []
