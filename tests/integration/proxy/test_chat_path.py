@@ -237,3 +237,18 @@ def test_the_callers_authorization_is_passed_upstream(
     assert chat(proxy_server, [{"role": "user", "content": "hi"}], hdrs).status_code == 401
     hdrs["Authorization"] = "Bearer sk-right"
     assert chat(proxy_server, [{"role": "user", "content": "hi"}], hdrs).status_code == 200
+
+
+def test_the_user_header_makes_the_user_the_sessions_own(
+    proxy_server: ProxyServer, upstream: Any, store: Any, worker: Any, acme: Org
+) -> None:
+    hdrs = headers(acme, session="conv-user", **{"X-IBEX-User-ID": "dana@example.com"})
+    assert chat(proxy_server, [{"role": "user", "content": "hi"}], hdrs).status_code == 200
+    proxy_server.settle()
+    wait_for(lambda: len(checkpoints(store, acme, "conv-user")) == 1, "the turn")
+    with tenant(store.db, acme.org_id):
+        owner = store.db.execute_sql(
+            "SELECT u.external_id FROM ibex_core.sessions s"
+            " JOIN ibex_core.users u ON u.id = s.user_id WHERE s.external_id = 'conv-user'"
+        ).fetchone()
+    assert owner == ("dana@example.com",)
