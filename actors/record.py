@@ -3,9 +3,10 @@
 The proxy answers first and spools after (:mod:`proxy.recording`); this actor stores the turn
 in the session store, the same way the sessions API and ``ibex import`` store turns. Storing
 is idempotent (the turn is planned against the stored conversation), so a retry or a
-redelivery stores nothing twice. A database outage is retried with backoff like any message;
-a turn that can never be stored (unknown or revoked token, deleted session) is permanent and
-goes to the dead-letter queue with the reason.
+redelivery stores nothing twice; a turn that arrived before its predecessor waits one retry
+for it (:class:`~proxy.recording.EarlierTurnPending`). A database outage is retried with
+backoff like any message; a turn that can never be stored (unknown or revoked token, deleted
+session) is permanent and goes to the dead-letter queue with the reason.
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ import logging
 from typing import Any
 
 import dramatiq
+from dramatiq.middleware import CurrentMessage
 
 from actors.broker import broker
 from actors.middleware import current_deps
@@ -33,9 +35,11 @@ log = logging.getLogger(__name__)
 )
 def record_chat_turn(turn: dict[str, Any]) -> None:
     deps = current_deps()
+    current = CurrentMessage.get_current_message()
+    first_attempt = current is not None and not current.options.get("retries")
     try:
         with db_errors():
-            index = store_chat_turn(deps.store, turn)
+            index = store_chat_turn(deps.store, turn, first_attempt=first_attempt)
     except PermanentError:
         metrics.turn("failed")
         raise

@@ -134,6 +134,9 @@ class ChatProxy:
     async def aclose(self) -> None:
         await self.settle()
         await self.client.aclose()
+        close = getattr(self.spool, "close", None)
+        if close is not None:
+            close()
 
     @contextlib.asynccontextmanager
     async def lifespan(self, app: Starlette) -> AsyncIterator[None]:
@@ -159,7 +162,7 @@ class ChatProxy:
         inject = (headers.get("x-ibex-memory") or "").strip().lower() == "inject"
         records = agent is not None and external_id is not None
         try:
-            budget = memory_tokens(headers.get("x-ibex-memory-tokens"))
+            budget = memory_tokens(headers.get("x-ibex-memory-tokens") if inject else None)
         except ValueError:
             return _error(400, "INVALID_HEADER", "X-IBEX-Memory-Tokens must be a positive integer")
         if inject and agent is None:
@@ -399,7 +402,7 @@ class _Relay(Response):
             broke = True  # the client went away mid-send
         finally:
             left.cancel()
-            await self.answer.aclose()
+            # Spooled before the upstream is closed: a cancelled relay (shutdown) still records.
             if self.call.recording is not None:
                 self.proxy._record(
                     self.call,
@@ -410,6 +413,7 @@ class _Relay(Response):
                     is_streaming=True,
                     is_complete=assembler.done and not broke,
                 )
+            await self.answer.aclose()
 
 
 async def _disconnected(receive: Receive) -> None:

@@ -16,6 +16,11 @@ blocks) and without keys whose value is empty:
 - Any other request (an earlier message edited, a conversation restarted) is stored whole as
   the next turn.
 
+Turns of one session can reach the worker out of order (the client sent its next call before
+the previous turn was stored). A request stored whole that holds earlier answers may be such
+a call: the worker stores it only on a retry (:func:`answers_in`), so the earlier turn has
+landed by then and the call extends it.
+
 The stored conversation is rebuilt from the turns by the same rule the writer used: a turn
 whose first message is the conversation's first message (the system prompt, or the first
 user message) was stored whole and restarts the conversation; any other turn continues it. A
@@ -104,6 +109,8 @@ class Plan:
     messages of the next turn."""
 
     messages: list[Any] | None
+    #: The request is stored whole: it did not extend the stored conversation.
+    whole: bool = False
 
     @property
     def recorded(self) -> bool:
@@ -115,11 +122,17 @@ def plan_turn(turns: Sequence[StoredTurn], request_messages: Sequence[Any]) -> P
     stored = conversation_of(turns)
     incoming = [comparable(m) for m in request_messages]
     if not stored:
-        return Plan(list(request_messages))
+        return Plan(list(request_messages), whole=True)
     if len(incoming) <= len(stored) and incoming == stored[: len(incoming)]:
         return Plan(None)
     if incoming[: len(stored)] == stored:
         new = list(request_messages[len(stored) :])
         if comparable(new[0]) != stored[0]:
             return Plan(new)
-    return Plan(list(request_messages))
+    return Plan(list(request_messages), whole=True)
+
+
+def answers_in(messages: Sequence[Any]) -> bool:
+    """Whether ``messages`` hold an earlier answer (an assistant message): a conversation
+    already under way."""
+    return any(isinstance(m, dict) and m.get("role") == "assistant" for m in messages)

@@ -27,7 +27,7 @@ from core.errors import ImmutableTurnError, PermanentError, TransientError, Turn
 from memory_service.auth import AuthError, Principal, require_scope, resolve_org
 from memory_service.tokens.store import TokenStore
 from models.store import SessionStore, TurnInput
-from proxy.conversation import StoredTurn, plan_turn
+from proxy.conversation import StoredTurn, answers_in, plan_turn
 
 log = logging.getLogger(__name__)
 
@@ -99,6 +99,7 @@ class DramatiqSpool:
         client = redis.Redis.from_url(
             redis_url, socket_timeout=timeout_seconds, socket_connect_timeout=timeout_seconds
         )
+        self.client = client
         self.broker = RedisBroker(client=client, middleware=[])
         self.broker.declare_queue(SPOOL_QUEUE)
 
@@ -117,6 +118,7 @@ class DramatiqSpool:
 
     def close(self) -> None:
         self.broker.close()
+        self.client.close()
 
 
 class RecordRefused(PermanentError):
@@ -145,9 +147,18 @@ def org_of(db: peewee.Database, message: Mapping[str, Any]) -> uuid.UUID:
         raise RecordRefused(exc.message) from None
 
 
-def store_chat_turn(store: SessionStore, message: Mapping[str, Any]) -> int | None:
+class EarlierTurnPending(TransientError):
+    """The turn would be stored whole although it continues a conversation: its predecessor is
+    probably still on the spool. Retried (with backoff), then stored as it is."""
+
+
+def store_chat_turn(
+    store: SessionStore, message: Mapping[str, Any], *, first_attempt: bool = False
+) -> int | None:
     """Store a spooled turn in the session it names; the turn index it was stored as, or None
-    when the session already held it (a retry, a redelivery, a late copy)."""
+    when the session already held it (a retry, a redelivery, a late copy). On the
+    ``first_attempt``, a turn that would be stored whole although it holds earlier answers
+    raises :class:`EarlierTurnPending` instead (see :mod:`proxy.conversation`)."""
     org_id = org_of(store.db, message)
     sessions = store
     user_id = None
@@ -170,6 +181,11 @@ def store_chat_turn(store: SessionStore, message: Mapping[str, Any]) -> int | No
         )
         if plan.messages is None:
             return None
+        if plan.whole and first_attempt and answers_in(plan.messages):
+            raise EarlierTurnPending(
+                f"session {session.id}: the call continues a conversation the session does"
+                " not hold yet; waiting for its earlier turn"
+            )
         turn = TurnInput(
             messages=plan.messages,
             completion=dict(message["completion"]),

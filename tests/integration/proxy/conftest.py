@@ -67,7 +67,8 @@ def redis_worker(deps: StageDeps, redis_url: str) -> Iterator[dramatiq.Broker]:
     from actors.middleware import install_deps
 
     previous = current_broker()
-    broker = make_broker(deps.settings, client=redis.Redis.from_url(redis_url))
+    client = redis.Redis.from_url(redis_url)
+    broker = make_broker(deps.settings, client=client)
     use_broker(broker)
     install_deps(deps)
     worker = dramatiq.Worker(broker, worker_timeout=100, worker_threads=2)
@@ -79,6 +80,7 @@ def redis_worker(deps: StageDeps, redis_url: str) -> Iterator[dramatiq.Broker]:
         install_deps(None)
         use_broker(previous)
         broker.close()
+        client.close()
 
 
 def wait_for(predicate: Callable[[], Any], what: str, timeout: float = 20.0) -> None:

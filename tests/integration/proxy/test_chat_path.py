@@ -252,3 +252,33 @@ def test_the_user_header_makes_the_user_the_sessions_own(
             " JOIN ibex_core.users u ON u.id = s.user_id WHERE s.external_id = 'conv-user'"
         ).fetchone()
     assert owner == ("dana@example.com",)
+
+
+def test_a_turn_drained_before_its_predecessor_waits_for_it(store: Any, acme: Org) -> None:
+    from proxy.recording import EarlierTurnPending, Recording, spool_message, store_chat_turn
+
+    recording = Recording("support-bot", "conv-order", None, acme.org_id, None, None)
+
+    def spooled(messages: list[Any], content: str) -> dict[str, Any]:
+        return spool_message(
+            recording,
+            request_hash="h",
+            model="fake",
+            messages=messages,
+            completion={"role": "assistant", "content": content},
+            prompt_tokens=1,
+            completion_tokens=1,
+            latency_ms=1,
+            is_streaming=False,
+            is_complete=True,
+        )
+
+    first = [SYSTEM, {"role": "user", "content": "one"}]
+    second = [*first, {"role": "assistant", "content": "A1"}, {"role": "user", "content": "two"}]
+    with pytest.raises(EarlierTurnPending):
+        store_chat_turn(store, spooled(second, "A2"), first_attempt=True)
+    assert store_chat_turn(store, spooled(first, "A1"), first_attempt=True) == 1
+    assert store_chat_turn(store, spooled(second, "A2")) == 2  # its retry
+    assert store_chat_turn(store, spooled(second, "A2")) is None  # a redelivery
+    turns = checkpoints(store, acme, "conv-order")
+    assert [t["messages"] for t in turns] == [first, [{"role": "user", "content": "two"}]]

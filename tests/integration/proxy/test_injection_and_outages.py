@@ -43,9 +43,11 @@ def memories(
     """The memory service in-process, and the acme tenant (agent ``bot``) to write through it."""
     tenant_ = make_tenant(store, "acme")
     settings = Settings.from_env({"DATABASE_URL": database_url, "REDIS_URL": redis_url})
-    app = create_memory_app(settings, db=proxy_db, redis_client=redis.Redis.from_url(redis_url))
+    client = redis.Redis.from_url(redis_url)
+    app = create_memory_app(settings, db=proxy_db, redis_client=client)
     with httpx.Client(transport=httpx.WSGITransport(app=app), base_url="http://m.test") as http:
         yield tenant_, http
+    client.close()
 
 
 def test_injection_puts_memories_into_the_upstream_request_and_not_into_extraction(
@@ -150,6 +152,7 @@ def test_with_the_database_down_the_call_answers_and_the_turn_lands_later_once(
             "the spool to drain",
             30,
         )
+    client.close()
     (turn,) = checkpoints(store, acme, "conv-down")
     assert turn["messages"] == messages and turn["turn_count"] == 1
     dead.close_all()
@@ -218,6 +221,7 @@ def test_a_spooled_turn_whose_token_the_worker_refuses_is_dead_lettered(
             ),
             "the mirrored dead letter",
         )
+    client.close()
     reason = db.execute_sql(
         "SELECT exception_type, exception_message FROM ibex_core.dead_letters"
         " WHERE actor_name = 'record_chat_turn'"
