@@ -11,7 +11,8 @@ What a call does (the headers are the contract, docs/operations.md):
 - The body goes upstream as it came, to ``UPSTREAM_LLM_BASE_URL`` + ``/chat/completions``, with
   the caller's ``Authorization`` (else ``UPSTREAM_LLM_API_KEY``); the answer, an error
   included, comes back unchanged: status, body, content type. A stream (``"stream": true``)
-  is relayed chunk by chunk as the upstream sends it.
+  is relayed chunk by chunk as the upstream sends it (decoded when the upstream compressed
+  it, since the content encoding is not passed on).
 - ``X-IBEX-Agent`` and ``X-IBEX-Session-ID`` (with ``X-IBEX-Token``, scope
   ``sessions:write``): the call is recorded as the session's next turn. Recording happens after
   the answer, through the spool (:mod:`proxy.recording`); nothing about it can fail or delay
@@ -387,7 +388,7 @@ class _Relay(Response):
                 }
             )
             try:
-                async for chunk in self.answer.aiter_raw():
+                async for chunk in self.answer.aiter_bytes():
                     assembler.feed(chunk)
                     if left.done():
                         broke = True
