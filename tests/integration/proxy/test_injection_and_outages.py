@@ -3,6 +3,7 @@ SDK pointed at the proxy."""
 
 from __future__ import annotations
 
+import time
 import uuid
 from collections.abc import Iterator
 from typing import Any
@@ -229,3 +230,34 @@ def test_a_spooled_turn_whose_token_the_worker_refuses_is_dead_lettered(
     assert reason == ("RecordRefused", "the call's X-IBEX-Token is unknown or revoked")
     assert metrics.count("failed") == failed + 1
     assert checkpoints(store, acme, "forged") == []
+
+
+def test_with_redis_hanging_the_call_answers_and_the_lost_turn_is_counted(
+    proxy_settings: Settings, proxy_db: Any, acme: Org
+) -> None:
+    import socket
+
+    from proxy import metrics
+    from proxy.recording import DramatiqSpool
+
+    failed = metrics.count("failed")
+    # A "Redis" that accepts connections and never answers: the spool write hangs until its
+    # timeout.
+    silent = socket.socket()
+    silent.bind(("127.0.0.1", 0))
+    silent.listen(16)
+    port = silent.getsockname()[1]
+    spool = DramatiqSpool(f"redis://127.0.0.1:{port}/0", timeout_seconds=2)
+    app, proxy = create_app(proxy_settings, db=proxy_db, spool=spool, token_cache_seconds=0)
+    hdrs = {"X-IBEX-Token": acme.token, "X-IBEX-Agent": "bot", "X-IBEX-Session-ID": "no-redis"}
+    try:
+        with serve(app, proxy) as server:
+            started = time.monotonic()
+            answer = chat(server, [{"role": "user", "content": "hi"}], hdrs)
+            elapsed = time.monotonic() - started
+            assert answer.status_code == 200 and answer.json()["choices"][0]["message"]
+            assert elapsed < 1.0  # the answer did not wait for the spool's 2 s timeout
+            server.settle()
+    finally:
+        silent.close()
+    assert metrics.count("failed") == failed + 1
