@@ -175,7 +175,7 @@ class ChatProxy:
                 return _error(401, "UNAUTHORIZED", "recording or injection needs X-IBEX-Token")
             org_header = headers.get("x-ibex-org-id")
             try:
-                org_id = await self._org(token, org_header, records=records, inject=inject)
+                org_id, bound = await self._org(token, org_header, records=records, inject=inject)
             except AuthError as exc:
                 return _error(exc.status, exc.code, exc.message)
             if records:
@@ -188,12 +188,12 @@ class ChatProxy:
                     org_id=org_id,
                     token_hash=None if org_id else hash_token(token),
                     org_header=None if org_id else org_header,
+                    user_id=bound,
                 )
             if inject and org_id is not None:
                 assert agent is not None
-                body = await self._inject(
-                    body, org_id, agent, budget, (headers.get("x-ibex-user-id") or None)
-                )
+                user = (headers.get("x-ibex-user-id") or "").strip() or None
+                body = await self._inject(body, org_id, agent, budget, user, bound)
         call = Call(body=body, recording=recording, started=started)
         upstream_headers = self._upstream_headers(request)
         if body.get("stream") is True:
@@ -202,28 +202,35 @@ class ChatProxy:
 
     async def _org(
         self, token: str, org_header: str | None, *, records: bool, inject: bool
-    ) -> uuid.UUID | None:
-        """The org the token acts for; None when the database is away (the worker checks)."""
+    ) -> tuple[uuid.UUID | None, uuid.UUID | None]:
+        """The org the token acts for and the user it is bound to; (None, None) when the
+        database is away (the worker checks the token then)."""
         try:
             principal: Principal = await asyncio.to_thread(
                 self.auth.authenticate, f"Bearer {token}"
             )
         except (DatabaseUnavailableError, peewee.OperationalError, peewee.InterfaceError):
             log.warning("token check skipped: the database is unavailable")
-            return None
+            return None, None
         if records:
             require_scope(principal, "sessions:write")
         if inject:
             require_scope(principal, "memory:read")
-        return resolve_org(principal, org_header)
+        return resolve_org(principal, org_header), principal.user_id
 
     async def _inject(
-        self, body: dict[str, Any], org_id: uuid.UUID, agent: str, budget: int, user: str | None
+        self,
+        body: dict[str, Any],
+        org_id: uuid.UUID,
+        agent: str,
+        budget: int,
+        user: str | None,
+        bound: uuid.UUID | None,
     ) -> dict[str, Any]:
         messages = body["messages"]
         try:
             block = await asyncio.to_thread(
-                self.injector.block, org_id, agent, messages, budget, user
+                self.injector.block, org_id, agent, messages, budget, user, bound
             )
         except Exception:
             log.warning("memory injection skipped", exc_info=True)

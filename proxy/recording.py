@@ -48,6 +48,8 @@ class Recording:
     org_id: uuid.UUID | None
     token_hash: str | None
     org_header: str | None
+    #: A user-bound token's user: it is the session's user, whatever ``user`` says.
+    user_id: uuid.UUID | None = None
 
 
 def spool_message(
@@ -72,6 +74,7 @@ def spool_message(
         "agent": recording.agent,
         "external_id": recording.external_id,
         "user": recording.user,
+        "user_id": str(recording.user_id) if recording.user_id else None,
         "model": model,
         "request_hash": request_hash,
         "messages": messages,
@@ -129,20 +132,22 @@ def _principal(db: peewee.Database, token_hash: str) -> Principal:
     row = TokenStore(db).lookup(token_hash)
     if row is None or row.revoked_at is not None:
         raise RecordRefused("the call's X-IBEX-Token is unknown or revoked")
-    return Principal(row.id, row.org_id, frozenset(row.scopes), row.is_service)
+    return Principal(row.id, row.org_id, frozenset(row.scopes), row.is_service, row.user_id)
 
 
-def org_of(db: peewee.Database, message: Mapping[str, Any]) -> uuid.UUID:
-    """The org a spooled turn is for: named by the proxy, or from the token it carries."""
+def org_of(db: peewee.Database, message: Mapping[str, Any]) -> tuple[uuid.UUID, uuid.UUID | None]:
+    """The org a spooled turn is for (named by the proxy, or from the token it carries), and
+    the user its token is bound to, if any."""
     if message.get("org_id"):
-        return uuid.UUID(str(message["org_id"]))
+        bound = message.get("user_id")
+        return uuid.UUID(str(message["org_id"])), uuid.UUID(str(bound)) if bound else None
     token_hash = message.get("token_hash")
     if not token_hash:
         raise RecordRefused("the spooled turn names neither an org nor a token")
     principal = _principal(db, str(token_hash))
     try:
         require_scope(principal, "sessions:write")
-        return resolve_org(principal, message.get("org_header"))
+        return resolve_org(principal, message.get("org_header")), principal.user_id
     except AuthError as exc:
         raise RecordRefused(exc.message) from None
 
@@ -159,10 +164,12 @@ def store_chat_turn(
     when the session already held it (a retry, a redelivery, a late copy). On the
     ``first_attempt``, a turn that would be stored whole although it holds earlier answers
     raises :class:`EarlierTurnPending` instead (see :mod:`proxy.conversation`)."""
-    org_id = org_of(store.db, message)
+    org_id, bound = org_of(store.db, message)
     sessions = store
     user_id = None
-    if message.get("user"):
+    if bound is not None:
+        user_id = sessions.resolve_user(org_id, user_id=bound)
+    elif message.get("user"):
         user_id = sessions.resolve_user(org_id, external_id=str(message["user"]))
     session, _ = sessions.open_session(
         org_id,

@@ -14,6 +14,7 @@ import pytest
 import redis
 
 from core.config import Settings
+from core.db import tenant
 from core.processes import free_port
 from extraction.prompt import render_turn
 from extraction.stages import StageDeps
@@ -261,3 +262,91 @@ def test_with_redis_hanging_the_call_answers_and_the_lost_turn_is_counted(
     finally:
         silent.close()
     assert metrics.count("failed") == failed + 1
+
+
+def test_injection_reads_the_named_users_memories_and_no_other_users(
+    proxy_server: ProxyServer,
+    upstream: Any,
+    store: Any,
+    worker: Any,
+    acme: Org,
+    memories: tuple[Tenant, httpx.Client],
+) -> None:
+    tenant_, http = memories
+    for person, fact in (
+        ("dana", "Dana is allergic to peanuts."),
+        ("eve", "Eve is allergic to shellfish."),
+    ):
+        user_id = store.resolve_user(tenant_.org_id, external_id=person)
+        session, _ = store.open_session(
+            tenant_.org_id, agent_id=tenant_.agent_id, external_id=f"src-{person}", user_id=user_id
+        )
+        write(http, tenant_, fact, session.id, user=person)
+    write(http, tenant_, "The shop is allergic to nothing and opens at nine.", tenant_.session_id)
+    question = [SYSTEM, {"role": "user", "content": "Who is allergic to peanuts or shellfish?"}]
+    base = {"X-IBEX-Token": acme.token, "X-IBEX-Agent": "bot", "X-IBEX-Memory": "inject"}
+
+    assert chat(proxy_server, question, {**base, "X-IBEX-User-ID": "dana"}).status_code == 200
+    sent = upstream.bodies[-1]["messages"][0]["content"]
+    assert "Dana is allergic to peanuts." in sent
+    assert "shellfish" not in sent  # another user's memory
+    assert "opens at nine" in sent  # the agent-wide memories are everyone's
+
+    assert chat(proxy_server, question, {**base, "X-IBEX-User-ID": "eve"}).status_code == 200
+    sent = upstream.bodies[-1]["messages"][0]["content"]
+    assert "Eve is allergic to shellfish." in sent and "peanuts." not in sent
+
+    assert chat(proxy_server, question, base).status_code == 200  # no user: agent-wide only
+    sent = upstream.bodies[-1]["messages"][0]["content"]
+    assert "opens at nine" in sent and "Dana" not in sent and "Eve" not in sent
+
+
+def test_a_user_bound_token_reads_and_records_as_its_user_whatever_the_header_says(
+    proxy_server: ProxyServer,
+    upstream: Any,
+    store: Any,
+    db: Any,
+    worker: Any,
+    acme: Org,
+    memories: tuple[Tenant, httpx.Client],
+) -> None:
+    from memory_service.tokens.store import TokenStore
+
+    tenant_, http = memories
+    users = {}
+    for person, fact in (
+        ("dana", "Dana is allergic to peanuts."),
+        ("eve", "Eve is allergic to shellfish."),
+    ):
+        users[person] = store.resolve_user(tenant_.org_id, external_id=person)
+        session, _ = store.open_session(
+            tenant_.org_id,
+            agent_id=tenant_.agent_id,
+            external_id=f"src-{person}",
+            user_id=users[person],
+        )
+        write(http, tenant_, fact, session.id, user=person)
+    _, token = TokenStore(db).issue(
+        org_id=tenant_.org_id,
+        name="dana's app",
+        scopes=["sessions:write", "memory:read"],
+        user_id=users["dana"],
+    )
+    hdrs = {
+        "X-IBEX-Token": token,
+        "X-IBEX-Agent": "bot",
+        "X-IBEX-Session-ID": "conv-bound",
+        "X-IBEX-User-ID": "eve",
+        "X-IBEX-Memory": "inject",
+    }
+    question = [SYSTEM, {"role": "user", "content": "Who is allergic to peanuts or shellfish?"}]
+    assert chat(proxy_server, question, hdrs).status_code == 200
+    sent = upstream.bodies[-1]["messages"][0]["content"]
+    assert "Dana is allergic to peanuts." in sent and "shellfish." not in sent
+    proxy_server.settle()
+    wait_for(lambda: len(checkpoints(store, acme, "conv-bound")) == 1, "the turn")
+    with tenant(store.db, tenant_.org_id):
+        owner = store.db.execute_sql(
+            "SELECT user_id FROM ibex_core.sessions WHERE external_id = 'conv-bound'"
+        ).fetchone()
+    assert owner is not None and str(owner[0]) == str(users["dana"])
