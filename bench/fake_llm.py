@@ -17,7 +17,15 @@ Knobs, all settable at runtime (attributes, or ``POST /control`` with a JSON obj
   the request lists (``m1``, see ``extraction.prompt``), when it lists one; any other
   non-empty value is answered as that ref, listed or not (an unknown ref); ``""`` (the
   default): no ``replaces``;
-- ``api_key``: when set, requests without ``Authorization: Bearer <api_key>`` get 401.
+- ``api_key``: when set, requests without ``Authorization: Bearer <api_key>`` get 401;
+- ``"stream": true`` requests are answered as server-sent events, the content in
+  ``stream_chunks`` pieces ``stream_chunk_ms`` apart, a ``usage`` chunk when the request asks
+  for it (``stream_options.include_usage``), then ``data: [DONE]``; ``cut_stream_after``
+  (chunks) breaks the connection off mid-stream instead, as a failing upstream does;
+- ``reply``: answer this text instead of the memories JSON (a chat model's reply).
+
+Every chat request body is kept in :attr:`FakeLLM.bodies` (the last 100), so a test can see
+what reached the upstream.
 
 Calls are counted per turn, keyed by a hash of the request's last message (the turn to extract
 from): ``GET /stats`` returns them as JSON, :meth:`FakeLLM.stats` and :attr:`FakeLLM.calls`
@@ -131,6 +139,10 @@ class FakeLLM:
         api_key: str | None = None,
         model: str = "fake-llm",
         seed: int = 0,
+        stream_chunks: int = 4,
+        stream_chunk_ms: float = 0,
+        cut_stream_after: int = 0,
+        reply: str | None = None,
     ) -> None:
         self.host = host
         self.port = port
@@ -147,6 +159,11 @@ class FakeLLM:
         self.api_key = api_key
         self.model = model
         self._seed = seed
+        self.stream_chunks = stream_chunks
+        self.stream_chunk_ms = stream_chunk_ms
+        self.cut_stream_after = cut_stream_after
+        self.reply = reply
+        self.bodies: list[dict[str, Any]] = []
         self._lock = threading.Lock()
         self._random = random.Random(seed)
         self._fail_next: list[int] = []
@@ -272,6 +289,8 @@ class FakeLLM:
             return 400, _error("messages must be a non-empty list", "invalid_request_error")
         key = turn_key(messages)
         with self._lock:
+            self.bodies.append(body)
+            del self.bodies[:-100]
             self.calls[key] += 1
             call_no = self.calls[key]
             status = self._fail_next.pop(0) if self._fail_next else None
@@ -298,6 +317,8 @@ class FakeLLM:
             return status, _error(f"injected failure {status}", kind)
         if garbage:
             content = f"Sure! Here are the memories you asked for (call {call_no}) -- oops"
+        elif self.reply is not None:
+            content = self.reply
         else:
             content = json.dumps({"memories": self.memories_for(messages, call_no)})
             if self.fence:
@@ -356,8 +377,38 @@ _KNOBS: dict[str, Any] = {
     "fail_status": int,
     "garbage_rate": float,
     "fence": bool,
+    "stream_chunks": int,
+    "stream_chunk_ms": float,
+    "cut_stream_after": int,
+    "reply": str,
     "replaces": str,
 }
+
+
+def _include_usage(body: dict[str, Any]) -> bool:
+    options = body.get("stream_options")
+    return isinstance(options, dict) and options.get("include_usage") is True
+
+
+def stream_events(answer: dict[str, Any], pieces: int, *, include_usage: bool) -> list[bytes]:
+    """A chat completion answer as the ``data:`` events of its stream, ``[DONE]`` last."""
+    content = answer["choices"][0]["message"]["content"]
+    size = max(1, -(-len(content) // max(1, pieces)))
+    parts = [content[i : i + size] for i in range(0, len(content), size)] or [""]
+    base = {k: answer[k] for k in ("id", "created", "model")}
+    base["object"] = "chat.completion.chunk"
+    chunks: list[dict[str, Any]] = [
+        {**base, "choices": [{"index": 0, "delta": {"role": "assistant", "content": ""}}]}
+    ]
+    chunks += [
+        {**base, "choices": [{"index": 0, "delta": {"content": part}, "finish_reason": None}]}
+        for part in parts
+    ]
+    chunks.append({**base, "choices": [{"index": 0, "delta": {}, "finish_reason": "stop"}]})
+    if include_usage:
+        chunks.append({**base, "choices": [], "usage": answer["usage"]})
+    events = [b"data: " + json.dumps(c).encode("utf-8") + b"\n\n" for c in chunks]
+    return [*events, b"data: [DONE]\n\n"]
 
 
 def _error(message: str, kind: str) -> dict[str, Any]:
@@ -384,6 +435,28 @@ def _handler_for(llm: FakeLLM) -> type[BaseHTTPRequestHandler]:
                 self.send_header("Retry-After", "1")
             self.end_headers()
             self.wfile.write(data)
+
+        def _chunk(self, data: bytes) -> None:
+            self.wfile.write(b"%x\r\n%s\r\n" % (len(data), data))
+            self.wfile.flush()
+
+        def _stream(self, answer: dict[str, Any], *, include_usage: bool) -> None:
+            self.send_response(200)
+            self.send_header("Content-Type", "text/event-stream")
+            self.send_header("Transfer-Encoding", "chunked")
+            self.end_headers()
+            events = stream_events(answer, llm.stream_chunks, include_usage=include_usage)
+            for sent, event in enumerate(events):
+                if llm.cut_stream_after and sent >= llm.cut_stream_after:
+                    self.close_connection = True
+                    self.wfile.flush()
+                    # Break the connection off mid-body: no last chunk, no [DONE].
+                    self.connection.shutdown(2)
+                    return
+                if sent and llm.stream_chunk_ms:
+                    time.sleep(llm.stream_chunk_ms / 1000)
+                self._chunk(event)
+            self.wfile.write(b"0\r\n\r\n")  # the last chunk: the body is complete
 
         def _body(self) -> Any:
             length = int(self.headers.get("Content-Length") or 0)
@@ -419,7 +492,11 @@ def _handler_for(llm: FakeLLM) -> type[BaseHTTPRequestHandler]:
                 if not isinstance(body, dict):
                     self._send(400, _error("body must be an object", "invalid_request_error"))
                     return
-                self._send(*llm.answer(body))
+                status, answer = llm.answer(body)
+                if body.get("stream") is True and status == 200:
+                    self._stream(answer, include_usage=_include_usage(body))
+                else:
+                    self._send(status, answer)
             elif path == "/reset":
                 llm.reset()
                 self._send(200, llm.stats())

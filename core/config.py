@@ -54,6 +54,9 @@ DEFAULTS: dict[str, str | None] = {
     # similarity at which the memory service refuses a near-duplicate (0: never).
     "EXTRACTION_RELATED_MEMORIES": "20",
     "MEMORY_NEAR_DUPLICATE_THRESHOLD": "0.9",
+    "UPSTREAM_LLM_BASE_URL": None,  # the chat path's upstream; unset: the proxy refuses to start
+    "UPSTREAM_LLM_API_KEY": None,  # unset: the caller's Authorization is passed on
+    "UPSTREAM_TIMEOUT_SECONDS": "600",
 }
 
 LLM_PROVIDERS = ("openai", "rules")
@@ -146,6 +149,11 @@ class Settings:
     #: pg_trgm similarity() at or above which a new memory is a near-duplicate of a current
     #: one of its scope (409 DUPLICATE_CONTENT); 0 turns the check off.
     memory_near_duplicate_threshold: float = 0.9
+    #: The chat path (the ``proxy`` process): where chat completions are forwarded, the key
+    #: used when the caller sends no ``Authorization``, and the upstream read timeout.
+    upstream_llm_base_url: str | None = None
+    upstream_llm_api_key: str | None = None
+    upstream_timeout_seconds: int = 600
     #: The variables that were set (non-empty) in the environment, defaults aside.
     explicit: frozenset[str] = frozenset()
 
@@ -216,6 +224,9 @@ class Settings:
             prune_deleted_after_days=_int(env, "PRUNE_DELETED_AFTER_DAYS", 1)
             if _str(env, "PRUNE_DELETED_AFTER_DAYS")
             else None,
+            upstream_llm_base_url=(_str(env, "UPSTREAM_LLM_BASE_URL") or "").rstrip("/") or None,
+            upstream_llm_api_key=_str(env, "UPSTREAM_LLM_API_KEY"),
+            upstream_timeout_seconds=_int(env, "UPSTREAM_TIMEOUT_SECONDS", 1),
             explicit=frozenset(name for name in DEFAULTS if (env.get(name) or "").strip()),
         )
         if settings.retry_max_backoff_ms < settings.retry_min_backoff_ms:
