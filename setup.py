@@ -8,7 +8,16 @@ same folder: ``pip install -e .`` on a fresh clone has everything the server imp
 
 from setuptools import find_packages, setup
 
-SERVER_PACKAGES = ("cli", "core", "models", "schema", "actors", "extraction", "memory_service")
+SERVER_PACKAGES = (
+    "cli",
+    "core",
+    "models",
+    "schema",
+    "actors",
+    "extraction",
+    "memory_service",
+    "mcp_server",
+)
 
 setup(
     packages=[

@@ -21,6 +21,7 @@ from cli import (
     dlq,
     extract,
     imports,
+    mcp,
     migrate,
     prune,
     scan,
@@ -55,6 +56,7 @@ COMMANDS: dict[str, Command] = {
     "prune": prune,
     "demo": demo,
     "up": up,
+    "mcp": mcp,
 }
 
 

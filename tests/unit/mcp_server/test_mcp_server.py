@@ -1,0 +1,80 @@
+"""The MCP server's own decisions, without a service: the idempotency key of ``remember``, the
+user passed only to a client call that takes it, the configuration from the environment, and
+the tool schemas the SDK publishes."""
+
+from __future__ import annotations
+
+import asyncio
+import uuid
+
+import pytest
+from mcp.server.mcpserver.exceptions import ToolError
+
+from mcp_server import TOOL_NAMES, McpConfig, build_server, remember_key
+from mcp_server.server import _bearer, _user_kwargs
+
+AGENT = uuid.UUID("0b0c4a4e-3c55-4c79-9d2f-4f1f0bb3f7a1")
+
+
+def test_remember_key_is_the_same_for_the_same_call_and_scope() -> None:
+    key = remember_key("tok", AGENT, None, "Dana is allergic to peanuts.", "fact")
+    assert key == remember_key("tok", AGENT, None, "Dana is allergic to peanuts.", "fact")
+    assert key.startswith("mcp-remember-") and len(key) <= 255
+    assert "tok" not in key.removeprefix("mcp-remember-")
+    others = {
+        remember_key("tok2", AGENT, None, "Dana is allergic to peanuts.", "fact"),
+        remember_key("tok", uuid.uuid4(), None, "Dana is allergic to peanuts.", "fact"),
+        remember_key("tok", AGENT, "dana", "Dana is allergic to peanuts.", "fact"),
+        remember_key("tok", AGENT, None, "Dana is allergic to pecans.", "fact"),
+        remember_key("tok", AGENT, None, "Dana is allergic to peanuts.", "event"),
+    }
+    assert key not in others and len(others) == 5
+
+
+def test_a_user_goes_only_to_a_client_call_that_takes_it() -> None:
+    def with_user(query: str, *, user: str | None = None) -> None: ...
+
+    def without_user(query: str) -> None: ...
+
+    assert _user_kwargs(without_user, None) == {}
+    assert _user_kwargs(with_user, "dana") == {"user": "dana"}
+    with pytest.raises(ToolError, match="USER_UNSUPPORTED"):
+        _user_kwargs(without_user, "dana")
+
+
+def test_bearer_header() -> None:
+    assert _bearer("Bearer abc") == "abc"
+    assert _bearer("bearer  abc ") == "abc"
+    assert _bearer("Basic abc") is None
+    assert _bearer("Bearer ") is None
+    assert _bearer(None) is None
+
+
+def test_config_from_the_environment() -> None:
+    config = McpConfig.from_env(
+        {"IBEX_URL": "http://ibex:8000/", "IBEX_TOKEN": "t", "IBEX_AGENT": "bot"}
+    )
+    assert config == McpConfig("http://ibex:8000", "t", "bot", None)
+    assert McpConfig.from_env({}).url == "http://127.0.0.1:8000"
+
+
+def test_the_tools_and_their_schemas() -> None:
+    tools = {t.name: t for t in asyncio.run(build_server(McpConfig("http://x")).list_tools())}
+    assert set(tools) == set(TOOL_NAMES)
+    required = {name: tools[name].input_schema.get("required", []) for name in TOOL_NAMES}
+    assert required == {
+        "remember": ["content"],
+        "recall": ["query"],
+        "context": ["query"],
+        "forget": ["memory_id"],
+        "list_memories": [],
+    }
+    props = {name: tools[name].input_schema["properties"] for name in TOOL_NAMES}
+    assert props["remember"]["kind"]["default"] == "fact"
+    assert props["recall"]["limit"]["default"] == 10
+    assert props["context"]["max_tokens"]["default"] == 400
+    assert props["list_memories"]["cursor"]["default"] is None
+    for name in ("remember", "recall", "context", "list_memories"):
+        assert {"agent", "user"} <= set(props[name]), name
+    for tool in tools.values():
+        assert tool.description and tool.output_schema, tool.name
