@@ -435,8 +435,12 @@ def build_server(config: McpConfig) -> MCPServer[Any]:
         token = calls.token(ctx)
         who = calls.user(user)
         async with calls.client(token) as ibex:
-            extra = _user_kwargs(ibex.delete_memory, who)
-            deleted = await calls.run(lambda: ibex.delete_memory(memory_id, **extra))
+            if who is not None:
+                # The delete route takes no user: for a user, the memory must first be one
+                # that user can read (theirs, or agent-wide), or it is NOT_FOUND.
+                extra = _user_kwargs(ibex.get_memory, who)
+                await calls.run(lambda: ibex.get_memory(memory_id, **extra))
+            deleted = await calls.run(lambda: ibex.delete_memory(memory_id))
         if not deleted:
             raise ToolError(f"NOT_FOUND: no memory {memory_id} (or it is already forgotten)")
         return Forgotten(memory_id=str(memory_id), forgotten=True)

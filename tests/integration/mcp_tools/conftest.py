@@ -35,7 +35,7 @@ class Servers:
     tmp: Path
 
 
-def _env(database_url: str, redis_url: str, port: int, **extra: str) -> dict[str, str]:
+def process_env(database_url: str, redis_url: str, port: int, **extra: str) -> dict[str, str]:
     env = {
         **os.environ,
         "PATH": f"{BIN}{os.pathsep}{os.environ.get('PATH', '')}",
@@ -60,11 +60,11 @@ def servers(database_url: str, redis_url: str, db: Any, tmp_path: Path) -> Itera
     mcp_url = f"http://127.0.0.1:{mcp_port}"
     with Launcher(tmp_path, cwd=ROOT) as launcher:
         launcher.start_procfile(
-            "web", _env(database_url, redis_url, web_port), bind_host="127.0.0.1"
+            "web", process_env(database_url, redis_url, web_port), bind_host="127.0.0.1"
         )
         launcher.start_procfile(
             "mcp",
-            _env(database_url, redis_url, mcp_port, IBEX_URL=web_url),
+            process_env(database_url, redis_url, mcp_port, IBEX_URL=web_url),
             bind_host="127.0.0.1",
         )
         launcher.wait_http(f"{web_url}/healthz", timeout=30)
@@ -165,12 +165,12 @@ def connect(request: pytest.FixtureRequest, servers: Servers) -> Connect:
         token: str, agent: str | None = None, user: str | None = None
     ) -> AsyncIterator[Agent]:
         async with http_agent(servers.mcp_url, token) as connected:
-            yield _Defaults(connected.session, agent, user)
+            yield Defaults(connected.session, agent, user)
 
     return http
 
 
-class _Defaults(Agent):
+class Defaults(Agent):
     """An HTTP agent that passes ``agent``/``user`` as arguments, as IBEX_AGENT/IBEX_USER do
     over stdio, to the tools that take them."""
 

@@ -4,16 +4,24 @@ that scopes, orgs and argument checks hold as they do over the HTTP API."""
 
 from __future__ import annotations
 
+import contextlib
 import uuid
+from collections.abc import AsyncIterator, Callable, Iterator
+from pathlib import Path
 from typing import Any
 
 import httpx
+import pytest
 
+from core.processes import ROOT, Launcher, free_port
 from tests.integration.mcp_tools.conftest import (
+    Agent,
     Connect,
+    Defaults,
     LossyProxy,
     Servers,
     http_agent,
+    process_env,
     run,
     stdio_agent,
 )
@@ -145,33 +153,59 @@ def test_bad_arguments_name_the_argument(connect: Connect, store: Any) -> None:
     assert memory_count(store.db) == 0
 
 
-def test_remember_twice_after_a_lost_answer_stores_one_memory(servers: Servers, store: Any) -> None:
+@pytest.mark.parametrize("transport", ["stdio", "http"])
+def test_remember_twice_after_a_lost_answer_stores_one_memory(
+    transport: str, servers: Servers, store: Any, database_url: str, redis_url: str
+) -> None:
     """The first answer of POST /v1/memories is lost on the way back to the MCP server: its
-    client retries with the same key (a replay), and the agent calling ``remember`` again with
-    the same arguments, in a new process, gets the same memory."""
+    client retries with the same key (a replay). Then the agent, which never heard back,
+    calls ``remember`` again with the same arguments, on a new connection (over stdio, a new
+    process): the same memory, and one stored."""
     acme = make_tenant(store, "acme")
-    agent_id = str(acme.agent_id)
+    content = "Dana is allergic to peanuts."
 
-    async def scenario(url: str) -> list[str]:
+    async def scenario(connect: Callable[[], Any]) -> list[str]:
         ids = []
-        async with stdio_agent(url, acme.writer, servers.tmp, agent=agent_id) as agent:
-            ids.append(
-                (await agent.ok("remember", content="Dana is allergic to peanuts."))["memory"]["id"]
-            )
-            ids.append(
-                (await agent.ok("remember", content="Dana is allergic to peanuts."))["memory"]["id"]
-            )
-        async with stdio_agent(url, acme.writer, servers.tmp, agent=agent_id) as agent:
-            again = await agent.ok("remember", content="Dana is allergic to peanuts.")
-            ids.append(again["memory"]["id"])
+        async with connect() as agent:
+            ids.append((await agent.ok("remember", content=content))["memory"]["id"])
+            ids.append((await agent.ok("remember", content=content))["memory"]["id"])
+        async with connect() as agent:
+            ids.append((await agent.ok("remember", content=content))["memory"]["id"])
         return ids
 
     with LossyProxy(servers.web_url, drop=1).running() as proxy:
-        ids = run(scenario(proxy.url))
+        if transport == "stdio":
+            ids = run(
+                scenario(
+                    lambda: stdio_agent(
+                        proxy.url, acme.writer, servers.tmp, agent=str(acme.agent_id)
+                    )
+                )
+            )
+        else:
+            with mcp_process(database_url, redis_url, proxy.url, servers.tmp) as url:
+                ids = run(scenario(lambda: agent_args(http_agent(url, acme.writer), acme)))
     assert len(set(ids)) == 1
     assert len(proxy.posts) >= 2  # the lost attempt and its retry
     assert proxy.posts[0] == proxy.posts[1]
     assert memory_count(store.db, acme.org_id) == 1
+
+
+@contextlib.contextmanager
+def mcp_process(database_url: str, redis_url: str, web_url: str, tmp: Path) -> Iterator[str]:
+    """Another Procfile ``mcp`` process, calling ``web_url``."""
+    port = free_port()
+    with Launcher(tmp / "lossy", cwd=ROOT) as launcher:
+        env = process_env(database_url, redis_url, port, IBEX_URL=web_url)
+        launcher.start_procfile("mcp", env, bind_host="127.0.0.1")
+        launcher.wait_http(f"http://127.0.0.1:{port}/healthz", timeout=30)
+        yield f"http://127.0.0.1:{port}/mcp"
+
+
+@contextlib.asynccontextmanager
+async def agent_args(connecting: Any, tenant: Any) -> AsyncIterator[Agent]:
+    async with connecting as agent:
+        yield Defaults(agent.session, str(tenant.agent_id), None)
 
 
 def test_http_without_a_bearer_token_is_refused(servers: Servers, store: Any) -> None:
