@@ -23,6 +23,7 @@ agent already has answers the memory that holds it.
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import inspect
 import json
@@ -35,6 +36,7 @@ from typing import Annotated, Any, Literal, TypeVar
 
 from mcp.server.mcpserver import Context, MCPServer
 from mcp.server.mcpserver.exceptions import ToolError
+from mcp.types import ToolAnnotations
 from pydantic import BaseModel, Field
 from starlette.types import ASGIApp, Receive, Scope, Send
 
@@ -331,8 +333,13 @@ def build_server(config: McpConfig) -> MCPServer[Any]:
         ),
     )
     calls = _Calls(config)
+    reads = ToolAnnotations(read_only_hint=True, open_world_hint=False)
 
-    @server.tool()
+    @server.tool(
+        annotations=ToolAnnotations(
+            read_only_hint=False, destructive_hint=False, idempotent_hint=True
+        )
+    )
     async def remember(
         content: Annotated[
             str,
@@ -373,7 +380,7 @@ def build_server(config: McpConfig) -> MCPServer[Any]:
 
             return await calls.run(store)
 
-    @server.tool()
+    @server.tool(annotations=reads)
     async def recall(
         query: Annotated[str, Field(description="What to look for: a question, a name, words.")],
         ctx: Context,
@@ -396,7 +403,7 @@ def build_server(config: McpConfig) -> MCPServer[Any]:
             )
         return Recalled(hits=[_hit(h) for h in hits])
 
-    @server.tool()
+    @server.tool(annotations=reads)
     async def context(
         query: Annotated[str, Field(description="What the agent is about to answer.")],
         ctx: Context,
@@ -424,7 +431,11 @@ def build_server(config: McpConfig) -> MCPServer[Any]:
             dropped=packed.dropped,
         )
 
-    @server.tool()
+    @server.tool(
+        annotations=ToolAnnotations(
+            read_only_hint=False, destructive_hint=True, idempotent_hint=True
+        )
+    )
     async def forget(
         memory_id: Annotated[uuid.UUID, Field(description="The id of the memory to forget.")],
         ctx: Context,
@@ -445,7 +456,7 @@ def build_server(config: McpConfig) -> MCPServer[Any]:
             raise ToolError(f"NOT_FOUND: no memory {memory_id} (or it is already forgotten)")
         return Forgotten(memory_id=str(memory_id), forgotten=True)
 
-    @server.tool()
+    @server.tool(annotations=reads)
     async def list_memories(
         ctx: Context,
         cursor: Annotated[
@@ -518,11 +529,14 @@ class _RequireBearer:
 def http_app(config: McpConfig, *, host: str = "127.0.0.1") -> ASGIApp:
     """The streamable HTTP app at ``/mcp`` (and ``/healthz``), stateless with JSON answers:
     every request stands alone, so any number of processes serve it without sticky sessions.
-    ``host`` 127.0.0.1 or localhost turns on the SDK's DNS-rebinding protection."""
+    Each caller's token is its request's bearer token, the user a tool's ``user`` argument or
+    the token's own; ``config.agent`` stays the default agent. ``host`` 127.0.0.1 or localhost
+    turns on the SDK's DNS-rebinding protection."""
     from starlette.requests import Request
     from starlette.responses import JSONResponse, Response
 
-    server = build_server(config)
+    # A shared server acts for many people: no process-wide user (IBEX_USER) nor token.
+    server = build_server(dataclasses.replace(config, user=None, token=None))
 
     @server.custom_route("/healthz", methods=["GET"])
     async def healthz(request: Request) -> Response:

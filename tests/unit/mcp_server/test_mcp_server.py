@@ -78,3 +78,25 @@ def test_the_tools_and_their_schemas() -> None:
         assert {"agent", "user"} <= set(props[name]), name
     for tool in tools.values():
         assert tool.description and tool.output_schema, tool.name
+    hints = {name: tools[name].annotations for name in TOOL_NAMES}
+    assert all(hints[n].read_only_hint for n in ("recall", "context", "list_memories"))
+    assert hints["remember"].idempotent_hint and not hints["remember"].destructive_hint
+    assert hints["forget"].destructive_hint
+
+
+def test_an_api_refusal_names_its_code_and_fields() -> None:
+    from ibex_client.errors import error_for
+    from mcp_server.server import _api_error
+
+    scope = error_for(403, "INSUFFICIENT_SCOPE", "this token lacks the memory:write scope")
+    assert str(_api_error(scope)) == ("INSUFFICIENT_SCOPE: this token lacks the memory:write scope")
+    invalid = error_for(
+        422,
+        "VALIDATION_FAILED",
+        "the body is invalid",
+        {"fields": {"content": ["must not be blank"], "kind": ["unknown kind"]}},
+    )
+    assert str(_api_error(invalid)) == (
+        "VALIDATION_FAILED: the body is invalid (content: must not be blank; kind: unknown kind)"
+    )
+    assert str(_api_error(error_for(502, None, None))).startswith("502: ")
