@@ -34,6 +34,7 @@ from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Annotated, Any, Literal, TypeVar
 
+import httpx
 from mcp.server.mcpserver import Context, MCPServer
 from mcp.server.mcpserver.exceptions import ToolError
 from mcp.types import ToolAnnotations
@@ -60,6 +61,8 @@ RESOLVER_SESSION = "ibex-mcp"
 Kind = Literal["fact", "preference", "event", "other"]
 #: The service's search limit.
 MAX_RECALL = 50
+#: Agent slugs resolved and remembered at most (per process, over every token).
+MAX_RESOLVED = 1024
 #: The service's limit of a memory's content, in characters.
 MAX_CONTENT = 4000
 #: The service's page size limit.
@@ -224,8 +227,12 @@ class _Calls:
     """Token, agent and user of each call, and the client calls with errors translated."""
 
     config: McpConfig
-    #: (token hash, slug) -> agent id, filled as slugs are resolved.
+    #: (token hash, slug) -> agent id, filled as slugs are resolved (the oldest forgotten
+    #: beyond :data:`MAX_RESOLVED`).
     agents: dict[tuple[str, str], uuid.UUID] = field(default_factory=dict)
+    #: One connection pool for every call (every token: the client sends each call's own
+    #: Authorization header), made on the first call, inside the server's event loop.
+    http: httpx.AsyncClient | None = None
 
     def token(self, ctx: Context) -> str:
         request = ctx.request_context.request
@@ -239,7 +246,11 @@ class _Calls:
         return self.config.token
 
     def client(self, token: str) -> AsyncIbexClient:
-        return AsyncIbexClient(self.config.url, token, timeout=self.config.timeout)
+        if self.http is None:
+            self.http = httpx.AsyncClient(
+                timeout=httpx.Timeout(self.config.timeout), follow_redirects=False
+            )
+        return AsyncIbexClient(self.config.url, token, client=self.http)
 
     def user(self, given: str | None) -> str | None:
         user = given if given is not None else self.config.user
@@ -268,6 +279,8 @@ class _Calls:
                 if exc.status == 422:
                     raise _argument_error("agent", f"not an agent id or slug: {agent!r}") from None
                 raise _api_error(exc) from None
+            if len(self.agents) >= MAX_RESOLVED:
+                del self.agents[next(iter(self.agents))]
             self.agents[key] = session.agent_id
         return self.agents[key]
 
