@@ -386,9 +386,16 @@ def build_server(config: McpConfig) -> MCPServer[Any]:
                 except DuplicateContentError as exc:
                     if exc.existing_id is None:
                         raise
-                    return Remembered(
-                        memory=_memory(await ibex.get_memory(exc.existing_id)), already_known=True
-                    )
+                    try:
+                        known = await ibex.get_memory(
+                            exc.existing_id, **_user_kwargs(ibex.get_memory, who)
+                        )
+                    except ApiError as hidden:  # e.g. a token without memory:read
+                        raise ToolError(
+                            f"DUPLICATE_CONTENT: the agent already has this content, as memory"
+                            f" {exc.existing_id} ({hidden.code or hidden.status} reading it)"
+                        ) from None
+                    return Remembered(memory=_memory(known), already_known=True)
                 return Remembered(memory=_memory(stored), already_known=False)
 
             return await calls.run(store)

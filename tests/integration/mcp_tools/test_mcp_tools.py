@@ -50,6 +50,10 @@ def test_every_tool_round_trip(connect: Connect, store: Any) -> None:
             assert memory["agent_id"] == str(acme.agent_id)
             assert memory["source_session_id"] is None
             assert peanuts["already_known"] is False
+            # Content the agent already has, under another kind (so another key): the memory
+            # that holds it.
+            known = await agent.ok("remember", content="Dana is allergic to peanuts.", kind="other")
+            assert known == {"memory": memory, "already_known": True}
             tea = await agent.ok("remember", content="Dana prefers green tea.", kind="preference")
             assert tea["memory"]["kind"] == "preference"
             await agent.ok("remember", content="Dana moved to Lisbon in May.", kind="event")
