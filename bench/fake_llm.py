@@ -13,6 +13,10 @@ Knobs, all settable at runtime (attributes, or ``POST /control`` with a JSON obj
   :meth:`FakeLLM.fail_next` fails the next N calls;
 - ``garbage_rate``: answer non-JSON content at that rate; :meth:`FakeLLM.garbage_next`;
 - ``fence``: wrap the content in a Markdown code fence;
+- ``replaces``: ``"first"``: the first memory of an answer replaces the first related memory
+  the request lists (``m1``, see ``extraction.prompt``), when it lists one; any other
+  non-empty value is answered as that ref, listed or not (an unknown ref); ``""`` (the
+  default): no ``replaces``;
 - ``api_key``: when set, requests without ``Authorization: Bearer <api_key>`` get 401.
 
 Calls are counted per turn, keyed by a hash of the request's last message (the turn to extract
@@ -93,6 +97,19 @@ def last_user_text(messages: list[Any]) -> str:
     return text
 
 
+#: A related memory's line in the request (``extraction.prompt``): ``m3: <content> (<kind>)``.
+_RELATED_LINE = re.compile(r"^(m\d+): ", re.M)
+
+
+def related_refs(messages: list[Any]) -> list[str]:
+    """The refs of the related memories the request lists, in order (none: not listed)."""
+    for message in messages[:-1]:
+        text = _text(message.get("content")) if isinstance(message, dict) else ""
+        if text.startswith("MEMORIES ALREADY STORED"):
+            return _RELATED_LINE.findall(text)
+    return []
+
+
 class FakeLLM:
     """The server, its knobs and its counters. Thread-safe; a context manager."""
 
@@ -110,6 +127,7 @@ class FakeLLM:
         fail_status: int = 500,
         garbage_rate: float = 0.0,
         fence: bool = False,
+        replaces: str = "",
         api_key: str | None = None,
         model: str = "fake-llm",
         seed: int = 0,
@@ -125,6 +143,7 @@ class FakeLLM:
         self.fail_status = fail_status
         self.garbage_rate = garbage_rate
         self.fence = fence
+        self.replaces = replaces
         self.api_key = api_key
         self.model = model
         self._seed = seed
@@ -305,19 +324,25 @@ class FakeLLM:
             },
         }
 
-    def memories_for(self, messages: list[Any], call_no: int = 1) -> list[dict[str, str]]:
+    def memories_for(self, messages: list[Any], call_no: int = 1) -> list[dict[str, Any]]:
         """The memories answered on call ``call_no`` for this turn (deterministic)."""
         subject = re.sub(r"\s+", " ", last_user_text(messages)).strip()[:SNIPPET_CHARS]
         subject = subject or "the conversation"
         count = self.memories
         if self.count_varies:
             count = max(0, count + (call_no - 1) % 3 - 1)
-        out = []
+        out: list[dict[str, Any]] = []
         for i in range(count):
             content = f"Fact {i + 1} about: {subject}"
             if self.reword:
                 content = f"{content} (wording {call_no})"
             out.append({"content": content, "kind": KINDS[i % len(KINDS)]})
+        ref = self.replaces
+        if ref == "first":
+            listed = related_refs(messages)
+            ref = listed[0] if listed else ""
+        if ref and out:
+            out[0]["replaces"] = [ref]
         return out
 
 
@@ -331,6 +356,7 @@ _KNOBS: dict[str, Any] = {
     "fail_status": int,
     "garbage_rate": float,
     "fence": bool,
+    "replaces": str,
 }
 
 

@@ -30,6 +30,7 @@ from cli import (
     status,
     tokens,
     up,
+    user,
 )
 from cli.common import EXIT_FAILURE, EXIT_OK, EXIT_USAGE, Command
 from core.config import Settings
@@ -47,6 +48,7 @@ COMMANDS: dict[str, Command] = {
     "migrate": migrate,
     "import": imports,
     "token": tokens,
+    "user": user,
     "search": search,
     "scan": scan,
     "extract": extract,

@@ -34,8 +34,15 @@ from core.progress import Progress
 
 #: The sample agent the read path is shown for, and what it is asked.
 RECALL_ORG, RECALL_AGENT = "acme", "support-bot"
+#: Whose memories the demo recalls: one person of the samples (each session is one person's).
+RECALL_USER = "elena"
 RECALL_QUERY = "Is the user allergic to anything, and what do they love?"
 RECALL_HITS, RECALL_TOKENS = 3, 120
+#: One line under the hits: what their numbers mean.
+SCORES_NOTE = (
+    "scores are 0-1, higher is better: 0.75 x text (full-text match) + 0.25 x trigram"
+    " (spelling similarity); see docs/search.md"
+)
 
 
 @dataclass
@@ -134,6 +141,7 @@ def _run_demo(args: argparse.Namespace, settings: Settings) -> int:
         store = SessionStore(db)
         report = import_lines(store, _examples_text().splitlines())
         print(f"imported            {report.summary()}")
+        print(f"                    {_explain_statuses(_statuses(db))}")
 
         _, token = TokenStore(db).issue(
             org_id=None, name="ibex demo", scopes=["memory:read", "memory:write"]
@@ -163,6 +171,7 @@ def _run_demo(args: argparse.Namespace, settings: Settings) -> int:
         )
         processes.wait_http(f"http://127.0.0.1:{port}/healthz")
         processes.start_procfile("worker", env, log=logs / "worker.log")
+        done_before = _backlog(db)[0]
         scan = subprocess.run(
             [sys.executable, "-m", "cli", "scan"],
             env=env,
@@ -177,20 +186,75 @@ def _run_demo(args: argparse.Namespace, settings: Settings) -> int:
         drained = _wait_for_drain(db, processes, args.timeout)
         summary = _summary(db, time.monotonic() - started)
         print()
+        print(_totals_heading(folder, done_before, summary.turns))
         for line in summary.lines():
             print(line)
         print()
-        _print_samples(db)
+        _print_samples(db, total=summary.memories)
         print()
         _print_recall(db, f"http://127.0.0.1:{port}", token)
         print()
         print(f"logs                {logs}")
+        print()
+        for line in WHAT_NEXT:
+            print(line)
         if not drained:
             print(
                 f"ibex demo: the backlog did not drain within {args.timeout:.0f}s", file=sys.stderr
             )
             return EXIT_FAILURE
     return EXIT_OK if summary.duplicate_slots + summary.duplicate_contents == 0 else EXIT_FAILURE
+
+
+#: Printed last: where to go from the demo.
+WHAT_NEXT = (
+    "what next:",
+    "  ibex up                  keep web, worker and scheduler up until Ctrl-C, with a token",
+    "                           to try the API and the client (README: Run it for development)",
+    "  ibex demo --fresh        run the demo again from empty data",
+    "  docs/search.md           how search ranks and what the scores mean",
+)
+
+#: What each status means for extraction, as the demo explains it.
+STATUS_NOTES = {
+    "completed": "completed (extracted)",
+    "active": "active (still open: extracted once completed)",
+    "abandoned": "abandoned (never extracted)",
+}
+
+
+def _statuses(db: Any) -> dict[str, int]:
+    """Live sessions by status, across every org."""
+    from core.db import operator_scope
+
+    with operator_scope(db):
+        rows = db.execute_sql(
+            "SELECT status, count(*) FROM ibex_core.sessions WHERE deleted_at IS NULL"
+            " GROUP BY status"
+        ).fetchall()
+    return {str(status): int(count) for status, count in rows}
+
+
+def _explain_statuses(counts: dict[str, int]) -> str:
+    """Why fewer sessions are extracted than imported: ``32 completed (extracted), 3 active
+    (...), 1 abandoned (...)``."""
+    order = [*STATUS_NOTES, *sorted(set(counts) - set(STATUS_NOTES))]
+    parts = [
+        f"{counts[status]} {STATUS_NOTES.get(status, status)}"
+        for status in order
+        if counts.get(status)
+    ]
+    return ", ".join(parts) if parts else "no sessions"
+
+
+def _totals_heading(folder: Path, done_before: int, turns: int) -> str:
+    """The line above the summary: whether its totals are this run's or cumulative."""
+    if done_before == 0:
+        return "totals of this run"
+    return (
+        f"totals in {folder}, cumulative over every run ({done_before} of the {turns} turns"
+        " were extracted by earlier runs; --fresh starts over)"
+    )
 
 
 def _backlog(db: Any) -> tuple[int, int, int]:
@@ -243,7 +307,8 @@ def _summary(db: Any, seconds: float) -> Summary:
         ).fetchone()[0]
         duplicate_contents = db.execute_sql(
             "SELECT count(*) FROM (SELECT 1 FROM ibex_memory.memories WHERE deleted_at IS NULL"
-            " GROUP BY org_id, agent_id, content_hash HAVING count(*) > 1) d"
+            # One live content per agent and user (two people may say the same thing).
+            " GROUP BY org_id, agent_id, user_id, content_hash HAVING count(*) > 1) d"
         ).fetchone()[0]
     return Summary(
         int(sessions),
@@ -257,7 +322,7 @@ def _summary(db: Any, seconds: float) -> Summary:
     )
 
 
-def _print_samples(db: Any, limit: int = 8) -> None:
+def _print_samples(db: Any, limit: int = 8, *, total: int | None = None) -> None:
     from core.db import operator_scope
 
     with operator_scope(db):
@@ -272,6 +337,11 @@ def _print_samples(db: Any, limit: int = 8) -> None:
     if not rows:
         print("(no memories)")
         return
+    if total is not None and total > len(rows):
+        print(
+            f"a sample: the first {len(rows)} of the {total} memories, in import order"
+            " (all of them: ibex search, or GET /v1/memories)"
+        )
     print(f"{'ORG':<9} {'AGENT':<17} {'KIND':<11} MEMORY")
     for org, agent, kind, content in rows:
         print(f"{org:<9} {agent:<17} {kind:<11} {content}")
@@ -288,7 +358,7 @@ def _print_recall(db: Any, url: str, token: str) -> None:
             " WHERE o.slug = %s AND a.slug = %s",
             (RECALL_ORG, RECALL_AGENT),
         ).fetchone()
-    name = f"{RECALL_ORG}/{RECALL_AGENT}"
+    name = f"{RECALL_ORG}/{RECALL_AGENT}, user {RECALL_USER}"
     if row is None:
         print(f"search              (no agent {name} in the samples)")
         return
@@ -296,8 +366,10 @@ def _print_recall(db: Any, url: str, token: str) -> None:
     # The demo's token is a service token: it names the org it acts for.
     try:
         with IbexClient(url, token, org_id=org_id) as ibex:
-            hits = ibex.search(RECALL_QUERY, agent_id=agent_id, limit=RECALL_HITS)
-            context = ibex.context(agent_id, query=RECALL_QUERY, max_tokens=RECALL_TOKENS)
+            hits = ibex.search(RECALL_QUERY, agent_id=agent_id, limit=RECALL_HITS, user=RECALL_USER)
+            context = ibex.context(
+                agent_id, query=RECALL_QUERY, max_tokens=RECALL_TOKENS, user=RECALL_USER
+            )
     except IbexClientError as exc:
         raise ConfigError(f"the search through the memory service failed: {exc}") from exc
     print(f"search              {name}: {RECALL_QUERY!r}")
@@ -306,6 +378,8 @@ def _print_recall(db: Any, url: str, token: str) -> None:
     for hit in hits:
         signals = f"text {hit.signals.text:.2f}, trigram {hit.signals.trigram:.2f}"
         print(f"  {hit.score:.2f}  {hit.memory.content}  ({signals})")
+    if hits:
+        print(SCORES_NOTE)
     print()
     print(
         f"context             {name}: {context.tokens} of {RECALL_TOKENS} tokens,"

@@ -45,9 +45,9 @@ class _CountingProvider:
         self.model = inner.model
         self.calls = 0
 
-    def extract(self, turn: Any, context: Sequence[Any]) -> Any:
+    def extract(self, turn: Any, context: Sequence[Any], related: Sequence[Any] = ()) -> Any:
         self.calls += 1
-        return self.inner.extract(turn, context)
+        return self.inner.extract(turn, context, related)
 
 
 class _CountingMemory:

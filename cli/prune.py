@@ -103,14 +103,9 @@ def _erase_deleted(args: argparse.Namespace, settings: Settings) -> int:
         else:
             print(f"would erase {what}")
         return EXIT_OK
-    if not args.yes:
-        if not sys.stdin.isatty():
-            print("ibex prune: refusing without --yes (no terminal to confirm on)", file=sys.stderr)
-            return EXIT_FAILURE
-        answer = input(f"Erase {what}? This cannot be undone [y/N] ")
-        if answer.strip().lower() not in ("y", "yes"):
-            print("nothing erased")
-            return EXIT_OK
+    refused = _unconfirmed(args, f"Erase {what}?", "nothing erased")
+    if refused is not None:
+        return refused
     progress = Progress("erasing", total=found.total)
     started = time.monotonic()
     erased = erasure.erase(
@@ -125,6 +120,21 @@ def _erase_deleted(args: argparse.Namespace, settings: Settings) -> int:
     else:
         print(f"erased {erased.describe()} in {seconds:.1f}s")
     return EXIT_OK
+
+
+def _unconfirmed(args: argparse.Namespace, question: str, declined: str) -> int | None:
+    """None when the deletion may go ahead (``--yes``, or a person said yes on the terminal);
+    otherwise the exit status to stop with."""
+    if args.yes:
+        return None
+    if not sys.stdin.isatty():
+        print("ibex prune: refusing without --yes (no terminal to confirm on)", file=sys.stderr)
+        return EXIT_FAILURE
+    answer = input(f"{question} This cannot be undone [y/N] ")
+    if answer.strip().lower() not in ("y", "yes"):
+        print(declined)
+        return EXIT_OK
+    return None
 
 
 def _print_erased_json(erased: Any, cutoff: dt.datetime, *, dry_run: bool, seconds: float) -> None:
@@ -161,14 +171,9 @@ def _prune_done(args: argparse.Namespace, settings: Settings) -> int:
         else:
             print(f"would delete {what}")
         return EXIT_OK
-    if not args.yes:
-        if not sys.stdin.isatty():
-            print("ibex prune: refusing without --yes (no terminal to confirm on)", file=sys.stderr)
-            return EXIT_FAILURE
-        answer = input(f"Delete {what}? This cannot be undone [y/N] ")
-        if answer.strip().lower() not in ("y", "yes"):
-            print("nothing pruned")
-            return EXIT_OK
+    refused = _unconfirmed(args, f"Delete {what}?", "nothing pruned")
+    if refused is not None:
+        return refused
     progress = Progress("pruning", total=found.turns)
     started = time.monotonic()
     pruned = turns.prune_done(

@@ -1,7 +1,10 @@
-"""``ibex search QUERY --org SLUG --agent SLUG [--limit N] [--json]``: the search of
-``POST /v1/memories/search`` from the command line, straight against Postgres under the org's
-row-level security. A table on a terminal; ``--json`` prints ``{"items": [...]}``, each item
-as the HTTP API returns it. An unknown org or agent is an error, never created.
+"""``ibex search QUERY --org SLUG --agent SLUG [--user KEY|--all-users] [--limit N] [--json]``:
+the search of ``POST /v1/memories/search`` from the command line, straight against Postgres
+under the org's row-level security. Whose memories as over HTTP: ``--user`` that user's and the
+agent-wide ones (``--no-shared``: the user's only), no user the agent-wide ones only,
+``--all-users`` everyone's. A table on a terminal; ``--json`` prints ``{"items": [...]}``, each
+item as the HTTP API returns it. An unknown org or agent is an error, never created; an unknown
+user has no memories of their own.
 """
 
 from __future__ import annotations
@@ -44,6 +47,18 @@ def add_parser(sub: Any) -> None:
     p.add_argument(
         "--kind", action="append", choices=MEMORY_KINDS, help="only this kind (repeatable)"
     )
+    who = p.add_mutually_exclusive_group()
+    who.add_argument(
+        "--user",
+        metavar="KEY|ID",
+        help="that user's memories and the agent-wide ones (the application's key, or an id)",
+    )
+    who.add_argument(
+        "--all-users", action="store_true", help="every user's memories and the agent-wide ones"
+    )
+    p.add_argument(
+        "--no-shared", action="store_true", help="with --user: leave the agent-wide memories out"
+    )
     p.add_argument("--json", action="store_true", help="stable JSON output")
 
 
@@ -56,6 +71,7 @@ def run(args: argparse.Namespace, settings: Settings) -> int:
     import peewee
 
     from core.db import make_database
+    from memory_service.scope import ReadScope
     from memory_service.search.store import SearchStore
     from models.store import SessionStore
 
@@ -78,8 +94,24 @@ def run(args: argparse.Namespace, settings: Settings) -> int:
         agent_id = _agent(searches, org_id, args.agent)
         if agent_id is None:
             return _fail(f"no agent {args.agent!r} in org {args.org!r}")
-        hits = searches.search(
-            org_id, agent_id, args.query, limit=args.limit, session_id=session_id, kinds=args.kind
+        scope = ReadScope(all_users=args.all_users)
+        if args.user is not None:
+            user_id = SessionStore(db).find_user(org_id, args.user)
+            if user_id is None:
+                user_id = _live_user_id(db, org_id, args.user)
+            scope = ReadScope(user_id=user_id, include_shared=not args.no_shared, named=True)
+        hits = (
+            []
+            if scope.empty
+            else searches.search(
+                org_id,
+                agent_id,
+                args.query,
+                limit=args.limit,
+                session_id=session_id,
+                kinds=args.kind,
+                scope=scope,
+            )
         )
     except peewee.ProgrammingError as exc:
         return _fail(f"the database schema is not current ({exc}); run: ibex migrate")
@@ -102,6 +134,22 @@ def run(args: argparse.Namespace, settings: Settings) -> int:
             f"  {hit.row.kind:10}  {content}"
         )
     return EXIT_OK
+
+
+def _live_user_id(db: Any, org_id: uuid.UUID, text: str) -> uuid.UUID | None:
+    """``text`` as the id of a live user of the org, or None."""
+    from core.db import tenant
+
+    try:
+        candidate = uuid.UUID(text)
+    except ValueError:
+        return None
+    with tenant(db, org_id):
+        row = db.execute_sql(
+            "SELECT 1 FROM ibex_core.users WHERE id = %s AND org_id = %s AND deleted_at IS NULL",
+            (str(candidate), str(org_id)),
+        ).fetchone()
+    return candidate if row else None
 
 
 def _agent(searches: Any, org_id: uuid.UUID, agent: str) -> uuid.UUID | None:

@@ -51,10 +51,25 @@ def run(args: argparse.Namespace, settings: Settings) -> int:
         print(f"ibex status: Redis unavailable ({exc}); showing Postgres only", file=sys.stderr)
         status = collect(db, None, queues=[queue.value for queue in Queue])
     if args.json:
-        print(json.dumps(status.as_json(), indent=2, sort_keys=True))
+        print(json.dumps(as_json(status), indent=2, sort_keys=True))
     else:
         print(render(status))
     return EXIT_OK
+
+
+#: The queue figures read from Redis; without Redis they are unknown (the mirror is Postgres).
+REDIS_FIGURES = ("ready", "delayed", "dead_redis")
+
+
+def as_json(status: Status) -> dict[str, Any]:
+    """The JSON of ``ibex status --json``: every queue has every figure, ``null`` where Redis
+    did not answer (unknown, which 0 would hide)."""
+    data = status.as_json()
+    data["queues"] = {
+        name: {**dict.fromkeys(REDIS_FIGURES), **figures}
+        for name, figures in data["queues"].items()
+    }
+    return data
 
 
 def render(status: Status) -> str:
@@ -71,6 +86,7 @@ def render(status: Status) -> str:
         ("blocked", "sessions_blocked"),
         ("oldest", "oldest_pending_age_seconds"),
         ("LLM/h", "llm_calls_last_hour"),
+        ("reused", "turns_reused"),
         ("memories", "memories"),
     ]
     rows = [[_cell(getattr(o, key)) for _, key in columns] for o in status.orgs]
@@ -95,7 +111,7 @@ def render(status: Status) -> str:
         lines.append("queue                  ready  delayed  dead(redis)  dead(mirror)")
         for name, q in status.queues.items():
             # No Redis figures (Redis did not answer): "unknown", not 0.
-            ready, delayed, dead = (q.get(k, "unknown") for k in ("ready", "delayed", "dead_redis"))
+            ready, delayed, dead = (q.get(k, "unknown") for k in REDIS_FIGURES)
             lines.append(
                 f"{name:<20} {ready:>7}  {delayed:>7}  {dead:>11}  {q.get('dead_mirror', 0):>12}"
             )

@@ -34,7 +34,13 @@ def add_parser(sub: Any) -> None:
         action="append",
         choices=SCOPES,
         required=True,
-        help="memory:read, memory:write, sessions:read, sessions:write (repeat the option)",
+        help=f"{', '.join(SCOPES)} (repeat the option)",
+    )
+    create.add_argument(
+        "--user",
+        metavar="KEY",
+        help="bind the token to this user of the --org (the application's key, created when"
+        " missing): it sees and writes that user's data only, and the agent-wide memories",
     )
     create.add_argument("--name", help="a label shown by 'ibex token list'")
     create.add_argument(
@@ -90,9 +96,19 @@ def _create(store: Any, args: argparse.Namespace) -> int:
                     file=sys.stderr,
                 )
                 return EXIT_FAILURE
+    user_id: uuid.UUID | None = None
+    if args.user is not None:
+        if org_id is None:
+            print("ibex token create: --user needs --org", file=sys.stderr)
+            return EXIT_USAGE
+        user_id = _resolve_user(store, org_id, args.user)
+        if user_id is None:
+            return EXIT_FAILURE
     scopes = sorted(set(args.scope))
-    row, token = store.issue(org_id=org_id, name=args.name, scopes=scopes)
+    row, token = store.issue(org_id=org_id, name=args.name, scopes=scopes, user_id=user_id)
     owner = f"org {args.org} ({org_id})" if org_id else "service (any org via X-IBEX-Org-ID)"
+    if user_id is not None:
+        owner += f", bound to user {args.user!r} ({user_id})"
     print(token)
     print(
         f"created token {row.id} for {owner}, scopes {' '.join(scopes)};"
@@ -109,6 +125,27 @@ def _org_slugs(db: Any) -> dict[str, str]:
     with db_errors(), operator_scope(db):
         rows = db.execute_sql("SELECT id, slug FROM ibex_core.orgs").fetchall()
     return {str(org_id): slug for org_id, slug in rows}
+
+
+def _resolve_user(store: Any, org_id: uuid.UUID, key: str) -> uuid.UUID | None:
+    """The live user of the org with the application's key ``key``, created when missing;
+    None (said on stderr) for a key that cannot be one."""
+    from typing import cast
+
+    from playhouse.postgres_ext import PostgresqlExtDatabase
+
+    from models.store import SessionStore
+    from models.users import EXTERNAL_ID_MAX
+
+    if not 0 < len(key) <= EXTERNAL_ID_MAX or not key.isprintable():
+        print(
+            f"ibex token create: --user must be 1-{EXTERNAL_ID_MAX} printable characters",
+            file=sys.stderr,
+        )
+        return None
+    users = SessionStore(cast(PostgresqlExtDatabase, store.db), bind_models=False)
+    user_id: uuid.UUID = users.resolve_user(org_id, external_id=key)
+    return user_id
 
 
 def _list(store: Any, args: argparse.Namespace) -> int:

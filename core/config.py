@@ -50,6 +50,10 @@ DEFAULTS: dict[str, str | None] = {
     "SESSION_IDLE_ACTION": "complete",
     "PRUNE_DONE_AFTER_DAYS": None,  # unset: the scheduler prunes nothing
     "PRUNE_DELETED_AFTER_DAYS": None,  # unset: the scheduler erases nothing
+    # Facts that change: the related memories the extraction prompt lists, and the trigram
+    # similarity at which the memory service refuses a near-duplicate (0: never).
+    "EXTRACTION_RELATED_MEMORIES": "20",
+    "MEMORY_NEAR_DUPLICATE_THRESHOLD": "0.9",
 }
 
 LLM_PROVIDERS = ("openai", "rules")
@@ -62,6 +66,19 @@ def _redis_url(env: Mapping[str, str], name: str) -> str | None:
     if url is not None and not url.startswith(("redis://", "rediss://", "unix://")):
         raise ConfigError(f"{name} must be a redis:// URL", variable=name)
     return url
+
+
+def _fraction(env: Mapping[str, str], name: str) -> float:
+    """A number in [0, 1]."""
+    raw = _str(env, name) or DEFAULTS[name] or "0"
+    message = f"{name} must be a number in [0, 1], got {raw!r}"
+    try:
+        value = float(raw)
+    except ValueError:
+        raise ConfigError(message, variable=name) from None
+    if not 0 <= value <= 1:
+        raise ConfigError(message, variable=name)
+    return value
 
 
 def _int(env: Mapping[str, str], name: str, minimum: int = 0) -> int:
@@ -124,6 +141,11 @@ class Settings:
     #: The scheduler erases what was soft-deleted longer ago (sessions, memories, users);
     #: None: never.
     prune_deleted_after_days: int | None = None
+    #: The scope's current memories listed in the extraction prompt (0: none).
+    extraction_related_memories: int = 20
+    #: pg_trgm similarity() at or above which a new memory is a near-duplicate of a current
+    #: one of its scope (409 DUPLICATE_CONTENT); 0 turns the check off.
+    memory_near_duplicate_threshold: float = 0.9
     #: The variables that were set (non-empty) in the environment, defaults aside.
     explicit: frozenset[str] = frozenset()
 
@@ -168,6 +190,8 @@ class Settings:
             extraction_lease_seconds=_int(env, "EXTRACTION_LEASE_SECONDS", 1),
             extraction_claim_seconds=_int(env, "EXTRACTION_CLAIM_SECONDS", 1),
             extraction_context_turns=_int(env, "EXTRACTION_CONTEXT_TURNS", 0),
+            extraction_related_memories=_int(env, "EXTRACTION_RELATED_MEMORIES", 0),
+            memory_near_duplicate_threshold=_fraction(env, "MEMORY_NEAR_DUPLICATE_THRESHOLD"),
             retry_min_backoff_ms=_int(env, "RETRY_MIN_BACKOFF_MS", 1),
             retry_max_backoff_ms=_int(env, "RETRY_MAX_BACKOFF_MS", 1),
             max_retries=_int(env, "MAX_RETRIES", 0),

@@ -244,3 +244,17 @@ def operator_scope(db: peewee.Database) -> Iterator[None]:
     with transaction(db):
         db.execute_sql(f"SET LOCAL ROLE {OPS_ROLE}")
         yield
+
+
+def require_bypass_rls(db: peewee.Database) -> None:
+    """Refuse a cross-org delete by a role that row-level security would show no rows: the
+    delete would silently do nothing. Pruning and erasure run as the role that migrates."""
+    allowed = db.execute_sql(
+        "SELECT rolsuper OR rolbypassrls FROM pg_roles WHERE rolname = current_user"
+    ).fetchone()
+    if not (allowed and allowed[0]):
+        raise ConfigError(
+            "pruning needs the role that runs `ibex migrate` (a superuser or a role with"
+            " BYPASSRLS) in DATABASE_URL",
+            variable="DATABASE_URL",
+        )

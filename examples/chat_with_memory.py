@@ -1,8 +1,9 @@
 """An application's side of IBEX, end to end, through the public Python client.
 
-Feeds one conversation through the sessions API (a session, its turns, completed), waits while
-the pipeline extracts it (a worker and the scheduler must be running against the same
-database), then asks for the context to put in the next system prompt:
+Feeds one person's conversation through the sessions API (a session of the user ``dana``, its
+turns, completed), waits while the pipeline extracts it (a worker and the scheduler must be
+running against the same database), then asks for the context to put in the next system
+prompt: Dana's memories (and the agent's agent-wide ones), never another person's:
 
     ibex token create --org acme --create-org \\
         --scope sessions:write --scope sessions:read --scope memory:read > token.txt
@@ -84,15 +85,23 @@ def run(
     ibex: IbexClient,
     *,
     agent: str = "support-bot",
+    user: str = "dana",
     timeout: float = 120.0,
     interval: float = 1.0,
     sleep: Callable[[float], None] = time.sleep,
 ) -> tuple[Session, Context]:
-    """Feed the conversation, wait for extraction, and return the extracted session and the
-    context for what comes next."""
-    # The external id makes the create safe to retry: a repeat finds this session.
+    """Feed ``user``'s conversation, wait for extraction, and return the extracted session and
+    the context for what comes next (that user's memories)."""
+    # The external id makes the create safe to retry: a repeat finds this session. The user
+    # (the application's key for the person, created when missing) makes the memories theirs.
+    # create_agent: the first run makes the agent; an unknown slug is refused otherwise.
     session = ibex.create_session(
-        agent, external_id=f"example-{uuid.uuid4()}", model="gpt-4o-mini", provider="openai"
+        agent,
+        create_agent=True,
+        external_id=f"example-{uuid.uuid4()}",
+        model="gpt-4o-mini",
+        provider="openai",
+        user=user,
     )
     ibex.append_turns(session.id, CONVERSATION)
     session = ibex.complete_session(session.id)
@@ -101,6 +110,7 @@ def run(
         session.agent_id,
         messages=[{"role": "user", "content": NEXT_QUESTION}],
         max_tokens=200,
+        user=user,
     )
     return session, context
 
@@ -109,6 +119,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("url", help="base URL of the IBEX web process")
     parser.add_argument("--agent", default="support-bot", help="agent slug (default: %(default)s)")
+    parser.add_argument("--user", default="dana", help="the person's key (default: %(default)s)")
     parser.add_argument("--timeout", type=float, default=120.0, help="seconds to wait")
     parser.add_argument(
         "--interval", type=float, default=1.0, help="seconds between polls (default: 1)"
@@ -118,7 +129,9 @@ def main(argv: list[str] | None = None) -> int:
     if not token:
         parser.error("give the API token on standard input")
     with IbexClient(args.url, token) as ibex:
-        session, context = run(ibex, agent=args.agent, timeout=args.timeout, interval=args.interval)
+        session, context = run(
+            ibex, agent=args.agent, user=args.user, timeout=args.timeout, interval=args.interval
+        )
     progress = session.progress
     print(
         f"session {session.id}: {progress.done} of {session.turn_count} turns extracted "

@@ -1,10 +1,12 @@
 """Writes ``examples/conversations.jsonl``: the sample sessions ``ibex demo`` imports.
 
-Three orgs, five agents, 36 sessions of 2 to 6 turns: people introducing themselves, stating
+Three orgs, five agents, 38 sessions of 2 to 6 turns: people introducing themselves, stating
 allergies, likes and dislikes, where they live and work, plans, pets and things to remember,
-mixed with small talk and questions that hold nothing worth remembering. A few sessions are
-still active or were abandoned, so they are not extracted. Deterministic: running it again
-writes the same file.
+mixed with small talk and questions that hold nothing worth remembering. Each session is one
+person's (``user``: the application's key for them, e.g. ``dana``), so their memories are
+theirs alone. A few sessions are still active or were abandoned, so they are not extracted.
+The last two are one user's, who moves and changes jobs between them (facts that change).
+Deterministic: running it again writes the same file.
 
     python examples/make_conversations.py > examples/conversations.jsonl
 """
@@ -119,11 +121,36 @@ def session(rng: random.Random, number: int, org: str, agent: str) -> dict:
         "org": org,
         "agent": agent,
         "session": f"demo-{number:03d}",
+        "user": name.lower(),
         "status": status,
         "model": rng.choice(["gpt-4o-mini", "llama-3.1-8b-instruct", "qwen2.5-7b"]),
         "provider": rng.choice(["openai", "vllm", "ollama"]),
         "turns": turns,
     }
+
+
+def moved(rng: random.Random) -> list[dict]:
+    """Two sessions of one user of initech/hr-helper, weeks apart: where she lives and works,
+    then a move and a new job. The second session's memories supersede the first's (the
+    rules extractor sees them listed as related memories), unless the workers happen to
+    extract the second session first."""
+    said = [
+        ["Hi, I'm Ingrid. I live in Bergen.", "I work at Fjord Shipping."],
+        ["Good news, I moved to Oslo!", "And I started a new job at Nordlys Energy."],
+    ]
+    return [
+        {
+            "org": "initech",
+            "agent": "hr-helper",
+            "session": f"demo-{36 + n:03d}",
+            "user": "ingrid",
+            "status": "completed",
+            "model": "gpt-4o-mini",
+            "provider": "openai",
+            "turns": [_turn(rng, text, _reply(rng, "Ingrid")) for text in texts],
+        }
+        for n, texts in enumerate(said)
+    ]
 
 
 def main() -> None:
@@ -132,6 +159,8 @@ def main() -> None:
     for number in range(36):
         org, agent = pairs[number % len(pairs)]
         sys.stdout.write(json.dumps(session(rng, number, org, agent), ensure_ascii=False) + "\n")
+    for line in moved(rng):
+        sys.stdout.write(json.dumps(line, ensure_ascii=False) + "\n")
 
 
 if __name__ == "__main__":

@@ -12,6 +12,11 @@ Series (all prefixed ``ibex_``):
 ``llm_tokens_total``               counter  tokens by ``kind`` (prompt/completion)
 ``write_outcomes_total``           counter  write outcomes by HTTP ``status`` and ``code``
 ``turns_done_total``               counter  turns marked done
+``repeated_turns_total``           counter  turns whose LLM input matched a persisted result
+                                            (reused: no LLM call)
+``unknown_refs_total``             counter  ``replaces`` refs the answer named that the prompt
+                                            did not list (dropped)
+``supersedes_total``               counter  supersedes resolved from refs and persisted
 ``backlog_turns``                  gauge    unextracted turns by ``state`` (at the last scan)
 ``backlog_sessions``               gauge    sessions with unextracted turns (last scan)
 ``dead_letters``                   gauge    open dead letters by ``queue`` (last scan)
@@ -37,6 +42,12 @@ class PipelineMetrics:
 
     def turn_done(self) -> None:
         """A turn became done."""
+
+    def repeated_turn(self) -> None:
+        """A turn reused the result persisted for an identical input: no LLM call."""
+
+    def refs(self, *, resolved: int, unknown: int) -> None:
+        """An answer's ``replaces`` refs: resolved to memory ids, or unknown and dropped."""
 
     def backlog(self, status: Any) -> None:
         """The backlog as :func:`extraction.status.collect` reported it."""
@@ -69,6 +80,16 @@ class PrometheusMetrics(PipelineMetrics):
                 "ibex_write_outcomes_total", "Memory service write outcomes.", ["status", "code"]
             ),
             "turns_done": prom.Counter("ibex_turns_done_total", "Turns marked done."),
+            "repeated_turns": prom.Counter(
+                "ibex_repeated_turns_total",
+                "Turns that reused the result of an identical LLM input (no LLM call).",
+            ),
+            "unknown_refs": prom.Counter(
+                "ibex_unknown_refs_total", "replaces refs of an answer the prompt did not list."
+            ),
+            "supersedes": prom.Counter(
+                "ibex_supersedes_total", "replaces refs resolved to memory ids and persisted."
+            ),
             "backlog_turns": prom.Gauge(
                 "ibex_backlog_turns",
                 "Unextracted turns by state, at the last scan.",
@@ -103,6 +124,16 @@ class PrometheusMetrics(PipelineMetrics):
 
     def turn_done(self) -> None:
         self._metrics()["turns_done"].inc()
+
+    def repeated_turn(self) -> None:
+        self._metrics()["repeated_turns"].inc()
+
+    def refs(self, *, resolved: int, unknown: int) -> None:
+        m = self._metrics()
+        if resolved:
+            m["supersedes"].inc(resolved)
+        if unknown:
+            m["unknown_refs"].inc(unknown)
 
     def backlog(self, status: Any) -> None:
         m = self._metrics()

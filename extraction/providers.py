@@ -22,9 +22,9 @@ import httpx
 
 from core.config import Settings, redact_url
 from core.errors import ConfigError, LLMRejectedError, LLMUnavailableError
-from extraction.prompt import build_messages
+from extraction.prompt import RelatedMemory, build_messages
 from extraction.result import ExtractionResult, parse_llm_content
-from extraction.rules import RULES_MODEL, extract_rules
+from extraction.rules import RULES_MODEL, extract_changes
 from models.store import Turn
 
 #: How much of an error response body an exception message quotes.
@@ -37,8 +37,11 @@ class Provider(Protocol):
     name: str
     model: str
 
-    def extract(self, turn: Turn, context: Sequence[Turn]) -> ExtractionResult:
-        """The memories of ``turn``; ``context`` holds earlier turns, not to be extracted."""
+    def extract(
+        self, turn: Turn, context: Sequence[Turn], related: Sequence[RelatedMemory] = ()
+    ) -> ExtractionResult:
+        """The memories of ``turn``; ``context`` holds earlier turns, not to be extracted;
+        ``related`` the scope's current memories a new memory may replace (by ref)."""
         ...
 
 
@@ -48,9 +51,12 @@ class RulesProvider:
     name = "rules"
     model = RULES_MODEL
 
-    def extract(self, turn: Turn, context: Sequence[Turn]) -> ExtractionResult:
+    def extract(
+        self, turn: Turn, context: Sequence[Turn], related: Sequence[RelatedMemory] = ()
+    ) -> ExtractionResult:
+        listed = [(m.ref, m.content) for m in related]
         return ExtractionResult(
-            memories=tuple(extract_rules(turn)), provider=self.name, model=self.model
+            memories=tuple(extract_changes(turn, listed)), provider=self.name, model=self.model
         )
 
 
@@ -106,16 +112,20 @@ class OpenAICompatibleProvider:
             headers["Authorization"] = f"Bearer {self._api_key}"
         return headers
 
-    def request_body(self, turn: Turn, context: Sequence[Turn]) -> dict[str, Any]:
+    def request_body(
+        self, turn: Turn, context: Sequence[Turn], related: Sequence[RelatedMemory] = ()
+    ) -> dict[str, Any]:
         return {
             "model": self.model,
-            "messages": build_messages(turn, context),
+            "messages": build_messages(turn, context, related),
             "response_format": {"type": "json_object"},
             "temperature": 0,
         }
 
-    def extract(self, turn: Turn, context: Sequence[Turn]) -> ExtractionResult:
-        body = self.request_body(turn, context)
+    def extract(
+        self, turn: Turn, context: Sequence[Turn], related: Sequence[RelatedMemory] = ()
+    ) -> ExtractionResult:
+        body = self.request_body(turn, context, related)
         try:
             response = self._client.post(
                 self.url, json=body, headers=self._headers(), timeout=self.timeout

@@ -26,13 +26,25 @@ _FENCE = re.compile(r"^```[ \t]*[A-Za-z0-9_+-]*[ \t]*\r?\n?(?P<body>.*?)\r?\n?[ 
 
 @dataclass(frozen=True)
 class ExtractedMemory:
-    """One memory: stripped content and one of ``fact | preference | event | other``."""
+    """One memory: stripped content and one of ``fact | preference | event | other``.
+
+    ``replaces``: the prompt's local refs (``m1``...) the answer said it replaces; never
+    persisted (a ref means something only in the prompt it came with). ``supersedes``: the
+    memory ids they were resolved to (:meth:`resolved`), persisted with the result."""
 
     content: str
     kind: str
+    replaces: tuple[str, ...] = ()
+    supersedes: tuple[str, ...] = ()
 
-    def to_json(self) -> dict[str, str]:
-        return {"content": self.content, "kind": self.kind}
+    def to_json(self) -> dict[str, Any]:
+        data: dict[str, Any] = {"content": self.content, "kind": self.kind}
+        if self.supersedes:  # absent otherwise: results stored before stay byte-identical
+            data["supersedes"] = list(self.supersedes)
+        return data
+
+    def resolved(self, ids: tuple[str, ...]) -> ExtractedMemory:
+        return ExtractedMemory(self.content, self.kind, (), ids)
 
 
 @dataclass(frozen=True)
@@ -60,8 +72,16 @@ class ExtractionResult:
         return cls(memories=tuple(_memories(loaded["memories"])))
 
 
-def _memories(items: Iterable[dict[str, str]]) -> list[ExtractedMemory]:
-    return [ExtractedMemory(content=item["content"], kind=item["kind"]) for item in items]
+def _memories(items: Iterable[dict[str, Any]]) -> list[ExtractedMemory]:
+    return [
+        ExtractedMemory(
+            content=item["content"],
+            kind=item["kind"],
+            replaces=tuple(item.get("replaces") or ()),
+            supersedes=tuple(dict.fromkeys(str(i) for i in item.get("supersedes") or ())),
+        )
+        for item in items
+    ]
 
 
 def strip_code_fence(text: str) -> str:
@@ -106,13 +126,28 @@ def parse_llm_content(text: str) -> list[ExtractedMemory]:
         raise LLMUnavailableError(
             f"unparseable LLM output: expected a JSON object, got {type(data).__name__}"
         )
+    memories = data.get("memories")
+    if isinstance(memories, list):
+        # Ids are never taken from a model (only refs, in "replaces"): a stray "supersedes"
+        # is ignored rather than validated, so it cannot make the answer invalid either.
+        data = {
+            **data,
+            "memories": [
+                {k: v for k, v in m.items() if k != "supersedes"} if isinstance(m, dict) else m
+                for m in memories
+            ],
+        }
     try:
         loaded = load(_SCHEMA, data, what="LLM output")
     except InvalidMessageError as exc:
         raise LLMUnavailableError(
             f"unparseable LLM output: {describe_errors(exc.messages)}"
         ) from exc
-    return dedupe(_memories(loaded["memories"]))
+    # Ids are never taken from a model: only refs, resolved against what the prompt listed.
+    answered = [
+        ExtractedMemory(m.content, m.kind, m.replaces) for m in _memories(loaded["memories"])
+    ]
+    return dedupe(answered)
 
 
 __all__ = [

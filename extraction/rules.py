@@ -31,6 +31,11 @@ and negations ("I'm not allergic to ...", "I don't live in ...") simply do not m
   Negated or dated statements about a relative ("my son isn't ...", "my wife is in Rome this
   week") are left out.
 
+- facts that change (the section at the end): "I started a new job at X" → fact; with the
+  prompt's related memories, a memory that changes one of them ("I moved to Oslo" against
+  "The user lives in Lisbon.") names it in ``replaces``, when the turn says that something
+  changed (:func:`mark_replaces`).
+
 Memories are third-person sentences about "the user" built from the user's own words (with
 "my" → "their" and the like), trailing punctuation removed and one final period. Same input,
 same output, same order; exact duplicates are dropped.
@@ -42,7 +47,7 @@ the word lists and the third-person rewriting they are tuned against.
 from __future__ import annotations
 
 import re
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 from extraction.result import ExtractedMemory, dedupe
@@ -50,7 +55,7 @@ from models.store import Turn
 from schema.recall import strip_recalled
 
 #: Recorded as the "model" of a rules result; bump when the wording of memories changes.
-RULES_MODEL = "rules-v2"
+RULES_MODEL = "rules-v3"
 
 #: A clause longer than this is prose, not a statement worth a memory.
 MAX_CLAUSE_CHARS = 300
@@ -917,4 +922,128 @@ def extract_rules(turn: Turn) -> list[ExtractedMemory]:
     return dedupe(memories)
 
 
-__all__ = ["RULES_MODEL", "extract_rules", "extract_text", "new_user_texts"]
+# -- Facts that change: which listed memory a new one replaces ------------------------------
+#
+# The prompt's related memories (extraction/prompt.py) come to the rules extractor as (ref,
+# content) pairs. A new memory is marked as replacing one of them only when the turn says that
+# something changed ("I moved to Oslo", "I live in Oslo now", "I started a new job at Globex",
+# "I don't like tea anymore", "I no longer ...") and the listed memory holds the same slot with
+# another value: where the user lives, where they work, their job, one of their favorites, and
+# a like that became a dislike (or back). Without a word of change nothing is replaced: an
+# agent-wide scope holds the facts of many people, and "I live in Turin" from one of them does
+# not make another's "lives in Lisbon" untrue.
+
+#: Words that say a fact changed.
+_CHANGE = re.compile(
+    r"\b(?:now|anymore|any more|no longer|these days|nowadays|moved|new job|new role"
+    r"|started|switched|changed|relocated)\b",
+    re.I,
+)
+#: A word of change at the end of a memory ("lives in Oslo now."), dropped from its wording.
+_TRAILING_CHANGE = re.compile(r"\s+(?:now|anymore|any more|these days|nowadays)(?=\.$)", re.I)
+_NEW_JOB = re.compile(
+    r"^i\s+" + _ADVERBS + r"(?:just\s+|recently\s+)?(?:started|got|took|began|landed)\s+"
+    r"(?:a\s+)?new\s+(?:job|position|role)\s+(?:at|with|in)\s+(?P<x>.+)$",
+    re.I,
+)
+_POSITIVE = ("loves", "likes", "enjoys", "adores", "prefers", "is a fan of", "is a big fan of")
+_NEGATIVE = ("dislikes", "hates", "detests", "despises", "loathes", "can't stand")
+_SLOTS: tuple[tuple[str, re.Pattern[str]], ...] = (
+    (
+        "home",
+        re.compile(
+            r"^the user (?:lives (?:in|near|on|at|outside of|outside|by)|moved to) (?P<v>.+?)\.$",
+            re.I,
+        ),
+    ),
+    ("work", re.compile(r"^the user works (?:at|for) (?P<v>.+?)\.$", re.I)),
+    (
+        "job",
+        re.compile(
+            r"^the user (?:works as|is) (?P<v>an? (?!fan\b|big\b)[\w-]+(?: [\w-]+)?)\.$", re.I
+        ),
+    ),
+    (
+        "favorite",
+        re.compile(r"^the user's favou?rite (?P<what>.+?) (?:is|are) (?P<v>.+?)\.$", re.I),
+    ),
+    (
+        "taste",
+        re.compile(
+            r"^the user (?P<v>" + "|".join(re.escape(v) for v in _POSITIVE + _NEGATIVE) + r")"
+            r" (?P<what>.+?)\.$",
+            re.I,
+        ),
+    ),
+)
+
+
+def slot_of(content: str) -> tuple[str, str] | None:
+    """The slot a memory fills and its value (``("home", "oslo")``), or None: a memory that
+    does not hold one value at a time. A taste is keyed by its object, its value the polarity."""
+    for name, pattern in _SLOTS:
+        match = pattern.match(content.strip())
+        if not match:
+            continue
+        value = match.group("v").lower()
+        what = match.groupdict().get("what")
+        if name == "taste":
+            return f"taste:{(what or '').lower()}", "+" if value in _POSITIVE else "-"
+        if what is not None:
+            return f"{name}:{what.lower()}", value
+        return name, value
+    return None
+
+
+def _changed_wording(memory: ExtractedMemory) -> ExtractedMemory:
+    content = _TRAILING_CHANGE.sub("", memory.content)
+    return ExtractedMemory(content, memory.kind) if content != memory.content else memory
+
+
+def mark_replaces(
+    memories: list[ExtractedMemory], related: Sequence[tuple[str, str]], said: str
+) -> list[ExtractedMemory]:
+    """``memories`` with ``replaces`` set to the refs of the ``related`` (ref, content) pairs
+    each one changes, when ``said`` (the turn's new user text) says that something changed."""
+    if not related or not _CHANGE.search(said):
+        return memories
+    out = []
+    for memory in memories:
+        slot = slot_of(memory.content)
+        refs: tuple[str, ...] = ()
+        if slot is not None:
+            refs = tuple(
+                ref
+                for ref, content in related
+                if (theirs := slot_of(content)) is not None
+                and theirs[0] == slot[0]
+                and theirs[1] != slot[1]
+            )
+        out.append(ExtractedMemory(memory.content, memory.kind, refs) if refs else memory)
+    return out
+
+
+def extract_changes(turn: Turn, related: Sequence[tuple[str, str]] = ()) -> list[ExtractedMemory]:
+    """:func:`extract_rules`, plus "I started a new job at X", without the words of change in
+    the memories' wording, and with ``replaces`` (:func:`mark_replaces`): what the rules
+    provider answers."""
+    said = " ".join(new_user_texts(turn))
+    memories = [_changed_wording(m) for m in extract_rules(turn)]
+    for sent in sentences(said):
+        for clause in clauses(sent):
+            clause = _TRAILING_PUNCT.sub("", strip_filler(clause)).strip()
+            match = _NEW_JOB.match(clause)
+            if match and (x := _obj(match.group("x"))):
+                memories.append(ExtractedMemory(f"The user works at {x}.", "fact"))
+    return mark_replaces(dedupe(memories), related, said)
+
+
+__all__ = [
+    "RULES_MODEL",
+    "extract_changes",
+    "extract_rules",
+    "extract_text",
+    "mark_replaces",
+    "new_user_texts",
+    "slot_of",
+]

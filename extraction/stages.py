@@ -18,6 +18,13 @@ that claim over at once and persists the kept answer without calling the LLM.
 step it names (``after_llm_call``, ``after_persist``, ``after_post``, ``after_record_slot``,
 ``after_mark_done``, ``after_advance``), so a test can kill a stage exactly there.
 
+Facts that change: the claim's transaction also reads the scope's current memories most
+related to the turn; the prompt lists them under local refs (``m1``...), and the refs an
+answer says a memory ``replaces`` are resolved to memory ids *before* the result is persisted
+(unknown refs are dropped and counted), so every retry, redelivery or replay writes the same
+``supersedes``. Before calling the LLM, the stage looks for a result persisted for the same
+input (:func:`extraction.prompt.input_hash`) in the same scope, and reuses it: no LLM call.
+
 Over 400 lines but one idea: the four stages side by side, since each is written against what
 the next one may assume (the persisted result, the slot identity, the pointer rule).
 """
@@ -46,7 +53,8 @@ from core.errors import (
 )
 from extraction.keys import idempotency_key
 from extraction.metrics import PipelineMetrics
-from extraction.result import ExtractionResult
+from extraction.prompt import RelatedMemory, input_hash
+from extraction.result import ExtractedMemory, ExtractionResult
 from extraction.scan_queries import ScanQueries
 from extraction.turns import TurnStore
 from extraction.values import (
@@ -75,7 +83,9 @@ class ProviderLike(Protocol):
     name: str
     model: str
 
-    def extract(self, turn: Turn, context: Sequence[Turn]) -> ExtractionResult: ...
+    def extract(
+        self, turn: Turn, context: Sequence[Turn], related: Sequence[RelatedMemory] = ()
+    ) -> ExtractionResult: ...
 
 
 class WriteOutcomeLike(Protocol):
@@ -275,6 +285,7 @@ def extract_turn(
         context_turns=settings.extraction_context_turns,
         takeover=delivery.abandoned_claim if delivery is not None else None,
         call_llm=kept is None,
+        related=settings.extraction_related_memories if kept is None else 0,
     )
     if isinstance(begun, AlreadyDone | Persisted):
         deps.turns.answers.discard(ref)
@@ -305,23 +316,37 @@ def _call_llm(deps: StageDeps, ref: TurnRef, begun: Claimed, delivery: Delivery 
         turns = begun.turns  # read in the claim's transaction
         if not turns or turns[-1].turn_index != ref.turn_index:
             raise NotFoundError(f"turn {ref.turn_index} of {ref.session_id} not found")
+        name, model = getattr(provider, "name", ""), getattr(provider, "model", "")
+        digest = input_hash(
+            (ref.org_id, begun.agent_id, begun.user_id), name, model, turns[-1], turns[:-1]
+        )
+        found = deps.turns.find_result(ref, digest)
+        if found is not None:
+            # A repeated input: the result persisted for it is this turn's too, no LLM call.
+            stored, stored_provider, stored_model = found
+            deps.metrics.repeated_turn()
+            log.info("turn %s: input seen before, its persisted result is reused", ref)
+            return Answer(stored, stored_provider, stored_model, 0, 0, digest, reused=True)
+        refs = {f"m{i + 1}": memory for i, memory in enumerate(begun.related)}
+        related = [RelatedMemory(r, content, kind) for r, (_, content, kind) in refs.items()]
         try:
-            result = provider.extract(turns[-1], turns[:-1])
+            result = provider.extract(turns[-1], turns[:-1], related)
         except Exception:
-            deps.metrics.llm_call(getattr(provider, "name", ""), ok=False)
+            deps.metrics.llm_call(name, ok=False)
             raise
         deps.metrics.llm_call(
-            result.provider or getattr(provider, "name", ""),
+            result.provider or name,
             ok=True,
             prompt_tokens=result.prompt_tokens,
             completion_tokens=result.completion_tokens,
         )
         return Answer(
-            _validated(result),
+            _validated(_resolve_refs(deps, result, {r: m[0] for r, m in refs.items()})),
             provider=result.provider or getattr(provider, "name", None),
             model=result.model or getattr(provider, "model", None),
             prompt_tokens=result.prompt_tokens,
             completion_tokens=result.completion_tokens,
+            input_hash=digest,
         )
     except Exception as exc:
         # Best effort: a failed call releases its claim so the retry need not wait for it.
@@ -332,6 +357,31 @@ def _call_llm(deps: StageDeps, ref: TurnRef, begun: Claimed, delivery: Delivery 
             if delivery is not None:
                 delivery.abandoned_claim = begun.token
         raise
+
+
+def _resolve_refs(
+    deps: StageDeps, result: ExtractionResult, ids: Mapping[str, str]
+) -> ExtractionResult:
+    """The answer with each memory's ``replaces`` refs resolved to the ids of the memories
+    the prompt listed under them; a ref the prompt did not list is dropped and counted."""
+    resolved = unknown = 0
+    memories: list[ExtractedMemory] = []
+    for memory in result.memories:
+        known = tuple(dict.fromkeys(ids[r] for r in memory.replaces if r in ids))
+        unknown += sum(1 for r in memory.replaces if r not in ids)
+        resolved += len(known)
+        memories.append(memory.resolved(known))
+    if resolved or unknown:
+        deps.metrics.refs(resolved=resolved, unknown=unknown)
+    if unknown:
+        log.info("an answer named %d ref(s) the prompt did not list; dropped", unknown)
+    return ExtractionResult(
+        tuple(memories),
+        result.prompt_tokens,
+        result.completion_tokens,
+        result.provider,
+        result.model,
+    )
 
 
 def _persist(
@@ -359,6 +409,8 @@ def _persist(
                 prompt_tokens=answer.prompt_tokens,
                 completion_tokens=answer.completion_tokens,
                 lease_seconds=deps.settings.extraction_lease_seconds,
+                input_hash=answer.input_hash,
+                reused=answer.reused,
             )
         except DatabaseUnavailableError as exc:
             if time.monotonic() + pause > deadline:
@@ -419,6 +471,11 @@ def memory_body(
     }
     if user_id is not None:
         body["user_id"] = str(user_id)
+    if memory.supersedes:
+        # Decided when the result was persisted; a memory superseded or deleted since is left
+        # as it is (skip), and this memory is stored all the same.
+        body["supersedes"] = list(memory.supersedes)
+        body["stale_supersedes"] = "skip"
     return body
 
 

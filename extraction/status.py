@@ -60,7 +60,9 @@ SELECT o.id, o.slug,
           FROM ibex_core.extraction_turns t
          WHERE t.org_id = o.id AND t.extracted_at > now() - interval '1 hour'),
        (SELECT count(*) FROM ibex_memory.memories m
-         WHERE m.org_id = o.id AND m.deleted_at IS NULL)
+         WHERE m.org_id = o.id AND m.deleted_at IS NULL),
+       -- Repeated inputs (000014): turns whose result was reused, with no LLM call.
+       (SELECT count(*) FROM ibex_core.extraction_turns t WHERE t.org_id = o.id AND t.reused)
   FROM ibex_core.orgs o
  ORDER BY o.slug
 """
@@ -82,6 +84,9 @@ class OrgBacklog:
     llm_calls_last_hour: int = 0
     tokens_last_hour: int = 0
     memories: int = 0
+    #: Turns whose LLM input was identical to one already extracted in the same scope: they
+    #: reused its result and cost no LLM call (still in the table: not pruned yet).
+    turns_reused: int = 0
 
 
 _SUMMED = (
@@ -96,6 +101,7 @@ _SUMMED = (
     "llm_calls_last_hour",
     "tokens_last_hour",
     "memories",
+    "turns_reused",
 )
 
 
@@ -147,6 +153,7 @@ def collect(
         calls,
         tokens,
         memories,
+        reused,
     ) in rows:
         pending = int(lag) - int(in_flight) - int(waiting) - int(failed)
         orgs.append(
@@ -167,6 +174,7 @@ def collect(
                 llm_calls_last_hour=int(calls),
                 tokens_last_hour=int(tokens),
                 memories=int(memories),
+                turns_reused=int(reused),
             )
         )
     total: dict[str, Any] = {name: sum(getattr(o, name) for o in orgs) for name in _SUMMED}

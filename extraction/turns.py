@@ -48,8 +48,8 @@ from typing import Any
 
 import peewee
 
-from core.db import one_statement, tenant, transaction
-from core.errors import ConfigError, NotFoundError
+from core.db import one_statement, require_bypass_rls, tenant, transaction
+from core.errors import NotFoundError
 from extraction.caches import AnswerCache, SlotCache
 from extraction.values import (
     AlreadyDone,
@@ -69,14 +69,16 @@ from extraction.values import (
 from models.store import Turn
 
 # The stage functions of migration 000010: each one round trip in its own implicit transaction.
+# 000014 added begin_extract's related-memories count and persist_result's input hash.
 _BEGIN_EXTRACT = (
     "SELECT * FROM ibex_core.begin_extract("
-    "%s::uuid, %s::uuid, %s, %s, %s, %s, %s, %s::uuid, %s, %s::uuid)"
+    "%s::uuid, %s::uuid, %s, %s, %s, %s, %s, %s::uuid, %s, %s::uuid, %s)"
 )
 _PERSIST_RESULT = (
     "SELECT * FROM ibex_core.persist_result("
-    "%s::uuid, %s::uuid, %s, %s::uuid, %s::jsonb, %s, %s, %s, %s, %s, %s)"
+    "%s::uuid, %s::uuid, %s, %s::uuid, %s::jsonb, %s, %s, %s, %s, %s, %s, %s, %s)"
 )
+_FIND_RESULT = "SELECT * FROM ibex_core.find_result(%s::uuid, %s)"
 _COMPLETE_TURN = "SELECT * FROM ibex_core.complete_turn(%s::uuid, %s::uuid, %s)"
 
 # A failed turn returns to where its persisted state says: extracted when a result is stored.
@@ -193,6 +195,7 @@ class TurnStore:
         context_turns: int = 0,
         takeover: uuid.UUID | None = None,
         call_llm: bool = True,
+        related: int = 0,
     ) -> BeginOutcome:
         """Transaction 1 of ``extract_turn``: lock the turn row (creating it when missing) and
         decide. Takes the LLM claim only when no result is stored and no live claim exists;
@@ -205,7 +208,11 @@ class TurnStore:
         ``call_llm`` is False when the caller holds an answer already: the claim then counts
         no attempt and no LLM call. The claim's token is made here and sent with the call, so a
         call sent again after its answer was lost finds its own claim and takes it again,
-        counting nothing twice."""
+        counting nothing twice.
+
+        With the claim it also returns up to ``related`` current memories of the session's
+        scope (agent and user) most related to the turn (:attr:`Claimed.related`), read in
+        the same statement, and the session's agent and user."""
         token = uuid.uuid4()
         row = self._call(
             _BEGIN_EXTRACT,
@@ -220,10 +227,11 @@ class TurnStore:
                 str(takeover) if takeover is not None else None,
                 call_llm,
                 str(token),
+                related,
             ),
         ).fetchone()
         (outcome, turn_count, result, provider, model, pt, ct, written, retry_after, attempts,
-         last_error, turns) = row  # fmt: skip
+         last_error, turns, related_rows, agent, user) = row  # fmt: skip
         if outcome == "no_session":
             raise NotFoundError(f"session {ref.session_id} not found")
         if outcome == "no_turn":
@@ -243,7 +251,27 @@ class TurnStore:
         if outcome == "gave_up":
             return GaveUp(int(attempts), last_error)
         assert outcome == "claimed", outcome
-        return Claimed(token, int(attempts), tuple(_turn(ref.session_id, t) for t in turns))
+        return Claimed(
+            token,
+            int(attempts),
+            tuple(_turn(ref.session_id, t) for t in turns),
+            related=tuple(
+                (str(m["id"]), str(m["content"]), str(m["kind"])) for m in related_rows or ()
+            ),
+            agent_id=_user(agent),
+            user_id=_user(user),
+        )
+
+    def find_result(
+        self, ref: TurnRef, input_hash: str
+    ) -> tuple[dict[str, Any], str | None, str | None] | None:
+        """A result persisted for another turn whose LLM input hashed to ``input_hash`` (the
+        hash covers the scope), with its provider and model; None when there is none."""
+        row = self._call(_FIND_RESULT, (str(ref.org_id), input_hash)).fetchone()
+        if row is None:
+            return None
+        result, provider, model = row
+        return (result if isinstance(result, dict) else json.loads(result)), provider, model
 
     def release_claim(self, ref: TurnRef, token: uuid.UUID, error: str) -> None:
         """After a failed LLM call: drop our claim (so the retry need not wait) and keep why."""
@@ -313,9 +341,12 @@ class TurnStore:
         prompt_tokens: int,
         completion_tokens: int,
         lease_seconds: int,
+        input_hash: str | None = None,
+        reused: bool = False,
     ) -> Persisted:
         """Transaction 2 of ``extract_turn``: store ``result`` unless one is stored already
-        (first wins), then return the stored one and the slots already written."""
+        (first wins), then return the stored one and the slots already written. The input
+        hash is stored with it, for a repeated turn to find."""
         row = self._call(
             _PERSIST_RESULT,
             (
@@ -330,6 +361,8 @@ class TurnStore:
                 provider,
                 model,
                 lease_seconds,
+                input_hash,
+                reused,
             ),
         ).fetchone()
         if row is None:
@@ -456,23 +489,10 @@ class TurnStore:
 
     # -- pruning ---------------------------------------------------------------------------
 
-    def _check_can_prune(self) -> None:
-        # Across every org, as the connecting role: row-level security would show it no rows
-        # (and the delete would silently do nothing) unless it bypasses RLS.
-        allowed = self._sql(
-            "SELECT rolsuper OR rolbypassrls FROM pg_roles WHERE rolname = current_user"
-        ).fetchone()
-        if not (allowed and allowed[0]):
-            raise ConfigError(
-                "pruning needs the role that runs `ibex migrate` (a superuser or a role with"
-                " BYPASSRLS) in DATABASE_URL",
-                variable="DATABASE_URL",
-            )
-
     def count_prunable(self, cutoff: dt.datetime) -> Pruned:
         """The rows :meth:`prune_done` would delete for ``cutoff`` now, across every org."""
         with transaction(self.db):
-            self._check_can_prune()
+            require_bypass_rls(self.db)
             turns, slots = self._sql(_COUNT_PRUNABLE, {"cutoff": cutoff}).fetchone()
         return Pruned(int(turns), int(slots))
 
@@ -496,7 +516,7 @@ class TurnStore:
         message of a pruned turn finds it below the pointer and answers "already done"; a
         session that grows later gets new rows above the pointer only."""
         with transaction(self.db):
-            self._check_can_prune()
+            require_bypass_rls(self.db)
         total = Pruned()
         after: tuple[str, int] = (_NIL_UUID, 0)
         while stop is None or not stop():

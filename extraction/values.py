@@ -56,6 +56,9 @@ class Candidate:
 class StoredMemory:
     content: str
     kind: str
+    #: Ids of the memories this one replaces, resolved from the answer's refs before the
+    #: result was persisted (empty for most memories, and for results stored before).
+    supersedes: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -78,7 +81,12 @@ class PersistedResult:
         completion_tokens: int,
     ) -> PersistedResult:
         data = result if isinstance(result, dict) else json.loads(result)
-        memories = tuple(StoredMemory(str(m["content"]), str(m["kind"])) for m in data["memories"])
+        memories = tuple(
+            StoredMemory(
+                str(m["content"]), str(m["kind"]), tuple(str(i) for i in m.get("supersedes", ()))
+            )
+            for m in data["memories"]
+        )
         return cls(memories, provider, model, int(prompt_tokens), int(completion_tokens))
 
 
@@ -91,6 +99,10 @@ class Answer:
     model: str | None
     prompt_tokens: int
     completion_tokens: int
+    #: What the LLM input hashed to (``extraction.prompt.input_hash``), stored with the result.
+    input_hash: str | None = None
+    #: The result is another turn's, persisted for the same input hash: no LLM call was made.
+    reused: bool = False
 
 
 # -- what begin_extract found ----------------------------------------------------------------
@@ -124,6 +136,12 @@ class Claimed:
     attempt: int
     #: The turn and up to ``context_turns`` turns before it, read in the claim's transaction.
     turns: tuple[Turn, ...] = ()
+    #: The scope's current memories most related to the turn, best first, read in the same
+    #: transaction: (memory id, content, kind).
+    related: tuple[tuple[str, str, str], ...] = ()
+    #: The session's agent and user: the scope of the input hash.
+    agent_id: uuid.UUID | None = None
+    user_id: uuid.UUID | None = None
 
 
 @dataclass(frozen=True)

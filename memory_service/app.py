@@ -1,6 +1,7 @@
 """``create_app(settings)``: the memory service as a Falcon WSGI app. No import-time state.
 
-One folder per domain (:mod:`.memories`, :mod:`.sessions`, :mod:`.search`, :mod:`.tokens`),
+One folder per domain (:mod:`.memories`, :mod:`.sessions`, :mod:`.search`, :mod:`.tokens`,
+:mod:`.users`),
 each with its resources (``endpoints``), its flows (``service``) and its SQL (``store``); the
 helpers every resource shares in :mod:`.http`, the refusals mapped onto HTTP once in
 :mod:`.errors`, idempotency records in :mod:`.idempotency`, ``/healthz`` and ``/readyz`` in
@@ -25,11 +26,16 @@ from redis.retry import Retry
 from core.config import Settings
 from core.db import make_pool as db_pool
 from memory_service import docs_page, errors
+from memory_service.agents import AgentResolver
 from memory_service.auth import Authenticator
-from memory_service.health import HealthResource, ReadyResource
+from memory_service.health import HealthResource, ReadyResource, SchemaGate
 from memory_service.http import Api
 from memory_service.idempotency import IdempotencyStore
-from memory_service.memories.endpoints import MemoriesResource, MemoryResource
+from memory_service.memories.endpoints import (
+    MemoriesResource,
+    MemoryHistoryResource,
+    MemoryResource,
+)
 from memory_service.memories.service import MemoryService
 from memory_service.memories.store import MemoryStore
 from memory_service.metrics import Metrics, MetricsResource, RequestMetrics
@@ -40,6 +46,9 @@ from memory_service.search.service import SearchService
 from memory_service.search.store import SearchStore
 from memory_service.sessions.endpoints import add_routes as add_session_routes
 from memory_service.tokens.store import TokenStore
+from memory_service.users.endpoints import UserResource
+from memory_service.users.service import UserService
+from memory_service.users.store import UserStore
 
 log = logging.getLogger(__name__)
 
@@ -101,7 +110,7 @@ def create_app(
         db = make_pool(settings.database_url)
     if redis_client is None:
         redis_client = make_redis(settings.idempotency_redis_url or settings.redis_url)
-    store = MemoryStore(db)
+    store = MemoryStore(db, settings.memory_near_duplicate_threshold)
     metrics = Metrics(settings.prometheus_multiproc_dir)
     idempotency = IdempotencyStore(
         redis_client,
@@ -112,21 +121,28 @@ def create_app(
         auth=Authenticator(TokenStore(db), cache_seconds=token_cache_seconds),
         max_body_bytes=settings.memory_max_body_bytes,
     )
-    memories = MemoryService(store, idempotency, metrics)
+    users = UserService(UserStore(db))
+    memories = MemoryService(store, idempotency, metrics, users)
     # Metrics first: its process_response runs last, so it sees the final status and time.
-    middleware: list[Any] = [RequestMetrics(metrics), ReturnConnection(db)]
+    # The schema gate after ReturnConnection: the connection its check borrows goes back too.
+    middleware: list[Any] = [RequestMetrics(metrics), ReturnConnection(db), SchemaGate(db)]
     app = falcon.App(middleware=middleware)
     app.req_options.strip_url_path_trailing_slash = True
     errors.register(app)
     app.add_error_handler(MaxConnectionsExceeded, errors.handle_unavailable)
-    app.add_route("/v1/memories", MemoriesResource(api, memories))
-    app.add_route("/v1/memories/{memory_id:uuid}", MemoryResource(api, memories))
+    agents = AgentResolver(db)
+    app.add_route("/v1/memories", MemoriesResource(api, memories, users, agents))
+    app.add_route("/v1/memories/{memory_id:uuid}", MemoryResource(api, memories, users))
+    app.add_route(
+        "/v1/memories/{memory_id:uuid}/history", MemoryHistoryResource(api, memories, users)
+    )
     app.add_route("/healthz", HealthResource())
     searches = SearchStore(db)
     reads = SearchService(searches)
-    app.add_route("/v1/memories/search", SearchResource(api, reads))
-    app.add_route("/v1/context", ContextResource(api, reads))
-    add_session_routes(app, api, db, store)
+    app.add_route("/v1/memories/search", SearchResource(api, reads, users, agents))
+    app.add_route("/v1/context", ContextResource(api, reads, users, agents))
+    add_session_routes(app, api, db, store, users)
+    app.add_route("/v1/users/{user}", UserResource(api, users))
     app.add_route("/readyz", ReadyResource(store, redis_client, searches.search_mode))
     spec = docs_page.document(build_spec(settings.memory_max_body_bytes))
     app.add_route("/openapi.json", OpenApiResource(spec))

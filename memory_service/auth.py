@@ -31,6 +31,9 @@ class Principal:
     org_id: uuid.UUID | None
     scopes: frozenset[str]
     is_service: bool
+    #: A user-bound token's user (``ibex token create --user``): every route acts as if that
+    #: user were named, and another user's rows are not found. None: not bound.
+    user_id: uuid.UUID | None = None
 
 
 class AuthError(Exception):
@@ -95,7 +98,7 @@ class Authenticator:
             return None
         if not hmac.compare_digest(row.token_hash.encode(), digest.encode()):
             return None
-        return Principal(row.id, row.org_id, frozenset(row.scopes), row.is_service)
+        return Principal(row.id, row.org_id, frozenset(row.scopes), row.is_service, row.user_id)
 
 
 def require_scope(principal: Principal, scope: str) -> None:

@@ -34,9 +34,12 @@ def content_hash(text: str) -> str:
 
 
 def canonical_request(validated: Mapping[str, Any]) -> dict[str, Any]:
-    """The validated body as plain JSON, every optional field present: what is fingerprinted."""
+    """The validated body as plain JSON, every optional field present: what is fingerprinted.
+
+    ``user_id`` is in it only when the memory has a user, so a body without one has the
+    fingerprint it had before users existed, and the same key with another user conflicts."""
     source = validated["source"]
-    return {
+    canonical: dict[str, Any] = {
         "agent_id": str(validated["agent_id"]),
         "content": validated["content"],
         "kind": validated["kind"],
@@ -49,6 +52,15 @@ def canonical_request(validated: Mapping[str, Any]) -> dict[str, Any]:
             "ordinal": source["ordinal"],
         },
     }
+    # Supersession: only when given, so every fingerprint stored before stays valid. The ids
+    # as a set (sorted, once each): their order says nothing.
+    if validated.get("supersedes"):
+        canonical["supersedes"] = sorted({str(i) for i in validated["supersedes"]})
+    if validated.get("stale_supersedes") is not None:
+        canonical["stale_supersedes"] = validated["stale_supersedes"]
+    if validated.get("user_id") is not None:
+        canonical["user_id"] = str(validated["user_id"])
+    return canonical
 
 
 def fingerprint(validated_body: Mapping[str, Any]) -> str:

@@ -14,14 +14,25 @@ from typing import Any
 
 import falcon
 
-from core.errors import DatabaseUnavailableError, ImmutableTurnError, TurnGapError
+from core.errors import (
+    DatabaseUnavailableError,
+    ImmutableTurnError,
+    SchemaNotReadyError,
+    TurnGapError,
+    UserConflictError,
+)
 from memory_service.domain_errors import (
+    AdminScopeError,
+    AgentNotFoundError,
     DomainError,
     MemoryNotFoundError,
     NoSuchOrgError,
     SessionDeletedError,
     SessionNotFoundError,
     UnknownAgentError,
+    UnknownUserIdError,
+    UserForbiddenError,
+    UserNotFoundError,
 )
 from schema import describe_errors
 
@@ -76,10 +87,25 @@ def validation_error(messages: dict[str, Any] | list[Any]) -> ApiError:
 
 def answer_for(exc: Exception) -> ApiError:
     """The HTTP answer of a refusal a service raised."""
-    if isinstance(exc, MemoryNotFoundError | SessionNotFoundError):
+    if isinstance(exc, MemoryNotFoundError | SessionNotFoundError | UserNotFoundError):
         return ApiError(404, "NOT_FOUND", str(exc))
+    if isinstance(exc, UserForbiddenError):
+        return ApiError(403, "FORBIDDEN_USER", str(exc))
+    if isinstance(exc, AdminScopeError):
+        return ApiError(403, "INSUFFICIENT_SCOPE", str(exc))
+    if isinstance(exc, UnknownUserIdError):
+        return validation_error({exc.field: [str(exc)]})
+    if isinstance(exc, UserConflictError):
+        return ApiError(
+            409,
+            "USER_CONFLICT",
+            "this session belongs to another user; a session's user is set once",
+            session_id=str(exc.session_id),
+        )
     if isinstance(exc, NoSuchOrgError):
         return ApiError(403, "FORBIDDEN_ORG", str(exc))
+    if isinstance(exc, AgentNotFoundError):
+        return ApiError(404, "UNKNOWN_AGENT", str(exc))
     if isinstance(exc, UnknownAgentError):
         return validation_error({"agent_id": [str(exc)]})
     if isinstance(exc, SessionDeletedError):
@@ -92,7 +118,12 @@ def answer_for(exc: Exception) -> ApiError:
 
 
 #: The refusals :func:`answer_for` answers, registered as error handlers.
-REFUSALS: tuple[type[Exception], ...] = (DomainError, TurnGapError, ImmutableTurnError)
+REFUSALS: tuple[type[Exception], ...] = (
+    DomainError,
+    TurnGapError,
+    ImmutableTurnError,
+    UserConflictError,
+)
 
 
 def handle_refusal(
@@ -125,6 +156,17 @@ def handle_unavailable(
     resp.data = error_body("UNAVAILABLE", "the database is unavailable; retry", retry_after=1)
 
 
+def handle_schema_not_ready(
+    req: falcon.Request, resp: falcon.Response, exc: Exception, params: dict[str, Any]
+) -> None:
+    """The schema is missing or behind the code: every API call would fail until an operator
+    runs ``ibex migrate``; the message (one line) names the database and says so."""
+    log.warning("schema not ready: %s", exc)
+    resp.status = 503
+    resp.content_type = falcon.MEDIA_JSON
+    resp.data = error_body("SCHEMA_NOT_READY", str(exc))
+
+
 def handle_unexpected(
     req: falcon.Request, resp: falcon.Response, exc: Exception, params: dict[str, Any]
 ) -> None:
@@ -140,5 +182,6 @@ def register(app: falcon.App) -> None:
     app.set_error_serializer(serialize_error)
     app.add_error_handler(Exception, handle_unexpected)
     app.add_error_handler(DatabaseUnavailableError, handle_unavailable)
+    app.add_error_handler(SchemaNotReadyError, handle_schema_not_ready)
     for refusal in REFUSALS:
         app.add_error_handler(refusal, handle_refusal)

@@ -1,5 +1,7 @@
 """``GET /healthz`` (the process answers) and ``GET /readyz`` (Postgres with a current schema,
-and Redis, answer)."""
+and Redis, answer), and :class:`SchemaGate`, which holds the API's routes while the schema is
+not current: they answer 503 ``SCHEMA_NOT_READY`` with the ``ibex migrate`` hint (mapped in
+:mod:`memory_service.errors`), not a 500 from the first query that finds no table."""
 
 from __future__ import annotations
 
@@ -7,6 +9,7 @@ from collections.abc import Callable
 from typing import Any
 
 import falcon
+import peewee
 import redis
 
 from core.db import db_errors
@@ -14,6 +17,41 @@ from core.errors import SchemaNotReadyError
 from core.migrate import verify_schema
 from memory_service.errors import dumps
 from memory_service.memories.store import MemoryStore
+
+
+def describe_database(db: peewee.Database) -> str:
+    """``host:port/database`` of a peewee database, as ``ibex migrate`` names it."""
+    params = getattr(db, "connect_params", {}) or {}
+    host = params.get("host") or "localhost"
+    port = params.get("port") or 5432
+    return f"{host}:{port}/{db.database}"
+
+
+def check_schema(db: peewee.Database) -> None:
+    """Raise :class:`~core.errors.SchemaNotReadyError` (one line naming the database and what
+    to do) unless every shipped migration is applied; a database that does not answer is a
+    :class:`~core.errors.DatabaseUnavailableError`."""
+    with db_errors():
+        verify_schema(lambda sql: db.execute_sql(sql).fetchall(), target=describe_database(db))
+
+
+class SchemaGate:
+    """Falcon middleware: requests under :data:`PREFIX` are refused with
+    :class:`~core.errors.SchemaNotReadyError` until the schema is current. Checked on every
+    such request until it is current once; after that never again (a schema does not go back),
+    so a serving process pays nothing."""
+
+    PREFIX = "/v1/"
+
+    def __init__(self, db: peewee.Database) -> None:
+        self.db = db
+        self.current = False
+
+    def process_request(self, req: falcon.Request, resp: falcon.Response) -> None:
+        if self.current or not req.path.startswith(self.PREFIX):
+            return
+        check_schema(self.db)
+        self.current = True
 
 
 class HealthResource:
@@ -45,8 +83,7 @@ class ReadyResource:
             # Not ready until the schema is current: before `ibex migrate`, every request would
             # answer 500.
             try:
-                with db_errors():
-                    verify_schema(lambda sql: self.store.db.execute_sql(sql).fetchall())
+                check_schema(self.store.db)
                 checks["schema"] = "ok"
             except Exception as exc:
                 checks["schema"] = f"error: {type(exc).__name__}"

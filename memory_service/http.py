@@ -125,12 +125,12 @@ def cursor_param(req: falcon.Request) -> Position | None:
 
 def list_request(
     api: Api, req: falcon.Request, scope: str, schema: Schema
-) -> tuple[uuid.UUID, Position | None, dict[str, Any]]:
-    """A list request's org, its cursor's position and its query. The cursor is read first: a
-    malformed one is a 400 of its own, whatever else is wrong."""
-    _, org_id = authenticate(api, req, scope)
+) -> tuple[Principal, uuid.UUID, Position | None, dict[str, Any]]:
+    """A list request's caller and org, its cursor's position and its query. The cursor is
+    read first: a malformed one is a 400 of its own, whatever else is wrong."""
+    principal, org_id = authenticate(api, req, scope)
     after = cursor_param(req)
-    return org_id, after, load(schema, dict(req.params))
+    return principal, org_id, after, load(schema, dict(req.params))
 
 
 def respond(

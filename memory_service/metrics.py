@@ -18,6 +18,8 @@ The series (docs/operations.md, "Metrics"):
 - ``ibex_memory_conflicts_total{code}``: ``IDEMPOTENCY_CONFLICT``,
   ``IDEMPOTENCY_IN_PROGRESS``, ``DUPLICATE_CONTENT``
 - ``ibex_memory_idempotency_unavailable_total``: POSTs with a key run without Redis
+- ``ibex_memory_near_duplicates_total``: POSTs refused as near-duplicates (trigram)
+- ``ibex_memory_superseded_total``: memories marked superseded by a new memory
 """
 
 from __future__ import annotations
@@ -95,6 +97,18 @@ class Metrics:
             "ibex_memory_conflicts_total",
             "POSTs refused with 409, by error code.",
             ["code"],
+            registry=registry,
+        )
+        # Facts that change (migration 000014): near-duplicates refused (also counted in
+        # conflicts as DUPLICATE_CONTENT) and memories marked superseded by a write.
+        self.near_duplicates = Counter(
+            "ibex_memory_near_duplicates_total",
+            "POSTs refused as near-duplicates of a current memory of their scope (trigram).",
+            registry=registry,
+        )
+        self.supersessions = Counter(
+            "ibex_memory_superseded_total",
+            "Memories marked superseded by a new memory.",
             registry=registry,
         )
         self.idempotency_unavailable = Counter(

@@ -23,7 +23,7 @@ from schema.memory import (
     _metadata_valid,
 )
 
-CREATE_FIELDS = frozenset({"agent_id", "content", "kind", "source", "metadata"})
+CREATE_FIELDS = frozenset({"agent_id", "content", "kind", "source", "metadata", "user_id"})
 SOURCE_FIELDS = frozenset({"session_id", "turn_index", "ordinal"})
 MAX_INT32 = 2**31 - 1
 _MISSING = object()
@@ -86,10 +86,19 @@ def quick_load_create(data: Any) -> dict[str, Any] | None:
         _metadata_valid(metadata)
     except ValidationError:
         return None
-    return {
+    loaded: dict[str, Any] = {
         "agent_id": agent_id,
         "content": content,
         "kind": kind,
         "source": source,
         "metadata": metadata,
+        "user": None,  # a user by key is resolved by the service: marshmallow loads it
     }
+    if "user_id" in data:
+        user_id = data["user_id"]
+        if user_id is not None:
+            user_id = _uuid(user_id)
+            if user_id is None:
+                return None
+        loaded["user_id"] = user_id
+    return loaded

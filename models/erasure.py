@@ -29,8 +29,7 @@ from typing import Any
 
 import peewee
 
-from core.db import transaction
-from core.errors import ConfigError
+from core.db import require_bypass_rls, transaction
 
 _NIL_UUID = "00000000-0000-0000-0000-000000000000"
 
@@ -158,21 +157,10 @@ class Erasure:
     def _sql(self, sql: str, params: dict[str, Any]) -> Any:
         return self.db.execute_sql(sql, params)
 
-    def _check_can_erase(self) -> None:
-        allowed = self.db.execute_sql(
-            "SELECT rolsuper OR rolbypassrls FROM pg_roles WHERE rolname = current_user"
-        ).fetchone()
-        if not (allowed and allowed[0]):
-            raise ConfigError(
-                "pruning needs the role that runs `ibex migrate` (a superuser or a role with"
-                " BYPASSRLS) in DATABASE_URL",
-                variable="DATABASE_URL",
-            )
-
     def count(self, cutoff: dt.datetime) -> Erased:
         """What :meth:`erase` would delete for ``cutoff`` now, across every org."""
         with transaction(self.db):
-            self._check_can_erase()
+            require_bypass_rls(self.db)
             row = self._sql(_COUNT, {"cutoff": cutoff}).fetchone()
         return Erased(*(int(v) for v in row))
 
@@ -187,7 +175,7 @@ class Erasure:
         """Hard-delete every session, memory and user soft-deleted before ``cutoff`` (see the
         module), ``batch_size`` parents per transaction; return what went."""
         with transaction(self.db):
-            self._check_can_erase()
+            require_bypass_rls(self.db)
         total = Erased()
         for step in (self._sessions_batch, self._memories_batch, self._users_batch):
             after = _NIL_UUID

@@ -62,9 +62,10 @@ class SessionStatusStore:
         status: str | None = None,
         limit: int = 50,
         after: tuple[dt.datetime, uuid.UUID] | None = None,
+        user_id: uuid.UUID | None = None,
     ) -> list[SessionInfo]:
         """Live sessions of the org, newest first, with their progress; ``after`` is the
-        (created_at, id) of the last one already seen."""
+        (created_at, id) of the last one already seen; ``user_id``: that user's only."""
         query = Session.select().where(Session.deleted_at.is_null())
         if session_id is not None:
             query = query.where(Session.id == session_id)
@@ -74,6 +75,8 @@ class SessionStatusStore:
             query = query.where(Session.external_id == external_id)
         if status is not None:
             query = query.where(Session.status == status)
+        if user_id is not None:
+            query = query.where(Session.user_id == user_id)
         if after is not None:
             query = query.where(
                 peewee.Tuple(Session.created_at, Session.id) < peewee.Tuple(after[0], after[1])

@@ -13,6 +13,10 @@ Decisions, kept here so every reader of a result agrees on them:
   produced a usable memory. A kind that is not a string at all is a validation error.
 - At most :data:`MAX_MEMORIES` memories per turn; ``memories`` itself is required.
 - Unknown keys, in a memory or at the top level, are dropped.
+- ``replaces`` (the LLM's answer): the local refs (``m1``, ``m2``...) of the related memories
+  the prompt listed that a memory replaces. ``supersedes`` (the persisted form): the memory ids
+  those refs were resolved to before the result was stored. Both optional; a memory without
+  them is stored exactly as before.
 """
 
 from __future__ import annotations
@@ -26,6 +30,9 @@ from schema.memory import MEMORY_KINDS as KINDS
 DEFAULT_KIND = "other"
 MAX_CONTENT_CHARS = 2000
 MAX_MEMORIES = 50
+#: A memory replaces at most this many listed memories; a ref is at most this long.
+MAX_REPLACES = 20
+MAX_REF_CHARS = 16
 
 
 class StrippedString(fields.String):
@@ -57,12 +64,38 @@ class Kind(fields.String):
         return DEFAULT_KIND if result is None else result
 
 
+class Refs(fields.Field):
+    """``replaces``: a list of refs, tolerantly read (a model may answer one ref as a string,
+    or null): anything that is not a short string is left out, as an unknown ref would be, so
+    a sloppy ``replaces`` never makes the memories themselves invalid. At most
+    :data:`MAX_REPLACES`, each once, in order."""
+
+    def __init__(self, **kwargs: Any) -> None:
+        super().__init__(load_default=list, allow_none=True, **kwargs)
+
+    def _deserialize(self, value: Any, attr: str | None, data: Any, **kwargs: Any) -> list[str]:
+        items = [value] if isinstance(value, str) else value if isinstance(value, list) else []
+        refs: dict[str, None] = {}
+        for item in items:
+            if isinstance(item, str) and 0 < len(item.strip()) <= MAX_REF_CHARS:
+                refs.setdefault(item.strip(), None)
+        return list(refs)[:MAX_REPLACES]
+
+    def deserialize(
+        self, value: Any, attr: str | None = None, data: Any = None, **kwargs: Any
+    ) -> Any:
+        result = super().deserialize(value, attr, data, **kwargs)
+        return [] if result is None else result
+
+
 class ExtractedMemorySchema(Schema):
     class Meta:
         unknown = EXCLUDE
 
     content = StrippedString(required=True, validate=validate.Length(min=1, max=MAX_CONTENT_CHARS))
     kind = Kind()
+    replaces = Refs()
+    supersedes = fields.List(fields.UUID(), load_default=list, validate=validate.Length(max=20))
 
 
 class ExtractionResultSchema(Schema):

@@ -12,10 +12,24 @@ from typing import Any
 from marshmallow import RAISE, Schema, ValidationError, fields, validate, validates_schema
 
 from schema.common import StrictInteger
+from schema.users import (
+    all_users_field,
+    check_one_user,
+    include_shared_field,
+    user_field,
+    user_id_field,
+)
 
 #: Mirrors the CHECK on ``ibex_memory.memories.kind`` (a unit test keeps them in step).
 MEMORY_KINDS = ("fact", "preference", "event", "other")
-SCOPES = ("memory:read", "memory:write", "sessions:read", "sessions:write")
+SCOPES = (
+    "memory:read",
+    "memory:write",
+    "sessions:read",
+    "sessions:write",
+    "memory:admin",
+    "users:delete",
+)
 MAX_CONTENT_CHARS = 4000
 MAX_METADATA_BYTES = 16384
 MAX_METADATA_DEPTH = 16
@@ -23,6 +37,10 @@ MAX_IDEMPOTENCY_KEY_CHARS = 255
 DEFAULT_PAGE_SIZE = 50
 MAX_PAGE_SIZE = 200
 MAX_CURSOR_CHARS = 512
+#: Memories one new memory may supersede at once.
+MAX_SUPERSEDES = 20
+#: What a write does with an id of ``supersedes`` that is no longer current.
+STALE_SUPERSEDES = ("reject", "skip")
 
 #: Every error code the service answers with; documented in the OpenAPI error schema.
 ERROR_CODES = (
@@ -43,6 +61,8 @@ ERROR_CODES = (
     "TURN_CONFLICT",
     "TURN_GAP",
     "SESSION_DELETED",
+    "USER_CONFLICT",
+    "FORBIDDEN_USER",
     "BAD_REQUEST",
     "URI_TOO_LONG",
     "HEADERS_TOO_LARGE",
@@ -51,6 +71,8 @@ ERROR_CODES = (
     "FORBIDDEN",
     "INTERNAL_ERROR",
     "UNAVAILABLE",
+    "SCHEMA_NOT_READY",
+    "UNKNOWN_AGENT",
 )
 
 
@@ -183,13 +205,39 @@ class MemoryCreateSchema(Schema):
             f"at most {MAX_METADATA_DEPTH} levels; no NUL in any key or string."
         },
     )
+    user = user_field(writes=True)
     user_id = fields.UUID(
         allow_none=True,
         metadata={
-            "description": "The user of the org the memory is about; none: agent-wide. A memory"
-            " whose source session has a user must carry that user."
+            "description": "The user of the org the memory is about (or give user); none:"
+            " agent-wide. A memory whose source session has a user must carry that user (422"
+            " otherwise). A user-bound token's memories are its user's."
         },
     )
+    supersedes = fields.List(
+        fields.UUID(),
+        validate=validate.Length(max=MAX_SUPERSEDES),
+        metadata={
+            "description": "Current memories of the same agent and user that this memory"
+            " replaces: they are marked superseded (superseded_by, superseded_at) in the same"
+            " transaction as the insert, never deleted. An id that is not a current memory of"
+            " that scope: 422 (see stale_supersedes)."
+        },
+    )
+    stale_supersedes = fields.String(
+        validate=validate.OneOf(STALE_SUPERSEDES),
+        metadata={
+            "description": "`reject` (the default): an id of `supersedes` that is no longer"
+            " current (superseded already, deleted, or erased) refuses the write with 422."
+            " `skip`: that mark is skipped and the memory is stored (what the pipeline sends:"
+            " its decision was taken earlier). An id of another agent or user is 422 either"
+            " way."
+        },
+    )
+
+    @validates_schema
+    def _one_user(self, data: dict[str, Any], **kwargs: Any) -> None:
+        check_one_user(data)
 
 
 class MemorySchema(Schema):
@@ -210,7 +258,24 @@ class MemorySchema(Schema):
     kind = fields.String(required=True, validate=validate.OneOf(MEMORY_KINDS))
     source = fields.Nested(MemorySourceSchema, required=True, allow_none=True)
     metadata = fields.Dict(keys=fields.String(), values=fields.Raw(allow_none=True), required=True)
+    user_id = fields.UUID(
+        required=True,
+        allow_none=True,
+        metadata={"description": "Whose memory it is; null: agent-wide (shared by everyone)."},
+    )
     created_at = fields.AwareDateTime(required=True)
+    valid_from = fields.AwareDateTime(
+        required=True, metadata={"description": "Since when the fact holds (its creation)."}
+    )
+    superseded_by = fields.UUID(
+        required=True,
+        allow_none=True,
+        metadata={
+            "description": "The memory that replaced this one; null: current. A 201 shows the"
+            " memory as created (null)."
+        },
+    )
+    superseded_at = fields.AwareDateTime(required=True, allow_none=True)
 
 
 class MemoryPageSchema(Schema):
@@ -233,6 +298,46 @@ class MemoryListQuerySchema(Schema):
     session_id = fields.UUID()
     limit = page_limit_field()
     cursor = page_cursor_field()
+    include_superseded = fields.Boolean(
+        load_default=False,
+        metadata={"description": "Also list superseded memories (with their superseded_by)."},
+    )
+    # Whose memories (schema.users): a user's and the agent-wide ones, by default the latter.
+    user = user_field()
+    user_id = user_id_field()
+    include_shared = include_shared_field()
+    all_users = all_users_field()
+
+    @validates_schema
+    def _one_user(self, data: dict[str, Any], **kwargs: Any) -> None:
+        check_one_user(data)
+
+
+class MemoryReadQuerySchema(Schema):
+    """Query parameters of ``GET /v1/memories/{id}`` and its history: whose memories the read
+    may return."""
+
+    class Meta:
+        unknown = RAISE
+
+    # Whose memories (schema.users): a user's and the agent-wide ones, by default the latter.
+    user = user_field()
+    user_id = user_id_field()
+    include_shared = include_shared_field()
+    all_users = all_users_field()
+
+    @validates_schema
+    def _one_user(self, data: dict[str, Any], **kwargs: Any) -> None:
+        check_one_user(data)
+
+
+class MemoryHistorySchema(Schema):
+    """``GET /v1/memories/{id}/history``: the supersession chain, oldest first."""
+
+    class Meta:
+        unknown = RAISE
+
+    items = fields.List(fields.Nested(MemorySchema), required=True)
 
 
 class ErrorDetailSchema(Schema):

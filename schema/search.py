@@ -10,13 +10,20 @@ from typing import Any
 
 from marshmallow import RAISE, Schema, ValidationError, fields, validate, validates_schema
 
-from schema.common import StrictInteger
+from schema.common import Slug, StrictInteger
 from schema.memory import (
     MEMORY_KINDS,
     NOT_BLANK_PATTERN,
     STORABLE_PATTERN,
     MemorySchema,
     _storable_text,
+)
+from schema.users import (
+    all_users_field,
+    check_one_user,
+    include_shared_field,
+    user_field,
+    user_id_field,
 )
 
 MAX_SEARCH_LIMIT = 50
@@ -27,6 +34,15 @@ MAX_CONTEXT_TOKENS = 32_000
 DEFAULT_CONTEXT_TOKENS = 400
 MAX_CONTEXT_MESSAGES = 50
 MAX_MESSAGE_CHARS = 20_000
+
+
+AGENT_DESCRIPTION = "The agent's slug (instead of agent_id); 404 UNKNOWN_AGENT if the org has none."
+AGENT_ID_DESCRIPTION = "The agent's id (instead of agent); 404 UNKNOWN_AGENT if not the org's."
+
+
+def _one_agent(data: dict[str, Any]) -> None:
+    if ("agent" in data) == ("agent_id" in data):
+        raise ValidationError("give exactly one of agent (a slug) and agent_id", "agent")
 
 
 def _query_valid(text: str) -> None:
@@ -49,7 +65,8 @@ class SearchRequestSchema(Schema):
             "pattern": NOT_BLANK_PATTERN,
         },
     )
-    agent_id = fields.UUID(required=True, metadata={"description": "The agent to search."})
+    agent = Slug(metadata={"description": AGENT_DESCRIPTION})
+    agent_id = fields.UUID(metadata={"description": AGENT_ID_DESCRIPTION})
     session_id = fields.UUID(
         load_default=None,
         allow_none=True,
@@ -66,6 +83,25 @@ class SearchRequestSchema(Schema):
         load_default=DEFAULT_SEARCH_LIMIT,
         validate=validate.Range(min=1, max=MAX_SEARCH_LIMIT),
     )
+    # Supersession (migration 000014): current memories unless asked for.
+    include_superseded = fields.Boolean(
+        load_default=False,
+        metadata={"description": "Also return superseded memories (with their superseded_by)."},
+    )
+
+    @validates_schema
+    def _one_agent(self, data: dict[str, Any], **kwargs: Any) -> None:
+        _one_agent(data)
+
+    # Whose memories (schema.users): a user's and the agent-wide ones, by default the latter.
+    user = user_field()
+    user_id = user_id_field()
+    include_shared = include_shared_field()
+    all_users = all_users_field()
+
+    @validates_schema
+    def _one_user(self, data: dict[str, Any], **kwargs: Any) -> None:
+        check_one_user(data)
 
 
 class SignalsSchema(Schema):
@@ -161,7 +197,8 @@ class ContextRequestSchema(Schema):
     class Meta:
         unknown = RAISE
 
-    agent_id = fields.UUID(required=True)
+    agent = Slug(metadata={"description": AGENT_DESCRIPTION})
+    agent_id = fields.UUID(metadata={"description": AGENT_ID_DESCRIPTION})
     query = fields.String(
         load_default=None,
         allow_none=True,
@@ -179,6 +216,11 @@ class ContextRequestSchema(Schema):
         },
     )
     session_id = fields.UUID(load_default=None, allow_none=True)
+    # Supersession (migration 000014): current memories unless asked for.
+    include_superseded = fields.Boolean(
+        load_default=False,
+        metadata={"description": "Also return superseded memories (with their superseded_by)."},
+    )
     kinds = fields.List(
         fields.String(validate=validate.OneOf(MEMORY_KINDS)),
         load_default=None,
@@ -194,10 +236,21 @@ class ContextRequestSchema(Schema):
         },
     )
 
+    # Whose memories (schema.users): a user's and the agent-wide ones, by default the latter.
+    user = user_field()
+    user_id = user_id_field()
+    include_shared = include_shared_field()
+    all_users = all_users_field()
+
     @validates_schema
     def _one_source(self, data: dict[str, Any], **kwargs: Any) -> None:
         if (data.get("query") is None) == (data.get("messages") is None):
             raise ValidationError("give exactly one of query and messages", "query")
+        check_one_user(data)
+
+    @validates_schema
+    def _one_agent(self, data: dict[str, Any], **kwargs: Any) -> None:
+        _one_agent(data)
 
 
 class ContextResultSchema(Schema):

@@ -22,6 +22,7 @@ from schema.imports import (
     check_strings,
 )
 from schema.memory import next_cursor_field, page_cursor_field, page_limit_field
+from schema.users import check_one_user, user_field, user_id_field
 
 MAX_EXTERNAL_ID_CHARS = 255
 #: Turns in one append request.
@@ -53,12 +54,22 @@ def _storable(text: str) -> None:
 
 
 class SessionCreateSchema(Schema):
-    """Body of ``POST /v1/sessions``: the agent by slug (created when missing) or by id."""
+    """Body of ``POST /v1/sessions``: the agent by slug or by id; an unknown slug is created
+    only with ``create_agent``."""
 
     class Meta:
         unknown = RAISE
 
-    agent = Slug(metadata={"description": "The agent's slug; created when missing."})
+    agent = Slug(
+        metadata={
+            "description": "The agent's slug; 404 UNKNOWN_AGENT if the org has none, unless "
+            "create_agent is true."
+        }
+    )
+    create_agent = fields.Boolean(
+        load_default=False,
+        metadata={"description": "Create the agent named by agent when the org has none."},
+    )
     agent_id = fields.UUID(metadata={"description": "An agent of the org (instead of agent)."})
     external_id = fields.String(
         load_default=None,
@@ -83,10 +94,15 @@ class SessionCreateSchema(Schema):
         metadata={"pattern": FORBIDDEN_FREE_PATTERN},
     )
 
+    # Whose conversation (schema.users); may come in X-IBEX-User-ID instead. Set once.
+    user = user_field(writes=True)
+    user_id = user_id_field()
+
     @validates_schema
     def _one_agent(self, data: dict[str, Any], **kwargs: Any) -> None:
         if ("agent" in data) == ("agent_id" in data):
             raise ValidationError("give exactly one of agent (a slug) and agent_id", "agent")
+        check_one_user(data)
 
 
 class TurnAppendSchema(TurnSchema):
@@ -157,6 +173,11 @@ class SessionSchema(Schema):
     org_id = fields.UUID(required=True)
     agent_id = fields.UUID(required=True)
     external_id = fields.String(required=True, allow_none=True)
+    user_id = fields.UUID(
+        required=True,
+        allow_none=True,
+        metadata={"description": "Whose conversation; null: agent-wide. Set once."},
+    )
     status = fields.String(required=True, validate=validate.OneOf(SESSION_STATUSES))
     model = fields.String(required=True, allow_none=True)
     provider = fields.String(required=True, allow_none=True)

@@ -35,10 +35,12 @@ from ibex_client.errors import (
     TurnConflictError,
     TurnGapError,
     UnexpectedResponseError,
+    UserConflictError,
 )
 from ibex_client.sync import IbexClient
 from ibex_client.types import (
     Context,
+    ForgottenUser,
     Memory,
     MemorySource,
     Page,
@@ -58,6 +60,7 @@ __all__ = [
     "ConflictError",
     "Context",
     "DuplicateContentError",
+    "ForgottenUser",
     "IbexClient",
     "IbexClientError",
     "IbexConnectionError",
@@ -82,6 +85,7 @@ __all__ = [
     "TurnGapError",
     "TurnsAppended",
     "UnexpectedResponseError",
+    "UserConflictError",
     "canonical_body",
     "parse_error",
     "parse_retry_after",

@@ -9,7 +9,9 @@ from __future__ import annotations
 
 import uuid
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any
+from urllib.parse import quote
 
 import httpx
 
@@ -17,6 +19,7 @@ from ibex_client._base import IDEMPOTENCY_HEADER, Call, canonical_body
 from ibex_client.errors import UnexpectedResponseError
 from ibex_client.types import (
     Context,
+    ForgottenUser,
     Memory,
     MemorySource,
     Page,
@@ -24,6 +27,7 @@ from ibex_client.types import (
     Session,
     Turn,
     TurnsAppended,
+    history_items,
     memory_page,
     search_hits,
     session_page,
@@ -58,6 +62,44 @@ def _key(idempotency_key: str | None) -> dict[str, str]:
     return {IDEMPOTENCY_HEADER: idempotency_key or str(uuid.uuid4())}
 
 
+@dataclass(frozen=True)
+class Who:
+    """Whose data a call is about: a user by the application's key (``user``) or id
+    (``user_id``); for reads also whether the agent-wide memories come along
+    (``include_shared``, the server's default: yes) or every user's (``all_users``, scope
+    memory:admin). All None: the server's defaults (no user: agent-wide only)."""
+
+    user: str | None = None
+    user_id: Id | None = None
+    include_shared: bool | None = None
+    all_users: bool | None = None
+
+    def fields(self) -> dict[str, Any]:
+        """As JSON body fields (only those given)."""
+        if self.user is not None and self.user_id is not None:
+            raise ValueError("give user or user_id, not both")
+        out: dict[str, Any] = {}
+        if self.user is not None:
+            out["user"] = self.user
+        if self.user_id is not None:
+            out["user_id"] = _id(self.user_id, "user_id")
+        if self.include_shared is not None:
+            out["include_shared"] = self.include_shared
+        if self.all_users is not None:
+            out["all_users"] = self.all_users
+        return out
+
+    def params(self) -> dict[str, str]:
+        """As query parameters (booleans as ``true``/``false``)."""
+        return {
+            k: (("true" if v else "false") if isinstance(v, bool) else str(v))
+            for k, v in self.fields().items()
+        }
+
+
+NOBODY = Who()
+
+
 def _session(response: httpx.Response) -> Session:
     return Session.from_json(_json(response))
 
@@ -70,6 +112,16 @@ def _gone() -> bool:
     return False
 
 
+def _agent(agent: str | None, agent_id: Id | None) -> dict[str, Any]:
+    """The body's agent: by slug (``agent``) or by id, exactly one."""
+    if (agent is None) == (agent_id is None):
+        raise ValueError("give exactly one of agent (a slug) and agent_id")
+    if agent is not None:
+        return {"agent": agent}
+    assert agent_id is not None
+    return {"agent_id": _id(agent_id, "agent_id")}
+
+
 # -- sessions --------------------------------------------------------------------------------
 
 
@@ -79,18 +131,18 @@ def create_session(
     external_id: str | None,
     model: str | None,
     provider: str | None,
+    create_agent: bool = False,
+    who: Who = NOBODY,
 ) -> Call[Session]:
-    if (agent is None) == (agent_id is None):
-        raise ValueError("give exactly one of agent (a slug) and agent_id")
-    body: dict[str, Any] = {}
-    if agent is not None:
-        body["agent"] = agent
-    else:
-        assert agent_id is not None
-        body["agent_id"] = _id(agent_id, "agent_id")
+    body = _agent(agent, agent_id)
+    if create_agent:
+        if agent is None:
+            raise ValueError("create_agent needs agent (a slug)")
+        body["create_agent"] = True
     for name, value in (("external_id", external_id), ("model", model), ("provider", provider)):
         if value is not None:
             body[name] = value
+    body.update(who.fields())
     # The external id is what makes a repeat find the session the first attempt opened; without
     # one, every request that reaches the server opens a new session, so only a request that
     # never reached it may be sent again.
@@ -154,14 +206,19 @@ def create_memory(
     source: MemorySource | None,
     metadata: Mapping[str, Any] | None,
     idempotency_key: str | None,
+    supersedes: Sequence[Id] | None = None,
+    who: Who = NOBODY,
 ) -> Call[Memory]:
-    body = {
+    body: dict[str, Any] = {
         "agent_id": _id(agent_id, "agent_id"),
         "content": content,
         "kind": kind,
         "source": None if source is None else source.as_json(),
         "metadata": dict(metadata or {}),
+        **who.fields(),
     }
+    if supersedes:  # only when given: the body (and its fingerprint) is otherwise unchanged
+        body["supersedes"] = [_id(i, "supersedes") for i in supersedes]
     return Call(
         "POST",
         "/v1/memories",
@@ -171,24 +228,41 @@ def create_memory(
     )
 
 
-def get_memory(memory_id: Id) -> Call[Memory]:
+def get_memory(memory_id: Id, who: Who = NOBODY) -> Call[Memory]:
     return Call(
         "GET",
         f"/v1/memories/{_id(memory_id, 'memory_id')}",
         lambda r: Memory.from_json(_json(r)),
+        params=who.params(),
     )
 
 
 def list_memories(
-    agent_id: Id | None, session_id: Id | None, limit: int | None, cursor: str | None
+    agent_id: Id | None,
+    session_id: Id | None,
+    limit: int | None,
+    cursor: str | None,
+    include_superseded: bool = False,
+    who: Who = NOBODY,
 ) -> Call[Page[Memory]]:
     params = _params(
         agent_id=None if agent_id is None else _id(agent_id, "agent_id"),
         session_id=None if session_id is None else _id(session_id, "session_id"),
         limit=limit,
         cursor=cursor,
+        include_superseded="true" if include_superseded else None,
     )
+    params.update(who.params())
     return Call("GET", "/v1/memories", lambda r: memory_page(_json(r)), params=params)
+
+
+def memory_history(memory_id: Id, who: Who = NOBODY) -> Call[tuple[Memory, ...]]:
+    return Call(
+        "GET",
+        f"/v1/memories/{_id(memory_id, 'memory_id')}/history",
+        lambda r: history_items(_json(r)),
+        params=who.params(),
+    )
 
 
 def delete_memory(memory_id: Id) -> Call[bool]:
@@ -200,12 +274,18 @@ def delete_memory(memory_id: Id) -> Call[bool]:
 
 def search(
     query: str,
-    agent_id: Id,
+    agent_id: Id | None,
     session_id: Id | None,
     kinds: Sequence[str] | None,
     limit: int | None,
+    include_superseded: bool = False,
+    agent: str | None = None,
+    who: Who = NOBODY,
 ) -> Call[tuple[SearchHit, ...]]:
-    body: dict[str, Any] = {"query": query, "agent_id": _id(agent_id, "agent_id")}
+    body: dict[str, Any] = {"query": query, **_agent(agent, agent_id)}
+    if include_superseded:
+        body["include_superseded"] = True
+    body.update(who.fields())
     if session_id is not None:
         body["session_id"] = _id(session_id, "session_id")
     if kinds is not None:
@@ -218,16 +298,22 @@ def search(
 
 
 def context(
-    agent_id: Id,
+    agent_id: Id | None,
     query: str | None,
     messages: Sequence[Mapping[str, Any]] | None,
     session_id: Id | None,
     kinds: Sequence[str] | None,
     max_tokens: int | None,
+    include_superseded: bool = False,
+    agent: str | None = None,
+    who: Who = NOBODY,
 ) -> Call[Context]:
     if (query is None) == (messages is None):
         raise ValueError("give exactly one of query and messages")
-    body: dict[str, Any] = {"agent_id": _id(agent_id, "agent_id")}
+    body = _agent(agent, agent_id)
+    if include_superseded:
+        body["include_superseded"] = True
+    body.update(who.fields())
     if query is not None:
         body["query"] = query
     else:
@@ -241,4 +327,21 @@ def context(
         body["max_tokens"] = max_tokens
     return Call(
         "POST", "/v1/context", lambda r: Context.from_json(_json(r)), body=canonical_body(body)
+    )
+
+
+# -- users -----------------------------------------------------------------------------------
+
+
+def forget_user(user: str | Id) -> Call[ForgottenUser | None]:
+    """``DELETE /v1/users/{user}``: by the application's key or by id. None on 404 (no such
+    user, including when an earlier attempt of this call forgot them)."""
+    key = str(user)
+    if not key:
+        raise ValueError("name the user to forget")
+    return Call(
+        "DELETE",
+        f"/v1/users/{quote(key, safe='')}",
+        lambda r: ForgottenUser.from_json(_json(r)),
+        on_404=lambda: None,
     )

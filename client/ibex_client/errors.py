@@ -123,6 +123,11 @@ class TurnGapError(ConflictError):
         return _int_detail(self.details, "expected_turn_index")
 
 
+class UserConflictError(ConflictError):
+    """409 ``USER_CONFLICT``: the session belongs to another user (a session's user is set
+    once)."""
+
+
 class PayloadTooLargeError(ApiError):
     """413: the body is over the service's limit."""
 
@@ -155,6 +160,7 @@ _BY_CONFLICT_CODE: dict[str, type[ApiError]] = {
     "DUPLICATE_CONTENT": DuplicateContentError,
     "TURN_CONFLICT": TurnConflictError,
     "TURN_GAP": TurnGapError,
+    "USER_CONFLICT": UserConflictError,
 }
 
 

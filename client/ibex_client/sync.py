@@ -26,6 +26,7 @@ from ibex_client._base import Call, ClientCore, Retry, RetryPolicy
 from ibex_client._calls import Id
 from ibex_client.types import (
     Context,
+    ForgottenUser,
     Memory,
     MemorySource,
     Page,
@@ -98,11 +99,21 @@ class IbexClient:
         external_id: str | None = None,
         model: str | None = None,
         provider: str | None = None,
+        create_agent: bool = False,
+        user: str | None = None,
+        user_id: Id | None = None,
     ) -> Session:
-        """Start a session of ``agent`` (a slug, created when missing) or ``agent_id``; the
-        same ``external_id`` again returns the existing session. Without an external id every
-        call opens a new session, so the call is retried only when it could not connect."""
-        return self._run(_calls.create_session(agent, agent_id, external_id, model, provider))
+        """Start a session of ``agent`` (the slug of one of the org's agents; one it does not
+        have raises :class:`~ibex_client.errors.NotFoundError` ``UNKNOWN_AGENT``, unless
+        ``create_agent``, which creates it) or ``agent_id``; the same ``external_id`` again
+        returns the existing session. Without an external id every call opens a new session,
+        so the call is retried only when it could not connect. ``user`` (the application's
+        key for the person, created when missing) or ``user_id`` is whose conversation it is,
+        set once (another one later raises :class:`~ibex_client.errors.UserConflictError`)."""
+        who = _calls.Who(user=user, user_id=user_id)
+        return self._run(
+            _calls.create_session(agent, agent_id, external_id, model, provider, create_agent, who)
+        )
 
     def append_turns(self, session_id: Id, turns: Sequence[Turn]) -> TurnsAppended:
         """Append turns in order; turns already stored with the same content are no-ops
@@ -172,16 +183,36 @@ class IbexClient:
         source: MemorySource | None = None,
         metadata: Mapping[str, Any] | None = None,
         idempotency_key: str | None = None,
+        supersedes: Sequence[Id] | None = None,
+        user: str | None = None,
+        user_id: Id | None = None,
     ) -> Memory:
         """Store a memory under ``idempotency_key`` (a fresh one per call when not given; the
-        same on every retry of the call). Content the agent already has raises
-        :class:`~ibex_client.errors.DuplicateContentError` with ``existing_id``."""
+        same on every retry of the call). Content the agent already has (or near-identical
+        content) raises :class:`~ibex_client.errors.DuplicateContentError` with
+        ``existing_id``. ``supersedes``: current memories of the same agent (and user) this
+        one replaces; they are marked superseded in the same transaction, never deleted.
+        ``user`` or ``user_id``: whose memory it is (none: agent-wide)."""
+        who = _calls.Who(user=user, user_id=user_id)
         return self._run(
-            _calls.create_memory(agent_id, content, kind, source, metadata, idempotency_key)
+            _calls.create_memory(
+                agent_id, content, kind, source, metadata, idempotency_key, supersedes, who
+            )
         )
 
-    def get_memory(self, memory_id: Id) -> Memory:
-        return self._run(_calls.get_memory(memory_id))
+    def get_memory(
+        self,
+        memory_id: Id,
+        *,
+        user: str | None = None,
+        user_id: Id | None = None,
+        include_shared: bool | None = None,
+        all_users: bool | None = None,
+    ) -> Memory:
+        """The memory, if it is the user's or agent-wide (without a user: agent-wide only);
+        another person's memory raises :class:`~ibex_client.errors.NotFoundError`."""
+        who = _calls.Who(user, user_id, include_shared, all_users)
+        return self._run(_calls.get_memory(memory_id, who))
 
     def list_memories(
         self,
@@ -190,9 +221,20 @@ class IbexClient:
         session_id: Id | None = None,
         limit: int | None = None,
         cursor: str | None = None,
+        include_superseded: bool = False,
+        user: str | None = None,
+        user_id: Id | None = None,
+        include_shared: bool | None = None,
+        all_users: bool | None = None,
     ) -> Page[Memory]:
-        """One page, newest first."""
-        return self._run(_calls.list_memories(agent_id, session_id, limit, cursor))
+        """One page, newest first: current memories (and superseded ones too when
+        ``include_superseded``) of the user and the agent-wide ones (``include_shared=False``:
+        the user's only); without a user the agent-wide ones; ``all_users=True`` (scope
+        memory:admin) everyone's."""
+        who = _calls.Who(user, user_id, include_shared, all_users)
+        return self._run(
+            _calls.list_memories(agent_id, session_id, limit, cursor, include_superseded, who)
+        )
 
     def iter_memories(
         self,
@@ -200,17 +242,46 @@ class IbexClient:
         agent_id: Id | None = None,
         session_id: Id | None = None,
         page_size: int | None = None,
+        include_superseded: bool = False,
+        user: str | None = None,
+        user_id: Id | None = None,
+        include_shared: bool | None = None,
+        all_users: bool | None = None,
     ) -> Iterator[Memory]:
         """Every matching memory, newest first, fetching page after page as needed."""
         cursor: str | None = None
         while True:
             page = self.list_memories(
-                agent_id=agent_id, session_id=session_id, limit=page_size, cursor=cursor
+                agent_id=agent_id,
+                session_id=session_id,
+                limit=page_size,
+                cursor=cursor,
+                include_superseded=include_superseded,
+                user=user,
+                user_id=user_id,
+                include_shared=include_shared,
+                all_users=all_users,
             )
             yield from page.items
             if not page.next_cursor:
                 return
             cursor = page.next_cursor
+
+    def history(
+        self,
+        memory_id: Id,
+        *,
+        user: str | None = None,
+        user_id: Id | None = None,
+        include_shared: bool | None = None,
+        all_users: bool | None = None,
+    ) -> tuple[Memory, ...]:
+        """The supersession chain the memory belongs to, oldest first (superseded memories
+        with their ``superseded_by``, the current one last); the user fields as for
+        :meth:`get_memory` (another person's memory raises
+        :class:`~ibex_client.errors.NotFoundError`)."""
+        who = _calls.Who(user, user_id, include_shared, all_users)
+        return self._run(_calls.memory_history(memory_id, who))
 
     def delete_memory(self, memory_id: Id) -> bool:
         """Soft-delete a memory. False when there was no such memory (including when an
@@ -223,27 +294,68 @@ class IbexClient:
         self,
         query: str,
         *,
-        agent_id: Id,
+        agent_id: Id | None = None,
         session_id: Id | None = None,
         kinds: Sequence[str] | None = None,
         limit: int | None = None,
+        include_superseded: bool = False,
+        agent: str | None = None,
+        user: str | None = None,
+        user_id: Id | None = None,
+        include_shared: bool | None = None,
+        all_users: bool | None = None,
     ) -> tuple[SearchHit, ...]:
-        """The agent's memories that match ``query``, best first."""
-        return self._run(_calls.search(query, agent_id, session_id, kinds, limit))
+        """The agent's memories that match ``query``, best first: the user's and the
+        agent-wide ones (without a user: agent-wide only). The agent is ``agent`` (a slug) or
+        ``agent_id``, exactly one; one the org does not have raises
+        :class:`~ibex_client.errors.NotFoundError` (``UNKNOWN_AGENT``)."""
+        who = _calls.Who(user, user_id, include_shared, all_users)
+        return self._run(
+            _calls.search(query, agent_id, session_id, kinds, limit, include_superseded, agent, who)
+        )
 
     def context(
         self,
-        agent_id: Id,
+        agent_id: Id | None = None,
         *,
+        agent: str | None = None,
         query: str | None = None,
         messages: Sequence[Mapping[str, Any]] | None = None,
         session_id: Id | None = None,
         kinds: Sequence[str] | None = None,
         max_tokens: int | None = None,
+        include_superseded: bool = False,
+        user: str | None = None,
+        user_id: Id | None = None,
+        include_shared: bool | None = None,
+        all_users: bool | None = None,
     ) -> Context:
         """The best memories for ``query`` (or the conversation's last ``messages``) packed
-        into ``max_tokens``, as a block for a system prompt."""
-        return self._run(_calls.context(agent_id, query, messages, session_id, kinds, max_tokens))
+        into ``max_tokens``, as a block for a system prompt: the user's memories and the
+        agent-wide ones (without a user: agent-wide only). The agent is ``agent`` (a slug)
+        or ``agent_id``, exactly one, as for :meth:`search`."""
+        who = _calls.Who(user, user_id, include_shared, all_users)
+        return self._run(
+            _calls.context(
+                agent_id,
+                query,
+                messages,
+                session_id,
+                kinds,
+                max_tokens,
+                include_superseded,
+                agent,
+                who,
+            )
+        )
+
+    # -- users -------------------------------------------------------------------------------
+
+    def forget_user(self, user: str | Id) -> ForgottenUser | None:
+        """Forget a user (by the application's key or id; scope users:delete): the user, their
+        sessions and memories are deleted at once, their tokens revoked. None when there was
+        no such user (including when an earlier attempt of this call forgot them)."""
+        return self._run(_calls.forget_user(user))
 
     # -- plumbing ----------------------------------------------------------------------------
 

@@ -8,7 +8,7 @@ a newer server's additions do not break an older client.
 from __future__ import annotations
 
 import uuid
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any, Generic, TypeVar
@@ -74,6 +74,10 @@ def _opt_time(value: Any, what: str) -> datetime | None:
     return None if value is None else _time(value, what)
 
 
+def _opt_uuid(value: Any, what: str) -> uuid.UUID | None:
+    return None if value is None else _uuid(value, what)
+
+
 # -- memories --------------------------------------------------------------------------------
 
 
@@ -117,6 +121,18 @@ class Memory:
     source: MemorySource | None
     metadata: Mapping[str, Any]
     created_at: datetime
+    #: Supersession: since when the fact holds, and what replaced it (None: current). None
+    #: as well from a server that predates supersession.
+    valid_from: datetime | None = None
+    superseded_by: uuid.UUID | None = None
+    superseded_at: datetime | None = None
+    #: Whose memory it is; None: agent-wide (shared by everyone the agent talks to).
+    user_id: uuid.UUID | None = None
+
+    @property
+    def current(self) -> bool:
+        """True unless a newer memory superseded this one."""
+        return self.superseded_by is None
 
     @classmethod
     def from_json(cls, value: Any) -> Memory:
@@ -133,6 +149,12 @@ class Memory:
             source=None if source is None else MemorySource.from_json(source),
             metadata=dict(_obj(metadata, "memory.metadata")) if metadata is not None else {},
             created_at=_time(_req(data, "created_at", "memory"), "memory.created_at"),
+            valid_from=_opt_time(data.get("valid_from"), "memory.valid_from"),
+            superseded_by=None
+            if data.get("superseded_by") is None
+            else _uuid(data["superseded_by"], "memory.superseded_by"),
+            superseded_at=_opt_time(data.get("superseded_at"), "memory.superseded_at"),
+            user_id=_opt_uuid(data.get("user_id"), "memory.user_id"),
         )
 
 
@@ -203,10 +225,18 @@ class Context:
 
 @dataclass(frozen=True)
 class Page(Generic[T]):
-    """One page of a list, and the cursor of the next one (None on the last page)."""
+    """One page of a list, and the cursor of the next one (None on the last page). Iterating
+    a page yields its items (``for s in client.list_sessions(): ...``), ``len`` counts them;
+    ``iter_sessions``/``iter_memories`` go on through the next pages."""
 
     items: tuple[T, ...]
     next_cursor: str | None
+
+    def __iter__(self) -> Iterator[T]:
+        return iter(self.items)
+
+    def __len__(self) -> int:
+        return len(self.items)
 
 
 def _page(value: Any, item: Callable[[Any], T]) -> Page[T]:
@@ -224,6 +254,14 @@ def _page(value: Any, item: Callable[[Any], T]) -> Page[T]:
 
 def memory_page(value: Any) -> Page[Memory]:
     return _page(value, Memory.from_json)
+
+
+def history_items(value: Any) -> tuple[Memory, ...]:
+    """``GET /v1/memories/{id}/history``: the chain, oldest first."""
+    items = _req(_obj(value, "memory history"), "items", "memory history")
+    if not isinstance(items, list):
+        raise UnexpectedResponseError("memory history.items: expected a list")
+    return tuple(Memory.from_json(m) for m in items)
 
 
 def search_hits(value: Any) -> tuple[SearchHit, ...]:
@@ -323,6 +361,8 @@ class Session:
     created_at: datetime
     updated_at: datetime
     completed_at: datetime | None
+    #: Whose conversation; None: agent-wide. Set once.
+    user_id: uuid.UUID | None = None
 
     @property
     def extracted(self) -> bool:
@@ -349,6 +389,7 @@ class Session:
             created_at=_time(_req(data, "created_at", what), "session.created_at"),
             updated_at=_time(_req(data, "updated_at", what), "session.updated_at"),
             completed_at=_opt_time(_req(data, "completed_at", what), "session.completed_at"),
+            user_id=_opt_uuid(data.get("user_id"), "session.user_id"),
         )
 
 
@@ -377,10 +418,36 @@ def session_page(value: Any) -> Page[Session]:
     return _page(value, Session.from_json)
 
 
+# -- users -----------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class ForgottenUser:
+    """What forgetting a user did: the user's id, and how many of their sessions and memories
+    were deleted and tokens revoked."""
+
+    user_id: uuid.UUID
+    sessions: int
+    memories: int
+    tokens: int
+
+    @classmethod
+    def from_json(cls, value: Any) -> ForgottenUser:
+        data = _obj(value, "forgotten user")
+        what = "forgotten user"
+        return cls(
+            user_id=_uuid(_req(data, "user_id", what), "forgotten user.user_id"),
+            sessions=_req_int(data, "sessions", what),
+            memories=_req_int(data, "memories", what),
+            tokens=_req_int(data, "tokens", what),
+        )
+
+
 __all__ = [
     "MEMORY_KINDS",
     "SESSION_STATUSES",
     "Context",
+    "ForgottenUser",
     "Memory",
     "MemorySource",
     "Page",

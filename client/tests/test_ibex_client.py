@@ -58,6 +58,7 @@ def memory_json(memory_id: uuid.UUID = MEMORY, content: str = "Dana is allergic 
         "kind": "fact",
         "source": {"session_id": str(SESSION), "turn_index": 3, "ordinal": 0},
         "metadata": {"lang": "en"},
+        "user_id": None,
         "created_at": CREATED,
     }
 
@@ -80,6 +81,7 @@ def session_json(**extra: Any) -> dict[str, Any]:
         "org_id": str(ORG),
         "agent_id": str(AGENT),
         "external_id": "conv-42",
+        "user_id": None,
         "status": "active",
         "model": "gpt-4o-mini",
         "provider": "openai",
@@ -723,3 +725,65 @@ def test_retries_are_logged_without_the_token(sleeps, caplog):
     assert len(retries) == 1
     assert f"DELETE /v1/memories/{MEMORY}: attempt 1 failed (503 UNAVAILABLE" in retries[0].message
     assert TOKEN not in caplog.text
+
+
+# -- the agent by slug, pages, unknown agents -------------------------------------------------
+
+
+def test_search_and_context_take_the_agent_slug_as_sessions_do(sleeps):
+    block = "<memories>\n- Dana is allergic to peanuts.\n</memories>"
+    rec = Recorder(
+        httpx.Response(200, json={"items": [hit_json()]}),
+        httpx.Response(200, json={"context": block, "memories": [], "tokens": 14, "dropped": 0}),
+    )
+    with client_for(rec, sleeps) as ibex:
+        (hit,) = ibex.search("peanuts", agent="support-bot")
+        context = ibex.context(agent="support-bot", query="Dana food")
+        for wrong in ({}, {"agent": "support-bot", "agent_id": AGENT}):
+            with pytest.raises(ValueError, match="exactly one of agent"):
+                ibex.search("peanuts", **wrong)
+            with pytest.raises(ValueError, match="exactly one of agent"):
+                ibex.context(query="q", **wrong)
+    assert rec.body(0) == {"query": "peanuts", "agent": "support-bot"}
+    assert rec.body(1) == {"agent": "support-bot", "query": "Dana food"}
+    assert hit.memory.id == MEMORY and str(context) == block
+    assert len(rec.requests) == 2  # the wrong calls sent nothing
+
+
+def test_create_session_sends_create_agent_only_when_asked(sleeps):
+    rec = Recorder(
+        httpx.Response(201, json=session_json()), httpx.Response(201, json=session_json())
+    )
+    with client_for(rec, sleeps) as ibex:
+        ibex.create_session("support-bot", create_agent=True, external_id="a")
+        ibex.create_session("support-bot", external_id="b")
+        with pytest.raises(ValueError, match="create_agent needs agent"):
+            ibex.create_session(agent_id=AGENT, create_agent=True)
+    assert rec.body(0) == {"agent": "support-bot", "create_agent": True, "external_id": "a"}
+    assert rec.body(1) == {"agent": "support-bot", "external_id": "b"}
+
+
+def test_an_unknown_agent_raises_not_found_with_its_code(sleeps):
+    rec = Recorder(error(404, "UNKNOWN_AGENT", "no agent 'suport-bot' in this org"))
+    with client_for(rec, sleeps) as ibex, pytest.raises(NotFoundError) as raised:
+        ibex.search("peanuts", agent="suport-bot")
+    assert raised.value.code == "UNKNOWN_AGENT"
+    assert "suport-bot" in raised.value.message
+    assert len(rec.requests) == 1  # a 404 is not retried
+
+
+def test_a_page_is_iterable_and_sized(sleeps):
+    other = uuid.UUID(int=7)
+    rec = Recorder(
+        httpx.Response(
+            200, json={"items": [session_json(), session_json(id=str(other))], "next_cursor": "n"}
+        ),
+        httpx.Response(200, json={"items": [memory_json()], "next_cursor": None}),
+    )
+    with client_for(rec, sleeps) as ibex:
+        sessions = ibex.list_sessions(limit=2)
+        memories = ibex.list_memories(agent_id=AGENT)
+    assert [s.id for s in sessions] == [SESSION, other]
+    assert len(sessions) == 2 and sessions.next_cursor == "n"
+    assert [m.id for m in memories] == [MEMORY] and len(memories) == 1
+    assert list(sessions) == list(sessions.items)  # iterating twice yields the same items

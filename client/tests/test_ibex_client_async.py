@@ -256,3 +256,62 @@ def test_injected_async_client_is_left_open_and_token_not_in_repr() -> None:
 
     assert asyncio.run(run()).is_closed
     assert str(rec.requests[0].url) == f"{BASE}/v1/memories/{MEMORY}"
+
+
+def test_supersession_calls() -> None:
+    newer = uuid.UUID(int=7)
+    old = {
+        **memory_json(),
+        "superseded_by": str(newer),
+        "superseded_at": memory_json()["created_at"],
+    }
+    rec = AsyncRecorder(
+        httpx.Response(201, json=memory_json(newer, "Dana lives in Oslo.")),
+        httpx.Response(200, json={"items": [old], "next_cursor": None}),
+        httpx.Response(200, json={"items": [old, memory_json(newer, "Dana lives in Oslo.")]}),
+        httpx.Response(200, json={"items": [hit_json()]}),
+    )
+    sleeps: list[float] = []
+
+    async def run() -> tuple[Any, ...]:
+        async with client_for(rec, sleeps) as ibex:
+            created = await ibex.create_memory(AGENT, "Dana lives in Oslo.", supersedes=[MEMORY])
+            page = await ibex.list_memories(agent_id=AGENT, include_superseded=True)
+            chain = await ibex.history(newer)
+            await ibex.search("Oslo", agent_id=AGENT, include_superseded=True)
+            return created, page, chain
+
+    created, page, chain = asyncio.run(run())
+    assert rec.body(0)["supersedes"] == [str(MEMORY)]
+    assert created.current and created.id == newer
+    assert rec.requests[1].url.params["include_superseded"] == "true"
+    assert page.items[0].superseded_by == newer and not page.items[0].current
+    assert rec.requests[2].url.path == f"/v1/memories/{newer}/history"
+    assert [m.id for m in chain] == [MEMORY, newer]
+    assert rec.body(3)["include_superseded"] is True
+
+
+def test_the_agent_slug_on_search_context_and_session_and_an_unknown_one() -> None:
+    block = "<memories>\n- Dana is allergic to peanuts.\n</memories>"
+    rec = AsyncRecorder(
+        httpx.Response(201, json=session_json()),
+        httpx.Response(200, json={"items": [hit_json()]}),
+        httpx.Response(200, json={"context": block, "memories": [], "tokens": 14, "dropped": 0}),
+        error(404, "UNKNOWN_AGENT", "no agent 'suport-bot' in this org"),
+    )
+
+    async def run() -> tuple[Any, ...]:
+        async with client_for(rec, []) as ibex:
+            await ibex.create_session("support-bot", create_agent=True)
+            hits = await ibex.search("peanuts", agent="support-bot")
+            context = await ibex.context(agent="support-bot", query="peanuts")
+            with pytest.raises(NotFoundError) as caught:
+                await ibex.search("peanuts", agent="suport-bot")
+            return hits, context, caught.value
+
+    hits, context, unknown = asyncio.run(run())
+    assert rec.body(0) == {"agent": "support-bot", "create_agent": True}
+    assert rec.body(1) == {"query": "peanuts", "agent": "support-bot"}
+    assert rec.body(2) == {"agent": "support-bot", "query": "peanuts"}
+    assert hits[0].memory.id == MEMORY and context.context == block
+    assert (unknown.status, unknown.code) == (404, "UNKNOWN_AGENT")

@@ -13,6 +13,7 @@ import uuid
 
 import falcon
 
+from memory_service.agents import AgentResolver
 from memory_service.cursor import encode_cursor
 from memory_service.errors import ApiError, dumps
 from memory_service.http import (
@@ -24,12 +25,20 @@ from memory_service.http import (
     respond,
     respond_json,
 )
+from memory_service.http import load as load_query
 from memory_service.memories.service import MemoryService
-from schema.memory import MAX_IDEMPOTENCY_KEY_CHARS, MemoryListQuerySchema
+from memory_service.scope import UserRef
+from memory_service.users.service import UserService
+from schema.memory import (
+    MAX_IDEMPOTENCY_KEY_CHARS,
+    MemoryListQuerySchema,
+    MemoryReadQuerySchema,
+)
 
 READ, WRITE = "memory:read", "memory:write"
 # Built once: a marshmallow Schema is costly to instantiate and safe to share for load().
 LIST_QUERY_SCHEMA = MemoryListQuerySchema()
+READ_QUERY_SCHEMA = MemoryReadQuerySchema()
 
 
 def idempotency_key(req: falcon.Request) -> str | None:
@@ -46,23 +55,43 @@ def idempotency_key(req: falcon.Request) -> str | None:
 
 
 class MemoriesResource:
-    def __init__(self, api: Api, service: MemoryService) -> None:
+    def __init__(
+        self,
+        api: Api,
+        service: MemoryService,
+        users: UserService,
+        agents: AgentResolver | None = None,
+    ) -> None:
         self.api = api
         self.service = service
+        self.users = users
+        # Given, a list filtered by an agent the org does not have is 404 UNKNOWN_AGENT.
+        self.agents = agents
 
     def on_post(self, req: falcon.Request, resp: falcon.Response) -> None:
         api = self.api
-        _, org_id = authenticate(api, req, WRITE)
+        principal, org_id = authenticate(api, req, WRITE)
         key = idempotency_key(req)
         document = parse_json(read_body(req, api.max_body_bytes))
-        answer = self.service.create(org_id, key, document).response()
+        answer = self.service.create(org_id, key, document, principal).response()
         respond(resp, answer.status, answer.body, location=answer.location, headers=answer.headers)
 
     def on_get(self, req: falcon.Request, resp: falcon.Response) -> None:
-        org_id, after, query = list_request(self.api, req, READ, LIST_QUERY_SCHEMA)
+        principal, org_id, after, query = list_request(self.api, req, READ, LIST_QUERY_SCHEMA)
         limit = query["limit"]
         filters = {name: query.get(name) for name in ("agent_id", "session_id")}
-        rows = self.service.list(org_id, **filters, limit=limit + 1, after=after)
+        if self.agents is not None and filters["agent_id"] is not None:
+            self.agents.resolve(org_id, agent_id=filters["agent_id"])
+        # Supersession: current memories unless include_superseded.
+        filters["include_superseded"] = query["include_superseded"]
+        scope = self.users.reader(
+            principal,
+            org_id,
+            UserRef.of(query),
+            include_shared=query["include_shared"],
+            all_users=query["all_users"],
+        )
+        rows = self.service.list(org_id, **filters, limit=limit + 1, after=after, scope=scope)
         last = rows[limit - 1] if len(rows) > limit else None
         next_cursor = encode_cursor(last.created_at, last.id) if last else None
         respond(
@@ -73,15 +102,49 @@ class MemoriesResource:
 
 
 class MemoryResource:
-    def __init__(self, api: Api, service: MemoryService) -> None:
+    def __init__(self, api: Api, service: MemoryService, users: UserService) -> None:
         self.api = api
         self.service = service
+        self.users = users
 
     def on_get(self, req: falcon.Request, resp: falcon.Response, memory_id: uuid.UUID) -> None:
-        _, org_id = authenticate(self.api, req, READ)
-        respond_json(resp, 200, self.service.get(org_id, memory_id).as_json())
+        principal, org_id = authenticate(self.api, req, READ)
+        query = load_query(READ_QUERY_SCHEMA, dict(req.params))
+        scope = self.users.reader(
+            principal,
+            org_id,
+            UserRef.of(query),
+            include_shared=query["include_shared"],
+            all_users=query["all_users"],
+        )
+        respond_json(resp, 200, self.service.get(org_id, memory_id, scope).as_json())
 
     def on_delete(self, req: falcon.Request, resp: falcon.Response, memory_id: uuid.UUID) -> None:
-        _, org_id = authenticate(self.api, req, WRITE)
-        self.service.delete(org_id, memory_id)
+        principal, org_id = authenticate(self.api, req, WRITE)
+        self.service.delete(org_id, memory_id, principal.user_id)
         resp.status = 204
+
+
+class MemoryHistoryResource:
+    """``GET /v1/memories/{id}/history``: the chain of supersessions the memory belongs to,
+    oldest first (superseded memories with their ``superseded_by``, the current one last)."""
+
+    def __init__(self, api: Api, service: MemoryService, users: UserService) -> None:
+        self.api = api
+        self.service = service
+        self.users = users
+
+    def on_get(self, req: falcon.Request, resp: falcon.Response, memory_id: uuid.UUID) -> None:
+        principal, org_id = authenticate(self.api, req, READ)
+        # Whose memories the read may return, as GET /v1/memories/{id}: another person's
+        # chain is not found.
+        query = load_query(READ_QUERY_SCHEMA, dict(req.params))
+        scope = self.users.reader(
+            principal,
+            org_id,
+            UserRef.of(query),
+            include_shared=query["include_shared"],
+            all_users=query["all_users"],
+        )
+        rows = self.service.history(org_id, memory_id, scope)
+        respond_json(resp, 200, {"items": [r.as_json() for r in rows]})

@@ -39,6 +39,7 @@ from typing import Any, TypeAlias
 
 from marshmallow import ValidationError
 
+from memory_service.auth import Principal
 from memory_service.canonical import canonical_request, content_hash, fingerprint_digest
 from memory_service.domain_errors import MemoryNotFoundError
 from memory_service.errors import dumps, error_body
@@ -51,6 +52,8 @@ from memory_service.idempotency import (
 )
 from memory_service.memories.store import MemoryRow, MemoryStore, NewMemory, WriteOutcome
 from memory_service.metrics import Metrics
+from memory_service.scope import AGENT_WIDE, ReadScope, UserRef
+from memory_service.users.service import UserService
 from memory_service.validation import quick_load_create
 from schema import describe_errors
 from schema.memory import MemoryCreateSchema
@@ -77,7 +80,8 @@ class Created:
     row: MemoryRow
 
     def response(self) -> Response:
-        return Response(201, dumps(self.row.as_json()), location_of(self.row))
+        # As created: a replay answers the same bytes even after a later supersession.
+        return Response(201, dumps(self.row.as_json(as_created=True)), location_of(self.row))
 
 
 @dataclass(frozen=True)
@@ -100,6 +104,9 @@ class DuplicateContent:
     """A live memory of this org and agent holds the same normalised content."""
 
     existing_id: uuid.UUID
+    #: True when the existing memory is near-identical rather than the same normalised text
+    #: (the answer is the same; only the metrics tell them apart).
+    near: bool = False
 
     def response(self) -> Response:
         return Response(
@@ -204,6 +211,8 @@ def new_memory(validated: dict[str, Any], key: str | None) -> NewMemory:
         idempotency_key=key,
         fingerprint=fingerprint_digest(canonical),
         user_id=validated.get("user_id"),
+        supersedes=tuple(dict.fromkeys(validated.get("supersedes") or ())),
+        skip_stale=validated.get("stale_supersedes") == "skip",
     )
 
 
@@ -211,14 +220,30 @@ class MemoryService:
     """Creates memories exactly once per idempotency key and per content; reads and deletes
     them."""
 
-    def __init__(self, store: MemoryStore, idempotency: IdempotencyStore, metrics: Metrics) -> None:
+    def __init__(
+        self,
+        store: MemoryStore,
+        idempotency: IdempotencyStore,
+        metrics: Metrics,
+        users: UserService | None = None,
+    ) -> None:
         self.store = store
         self.idempotency = idempotency
         self.metrics = metrics
+        self.users = users
 
-    def create(self, org_id: uuid.UUID, key: str | None, document: Any) -> Outcome:
+    def create(
+        self,
+        org_id: uuid.UUID,
+        key: str | None,
+        document: Any,
+        principal: Principal | None = None,
+    ) -> Outcome:
         """Create the memory ``document`` (parsed JSON) describes for ``org_id``, under the
-        idempotency ``key`` if given. Raises only what it could not decide (the database
+        idempotency ``key`` if given. Its user is the one it names (``user``, a key created
+        when missing, or ``user_id``) or a user-bound ``principal``'s, resolved before the
+        fingerprint is taken; naming another user than a bound token's raises
+        ``UserForbiddenError``. Raises only what it could not decide (the database
         unavailable): the key is then free again."""
         validated = quick_load_create(document)
         if validated is None:  # anything unusual, and every 422, goes through marshmallow
@@ -226,22 +251,46 @@ class MemoryService:
                 validated = CREATE_SCHEMA.load(document)
             except ValidationError as exc:
                 return Invalid(exc.messages)
+        named = UserRef.of(validated)
+        bound = principal is not None and principal.user_id is not None
+        if (named.key is not None or bound) and self.users is not None and principal is not None:
+            validated = {
+                **validated,
+                "user_id": self.users.writer(principal, org_id, named),
+            }
         outcome = self._create(org_id, new_memory(validated, key))
         self._count(outcome)
         return outcome
 
-    def get(self, org_id: uuid.UUID, memory_id: uuid.UUID) -> MemoryRow:
-        row = self.store.get(org_id, memory_id)
+    def get(
+        self, org_id: uuid.UUID, memory_id: uuid.UUID, scope: ReadScope = AGENT_WIDE
+    ) -> MemoryRow:
+        """The live memory, if it is in the reader's ``scope`` (else not found)."""
+        row = self.store.get(org_id, memory_id, scope)
         if row is None:
             raise MemoryNotFoundError()
         return row
+
+    def history(
+        self, org_id: uuid.UUID, memory_id: uuid.UUID, scope: ReadScope = AGENT_WIDE
+    ) -> list[MemoryRow]:
+        """The supersession chain of a memory, oldest first (the memory itself included), if
+        it is in the reader's ``scope`` (else not found)."""
+        rows = self.store.history(org_id, memory_id, scope)
+        if not rows:
+            raise MemoryNotFoundError()
+        return rows
 
     def list(self, org_id: uuid.UUID, **filters: Any) -> list[MemoryRow]:
         """The org's live memories, newest first (:meth:`MemoryStore.list`'s filters)."""
         return self.store.list(org_id, **filters)
 
-    def delete(self, org_id: uuid.UUID, memory_id: uuid.UUID) -> None:
-        if not self.store.soft_delete(org_id, memory_id):
+    def delete(
+        self, org_id: uuid.UUID, memory_id: uuid.UUID, owner: uuid.UUID | None = None
+    ) -> None:
+        """Soft-delete the memory; a user-bound token's (``owner``) only its user's own."""
+        scope = ReadScope(user_id=owner, include_shared=False, named=True) if owner else None
+        if not self.store.soft_delete(org_id, memory_id, scope):
             raise MemoryNotFoundError()
 
     def _create(self, org_id: uuid.UUID, new: NewMemory) -> Outcome:
@@ -297,6 +346,8 @@ class MemoryService:
         row = result.row
         if result.outcome is WriteOutcome.CREATED:
             assert row is not None
+            if result.marked:
+                self.metrics.supersessions.inc(len(result.marked))
             return Created(row)
         if result.outcome is WriteOutcome.KEY_EXISTS:
             assert row is not None
@@ -304,6 +355,18 @@ class MemoryService:
         if result.outcome is WriteOutcome.CONTENT_EXISTS:
             assert row is not None
             return DuplicateContent(row.id)
+        if result.outcome is WriteOutcome.NEAR_DUPLICATE:
+            assert row is not None
+            return DuplicateContent(row.id, near=True)
+        if result.outcome is WriteOutcome.SUPERSEDES_INVALID:
+            refused = ", ".join(str(i) for i in result.refused)
+            return Invalid(
+                {
+                    "supersedes": [
+                        "must be current memories of the same agent and user; not: " + refused
+                    ]
+                }
+            )
         if result.outcome is WriteOutcome.UNKNOWN_ORG:
             return UnknownOrg()
         if result.outcome is WriteOutcome.UNKNOWN_SESSION:
@@ -324,3 +387,5 @@ class MemoryService:
             metrics.conflicts.labels("IDEMPOTENCY_IN_PROGRESS").inc()
         elif isinstance(outcome, DuplicateContent):
             metrics.conflicts.labels("DUPLICATE_CONTENT").inc()
+            if outcome.near:
+                metrics.near_duplicates.inc()

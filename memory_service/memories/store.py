@@ -15,6 +15,7 @@ without peewee's per-statement work; its errors are translated here the same way
 
 from __future__ import annotations
 
+import dataclasses
 import datetime as dt
 import enum
 import threading
@@ -38,17 +39,23 @@ from core.db import (
     uuid_column,
 )
 from core.errors import DatabaseUnavailableError
+from memory_service.scope import AGENT_WIDE, ReadScope
 
 COLUMNS = (
     "id, org_id, agent_id, session_id, turn_index, ordinal, content, content_hash, kind,"
     " metadata, created_at, idempotency_key, request_fingerprint"
+    # Supersession (migration 000014): since when the fact holds, and what replaced it.
+    ", valid_from, superseded_by, superseded_at"
+    # Whose memory (migration 000012): None, agent-wide.
+    ", user_id"
 )
 
-#: The write, with its 12 parameters in the order of :func:`create_params`.
+#: The write, with its 15 parameters in the order of :func:`create_params` (000014 added
+#: supersedes, the skip-stale flag and the near-duplicate threshold).
 CREATE_SQL = """
 SELECT * FROM ibex_memory.create_memory(
     %s::uuid, %s::uuid, %s::uuid, %s::integer, %s::integer, %s::text, %s::text, %s::text,
-    %s::jsonb, %s::text, %s::text, %s::uuid)
+    %s::jsonb, %s::text, %s::text, %s::uuid, %s::uuid[], %s::boolean, %s::real)
 """
 
 #: The same write as a prepared statement of the connection, prepared once per connection
@@ -57,10 +64,12 @@ SELECT * FROM ibex_memory.create_memory(
 PREPARED_NAME = "ibex_create_memory"
 PREPARE_SQL = f"""
 PREPARE {PREPARED_NAME} (uuid, uuid, uuid, integer, integer, text, text, text, jsonb, text, text,
-                         uuid)
-AS SELECT * FROM ibex_memory.create_memory($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12)
+                         uuid, uuid[], boolean, real)
+AS SELECT * FROM ibex_memory.create_memory($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12,
+                                           $13, $14, $15)
 """
-EXECUTE_SQL = f"EXECUTE {PREPARED_NAME} (%s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s)"
+_EXECUTE_PARAMS = "%s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s::uuid[], %s, %s"
+EXECUTE_SQL = f"EXECUTE {PREPARED_NAME} ({_EXECUTE_PARAMS})"
 #: The connections that hold the prepared write, whichever store prepared it (a connection
 #: that is closed and dropped is forgotten with it).
 _PREPARED: weakref.WeakKeyDictionary[Any, bool] = weakref.WeakKeyDictionary()
@@ -70,13 +79,26 @@ BY_KEY_SQL = f"""
 SELECT {COLUMNS} FROM ibex_memory.memories WHERE org_id = %s AND idempotency_key = %s
 """
 
+# GET and DELETE by id: the trailing condition is the reader's user scope
+# (memory_service.scope.ReadScope.condition), so another user's memory is not found.
 GET_SQL = f"""
 SELECT {COLUMNS} FROM ibex_memory.memories WHERE org_id = %s AND id = %s AND deleted_at IS NULL
+   AND {{user_scope}}
+"""
+
+#: The chain of a memory, oldest first (``ibex_memory.memory_history``, migration 000014):
+#: deleted memories are left out.
+HISTORY_SQL = f"""
+SELECT {COLUMNS} FROM ibex_memory.memories
+ WHERE org_id = %s AND deleted_at IS NULL
+   AND id IN (SELECT ibex_memory.memory_history(%s::uuid))
+   AND {{user_scope}}
+ ORDER BY valid_from, created_at, id
 """
 
 DELETE_SQL = """
 UPDATE ibex_memory.memories SET deleted_at = now()
- WHERE org_id = %s AND id = %s AND deleted_at IS NULL
+ WHERE org_id = %s AND id = %s AND deleted_at IS NULL AND {user_scope}
 """
 
 ORG_FK = "memories_org_id_fkey"
@@ -103,6 +125,10 @@ class NewMemory:
     idempotency_key: str | None
     fingerprint: str
     user_id: uuid.UUID | None = None
+    #: Current memories of the same scope this one replaces (marked in the same transaction).
+    supersedes: tuple[uuid.UUID, ...] = ()
+    #: True: an id of ``supersedes`` no longer current is skipped, not refused (the pipeline).
+    skip_stale: bool = False
 
 
 @dataclass(frozen=True)
@@ -120,9 +146,17 @@ class MemoryRow:
     created_at: dt.datetime
     idempotency_key: str | None
     request_fingerprint: str | None
+    valid_from: dt.datetime | None = None
+    superseded_by: uuid.UUID | None = None
+    superseded_at: dt.datetime | None = None
+    #: Whose memory; None: agent-wide.
+    user_id: uuid.UUID | None = None
 
     @classmethod
     def from_db(cls, row: Sequence[Any]) -> MemoryRow:
+        """From :data:`COLUMNS`; ``create_memory``'s row (one column fewer, no user) has
+        ``user_id`` None, which :meth:`MemoryStore.create` sets from the write."""
+        user = row[16] if len(row) > 16 else None
         return cls(
             id=uuid_column(row[0]),
             org_id=uuid_column(row[1]),
@@ -137,9 +171,13 @@ class MemoryRow:
             created_at=row[10],
             idempotency_key=row[11],
             request_fingerprint=row[12],
+            valid_from=row[13],
+            superseded_by=uuid_column(row[14]) if row[14] is not None else None,
+            superseded_at=row[15],
+            user_id=uuid_column(user) if user is not None else None,
         )
 
-    def as_json(self) -> dict[str, Any]:
+    def as_json(self, *, as_created: bool = False) -> dict[str, Any]:
         """The public representation (``schema.memory.MemorySchema``), JSON-ready."""
         source = None
         if self.session_id is not None:
@@ -157,7 +195,17 @@ class MemoryRow:
             "kind": self.kind,
             "source": source,
             "metadata": self.metadata,
+            "user_id": str(self.user_id) if self.user_id is not None else None,
             "created_at": self.created_at.astimezone(dt.UTC).isoformat(),
+            # Supersession: a 201 (and its replay) shows the memory as it was created, so the
+            # replay stays byte for byte the first answer even after a later supersession.
+            "valid_from": (self.valid_from or self.created_at).astimezone(dt.UTC).isoformat(),
+            "superseded_by": None
+            if as_created or self.superseded_by is None
+            else str(self.superseded_by),
+            "superseded_at": None
+            if as_created or self.superseded_at is None
+            else self.superseded_at.astimezone(dt.UTC).isoformat(),
         }
 
 
@@ -177,6 +225,10 @@ class WriteOutcome(enum.Enum):
     UNKNOWN_USER = "unknown_user"
     #: The source session has a user and ``user_id`` is not that user.
     NOT_THE_SESSIONS_USER = "not_the_sessions_user"
+    #: A current memory of the scope is near-identical (trigram similarity, 000014).
+    NEAR_DUPLICATE = "near_duplicate"
+    #: An id of ``supersedes`` is not a current memory of the scope (``CreateResult.refused``).
+    SUPERSEDES_INVALID = "supersedes_invalid"
 
 
 #: What ``ibex_memory.create_memory`` says in its first column.
@@ -184,6 +236,8 @@ OUTCOMES = {
     "created": WriteOutcome.CREATED,
     "key_exists": WriteOutcome.KEY_EXISTS,
     "content_exists": WriteOutcome.CONTENT_EXISTS,
+    "near_duplicate": WriteOutcome.NEAR_DUPLICATE,
+    "supersedes_invalid": WriteOutcome.SUPERSEDES_INVALID,
 }
 
 
@@ -191,13 +245,19 @@ OUTCOMES = {
 class CreateResult:
     outcome: WriteOutcome
     row: MemoryRow | None = None
+    #: Created: the memories this write marked superseded.
+    marked: tuple[uuid.UUID, ...] = ()
+    #: SUPERSEDES_INVALID: the ids of ``supersedes`` refused.
+    refused: tuple[uuid.UUID, ...] = ()
 
 
 class MemoryStore:
     """Tenant-scoped reads and writes of ``ibex_memory.memories``."""
 
-    def __init__(self, db: peewee.Database) -> None:
+    def __init__(self, db: peewee.Database, near_duplicate_threshold: float = 0.0) -> None:
         self.db = db
+        #: MEMORY_NEAR_DUPLICATE_THRESHOLD; 0: no near-duplicate check.
+        self.near_duplicate_threshold = near_duplicate_threshold
 
     def create(self, org_id: uuid.UUID, new: NewMemory) -> CreateResult:
         attempt = 0
@@ -211,7 +271,9 @@ class MemoryStore:
                         cursor.execute(PREPARE_SQL)
                         with _PREPARED_LOCK:
                             _PREPARED[connection] = True
-                    cursor.execute(EXECUTE_SQL, create_params(org_id, new))
+                    cursor.execute(
+                        EXECUTE_SQL, create_params(org_id, new, self.near_duplicate_threshold)
+                    )
                     row = cursor.fetchone()
             except (psycopg2.OperationalError, psycopg2.InterfaceError) as exc:
                 # A pooled connection that died with its server (restart, failover) is
@@ -226,17 +288,43 @@ class MemoryStore:
             break
         if row is None:
             raise DatabaseUnavailableError("memory insert kept conflicting with vanishing rows")
-        return CreateResult(OUTCOMES[row[0]], MemoryRow.from_db(row[1:]))
+        outcome = OUTCOMES[row[0]]
+        if outcome is WriteOutcome.SUPERSEDES_INVALID:
+            return CreateResult(outcome, refused=tuple(uuid_column(i) for i in row[-1] or ()))
+        marked = tuple(uuid_column(i) for i in row[-2] or ())
+        # create_memory's row has no user column: a created row carries the write's user (the
+        # insert trigger refuses any other), and so does a row holding the key whose
+        # fingerprint matches (the user is part of the fingerprint when there is one); for any
+        # other outcome only the row's id is used. Its last two columns are the marks.
+        memory = dataclasses.replace(MemoryRow.from_db(row[1:-2]), user_id=new.user_id)
+        return CreateResult(outcome, memory, marked=marked)
 
     def find_by_key(self, org_id: uuid.UUID, idempotency_key: str) -> MemoryRow | None:
         with tenant(self.db, org_id):
             row = self.db.execute_sql(BY_KEY_SQL, (str(org_id), idempotency_key)).fetchone()
         return MemoryRow.from_db(row) if row else None
 
-    def get(self, org_id: uuid.UUID, memory_id: uuid.UUID) -> MemoryRow | None:
+    def get(
+        self, org_id: uuid.UUID, memory_id: uuid.UUID, scope: ReadScope = AGENT_WIDE
+    ) -> MemoryRow | None:
+        """The live memory if it is in the reader's ``scope``."""
+        condition, params = scope.condition()
+        sql = GET_SQL.format(user_scope=condition)
         with tenant(self.db, org_id):
-            row = self.db.execute_sql(GET_SQL, (str(org_id), str(memory_id))).fetchone()
+            row = self.db.execute_sql(sql, (str(org_id), str(memory_id), *params)).fetchone()
         return MemoryRow.from_db(row) if row else None
+
+    def history(
+        self, org_id: uuid.UUID, memory_id: uuid.UUID, scope: ReadScope = AGENT_WIDE
+    ) -> list[MemoryRow]:
+        """The supersession chain ``memory_id`` belongs to, oldest first; empty when the
+        memory is unknown, deleted or not in the reader's ``scope`` (a chain never leaves
+        its scope: supersedes names memories of the same agent and user only)."""
+        condition, params = scope.condition()
+        sql = HISTORY_SQL.format(user_scope=condition)
+        with tenant(self.db, org_id):
+            rows = self.db.execute_sql(sql, (str(org_id), str(memory_id), *params)).fetchall()
+        return [MemoryRow.from_db(r) for r in rows]
 
     def list(
         self,
@@ -246,10 +334,21 @@ class MemoryStore:
         session_id: uuid.UUID | None,
         limit: int,
         after: tuple[dt.datetime, uuid.UUID] | None,
+        include_superseded: bool = False,
+        scope: ReadScope = AGENT_WIDE,
     ) -> list[MemoryRow]:
-        """Newest first; ``after`` is the (created_at, id) of the last row already seen."""
+        """Newest first; ``after`` is the (created_at, id) of the last row already seen.
+        Current memories only unless ``include_superseded``; ``scope``: whose memories
+        (idx_memories_agent_user serves one user's and the agent-wide ones of one agent)."""
         where = ["org_id = %s", "deleted_at IS NULL"]
         params: list[Any] = [str(org_id)]
+        # Supersession (000014): a superseded memory is listed only when asked for.
+        if not include_superseded:
+            where.append("superseded_by IS NULL")
+        # Whose memories: the reader's user scope.
+        user_condition, user_params = scope.condition()
+        where.append(user_condition)
+        params.extend(user_params)
         if agent_id is not None:
             where.append("agent_id = %s")
             params.append(str(agent_id))
@@ -268,9 +367,14 @@ class MemoryStore:
             rows = self.db.execute_sql(sql, params).fetchall()
         return [MemoryRow.from_db(r) for r in rows]
 
-    def soft_delete(self, org_id: uuid.UUID, memory_id: uuid.UUID) -> bool:
+    def soft_delete(
+        self, org_id: uuid.UUID, memory_id: uuid.UUID, scope: ReadScope | None = None
+    ) -> bool:
+        """Soft-delete the live memory; with ``scope``, only if it is in it."""
+        condition, params = scope.condition() if scope is not None else ("true", [])
+        sql = DELETE_SQL.format(user_scope=condition)
         with tenant(self.db, org_id):
-            cursor = self.db.execute_sql(DELETE_SQL, (str(org_id), str(memory_id)))
+            cursor = self.db.execute_sql(sql, (str(org_id), str(memory_id), *params))
             return bool(cursor.rowcount)
 
     def soft_delete_session_memories(self, org_id: uuid.UUID, session_id: uuid.UUID) -> int:
@@ -289,7 +393,9 @@ class MemoryStore:
             self.db.execute_sql("SELECT 1").fetchone()
 
 
-def create_params(org_id: uuid.UUID, new: NewMemory) -> tuple[Any, ...]:
+def create_params(
+    org_id: uuid.UUID, new: NewMemory, near_duplicate_threshold: float = 0.0
+) -> tuple[Any, ...]:
     """The parameters of :data:`CREATE_SQL`."""
     return (
         str(org_id),
@@ -304,6 +410,9 @@ def create_params(org_id: uuid.UUID, new: NewMemory) -> tuple[Any, ...]:
         new.idempotency_key,
         new.fingerprint if new.idempotency_key is not None else None,
         str(new.user_id) if new.user_id else None,
+        [str(i) for i in new.supersedes] if new.supersedes else None,
+        new.skip_stale,
+        near_duplicate_threshold or None,
     )
 
 

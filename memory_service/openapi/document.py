@@ -15,6 +15,7 @@ from memory_service.openapi.parts import (
     ORG_HEADER,
     PRINTABLE_HEADER_PATTERN,
     RETRY_AFTER,
+    UNKNOWN_AGENT,
     error,
     exactly_one_of,
     null_only_alternatives,
@@ -22,14 +23,17 @@ from memory_service.openapi.parts import (
 )
 from memory_service.openapi.sessions import document as document_sessions
 from memory_service.openapi.sessions import finish as finish_sessions
+from memory_service.openapi.users import document as document_users
 from schema.memory import (
     ERROR_CODES,
     MAX_IDEMPOTENCY_KEY_CHARS,
     ErrorSchema,
     HealthSchema,
     MemoryCreateSchema,
+    MemoryHistorySchema,
     MemoryListQuerySchema,
     MemoryPageSchema,
+    MemoryReadQuerySchema,
     MemorySchema,
 )
 from schema.search import (
@@ -68,17 +72,19 @@ def build_spec(max_body_bytes: int) -> dict[str, Any]:
         ("MemoryCreate", MemoryCreateSchema),
         ("Memory", MemorySchema),
         ("MemoryPage", MemoryPageSchema),
+        ("MemoryHistory", MemoryHistorySchema),
         ("Error", ErrorSchema),
         ("Health", HealthSchema),
-        ("SearchRequest", SearchRequestSchema),
         ("SearchResult", SearchResultSchema),
         ("ContextResult", ContextResultSchema),
     ):
         spec.components.schema(name, schema=schema)
     # The rule the schema's validator enforces, which its fields cannot say.
+    one_agent = exactly_one_of(agent="string", agent_id="string")
+    spec.components.schema("SearchRequest", component=one_agent, schema=SearchRequestSchema)
     spec.components.schema(
         "ContextRequest",
-        component=exactly_one_of(query="string", messages="array"),
+        component={"allOf": [exactly_one_of(query="string", messages="array"), one_agent]},
         schema=ContextRequestSchema,
     )
 
@@ -141,7 +147,9 @@ def build_spec(max_body_bytes: int) -> dict[str, Any]:
                         "413": error(f"Body over {max_body_bytes} bytes (BODY_TOO_LARGE)."),
                         "422": error(
                             "Validation failed, field by field (VALIDATION_FAILED); also an "
-                            "agent_id or source.session_id that is not of this org."
+                            "agent_id, source.session_id or user_id that is not of this org, "
+                            "a user_id that is not the source session's user, or a supersedes "
+                            "id that is not a current memory of the same agent and user."
                         ),
                     }
                 ),
@@ -162,6 +170,7 @@ def build_spec(max_body_bytes: int) -> dict[str, Any]:
                             "malformed X-IBEX-Org-ID (INVALID_HEADER) or none with a service "
                             "token (ORG_REQUIRED)."
                         ),
+                        "404": UNKNOWN_AGENT,
                         "422": error("Invalid query parameter (VALIDATION_FAILED)."),
                     }
                 ),
@@ -173,28 +182,64 @@ def build_spec(max_body_bytes: int) -> dict[str, Any]:
         operations={
             "get": {
                 "operationId": "getMemory",
-                "summary": "One memory of the org.",
+                "summary": "One memory of the org, if it is in the reader's user scope (the"
+                " user's or agent-wide; without a user, agent-wide only).",
                 "security": secured,
-                "parameters": [MEMORY_ID, ORG_HEADER],
+                "parameters": [
+                    MEMORY_ID,
+                    ORG_HEADER,
+                    {"in": "query", "schema": MemoryReadQuerySchema},
+                ],
                 "responses": with_org_errors(
                     {
                         "200": {
                             "description": "The memory.",
                             "content": {"application/json": {"schema": "Memory"}},
                         },
-                        "404": error("No such memory in this org (NOT_FOUND)."),
+                        "404": error("No such memory in this org, or another user's (NOT_FOUND)."),
+                        "422": error("Invalid query parameter (VALIDATION_FAILED)."),
                     }
                 ),
             },
             "delete": {
                 "operationId": "deleteMemory",
-                "summary": "Soft-delete a memory; its content may be written again.",
+                "summary": "Soft-delete a memory; its content may be written again. A"
+                " user-bound token deletes its user's memories only (others are 404).",
                 "security": secured,
                 "parameters": [MEMORY_ID, ORG_HEADER],
                 "responses": with_org_errors(
                     {
                         "204": {"description": "Deleted."},
-                        "404": error("No such memory in this org (NOT_FOUND)."),
+                        "404": error(
+                            "No such memory in this org, or not a user-bound token's user's"
+                            " (NOT_FOUND)."
+                        ),
+                    }
+                ),
+            },
+        },
+    )
+    spec.path(
+        path="/v1/memories/{memory_id}/history",
+        operations={
+            "get": {
+                "operationId": "memoryHistory",
+                "summary": "The supersession chain the memory belongs to, oldest first: the"
+                " memories it replaced (with their superseded_by), it, and what replaced it.",
+                "security": secured,
+                "parameters": [
+                    MEMORY_ID,
+                    ORG_HEADER,
+                    {"in": "query", "schema": MemoryReadQuerySchema},
+                ],
+                "responses": with_org_errors(
+                    {
+                        "200": {
+                            "description": "The chain, oldest first.",
+                            "content": {"application/json": {"schema": "MemoryHistory"}},
+                        },
+                        "404": error("No such memory in this org, or another user's (NOT_FOUND)."),
+                        "422": error("Invalid query parameter (VALIDATION_FAILED)."),
                     }
                 ),
             },
@@ -202,6 +247,7 @@ def build_spec(max_body_bytes: int) -> dict[str, Any]:
     )
     _read_path(spec, secured, max_body_bytes)
     document_sessions(spec, secured, max_body_bytes)
+    document_users(spec, secured)
     health = {"application/json": {"schema": "Health"}}
     spec.path(
         path="/healthz",
@@ -314,8 +360,15 @@ def _read_path(spec: APISpec, secured: list[dict[str, list[str]]], max_body_byte
                                 "Malformed JSON (MALFORMED_JSON) or header (INVALID_HEADER, "
                                 "ORG_REQUIRED)."
                             ),
+                            "404": error(
+                                "The agent (agent, a slug, or agent_id) is not one of the "
+                                "org's (UNKNOWN_AGENT)."
+                            ),
                             "413": error(f"Body over {max_body_bytes} bytes (BODY_TOO_LARGE)."),
-                            "422": error("Validation failed, field by field (VALIDATION_FAILED)."),
+                            "422": error(
+                                "Validation failed, field by field (VALIDATION_FAILED); also "
+                                "neither or both of agent and agent_id."
+                            ),
                         }
                     ),
                 }

@@ -30,11 +30,19 @@ WWW_AUTHENTICATE = {"WWW-Authenticate": {"schema": {"type": "string"}}}
 
 AUTH_ERRORS = {
     "401": error("Missing, unknown or revoked token (UNAUTHORIZED).", **WWW_AUTHENTICATE),
-    "403": error("The token lacks the scope (INSUFFICIENT_SCOPE) or the org (FORBIDDEN_ORG)."),
+    "403": error(
+        "The token lacks the scope (INSUFFICIENT_SCOPE; all_users needs memory:admin) or the"
+        " org (FORBIDDEN_ORG), or a user-bound token named another user or all_users"
+        " (FORBIDDEN_USER)."
+    ),
 }
 COMMON_ERRORS = {
     "500": error("Unexpected error (INTERNAL_ERROR)."),
-    "503": error("Postgres unavailable (UNAVAILABLE).", **RETRY_AFTER),
+    "503": error(
+        "Postgres unavailable (UNAVAILABLE, with Retry-After), or its schema is not current"
+        " (SCHEMA_NOT_READY: the message names the database and says to run `ibex migrate`).",
+        **RETRY_AFTER,
+    ),
 }
 
 
@@ -60,6 +68,8 @@ def exactly_one_of(**types: str) -> dict[str, Any]:
         ]
     }
 
+
+UNKNOWN_AGENT = error("The agent named is not one of the org's (UNKNOWN_AGENT).")
 
 #: A header value as the service accepts it: printable (no control character, no
 #: non-breaking space or soft hyphen, as ``str.isprintable``), not blank at either end.

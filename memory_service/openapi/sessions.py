@@ -12,10 +12,12 @@ from apispec import APISpec
 from memory_service.openapi.parts import (
     ORG_HEADER,
     PRINTABLE_HEADER_PATTERN,
+    UNKNOWN_AGENT,
     error,
     exactly_one_of,
     with_org_errors,
 )
+from memory_service.scope import USER_HEADER
 from memory_service.sessions.endpoints import SESSION_HEADER
 from schema.imports import FORBIDDEN_FREE_PATTERN
 from schema.sessions import (
@@ -27,6 +29,7 @@ from schema.sessions import (
     TurnsAppendedSchema,
     TurnsAppendSchema,
 )
+from schema.users import MAX_USER_KEY_CHARS
 
 SESSION_ID = {
     "in": "path",
@@ -104,7 +107,12 @@ def document(spec: APISpec, secured: list[dict[str, list[str]]], max_body_bytes:
         "413": error(f"Body over {max_body_bytes} bytes (BODY_TOO_LARGE)."),
         "422": error("Validation failed, field by field (VALIDATION_FAILED)."),
     }
-    missing = {"404": error("No such live session in this org (NOT_FOUND).")}
+    missing = {
+        "404": error(
+            "No such live session in this org, or another user's for a user-bound token"
+            " (NOT_FOUND)."
+        )
+    }
     replayed = {
         "Idempotent-Replayed": {
             "description": "`true` when every turn was already stored (nothing was written).",
@@ -118,9 +126,10 @@ def document(spec: APISpec, secured: list[dict[str, list[str]]], max_body_bytes:
             "post": {
                 "operationId": "openSession",
                 "summary": "Open a session, or find the one with this external id.",
-                "description": "The agent is a slug (created when missing) or an agent_id of "
-                "the org. The same (agent, external_id) again answers 200 with the existing "
-                "session; without an external id a new session is opened every time.",
+                "description": "The agent is the slug of one of the org's agents (an unknown "
+                "slug is 404 UNKNOWN_AGENT, unless create_agent is true: then it is created) or "
+                "an agent_id of the org. The same (agent, external_id) again answers 200 with "
+                "the existing session; without an external id a new session is opened every time.",
                 "security": secured,
                 "parameters": [
                     ORG_HEADER,
@@ -137,6 +146,18 @@ def document(spec: APISpec, secured: list[dict[str, list[str]]], max_body_bytes:
                             "pattern": PRINTABLE_HEADER_PATTERN,
                         },
                     },
+                    {
+                        "in": "header",
+                        "name": USER_HEADER,
+                        "required": False,
+                        "description": "The user's key (created when missing), instead of (or"
+                        " equal to) the body's user.",
+                        "schema": {
+                            "type": "string",
+                            "minLength": 1,
+                            "maxLength": MAX_USER_KEY_CHARS,
+                        },
+                    },
                 ],
                 "requestBody": body("SessionCreate"),
                 "responses": with_org_errors(
@@ -144,12 +165,15 @@ def document(spec: APISpec, secured: list[dict[str, list[str]]], max_body_bytes:
                         "201": ok("Opened.", "Session", **location),
                         "200": ok("The session with this external id.", "Session", **location),
                         **bad_body,
+                        "404": UNKNOWN_AGENT,
                         "409": error(
-                            "The session with this external id was deleted (SESSION_DELETED)."
+                            "The session with this external id was deleted (SESSION_DELETED),"
+                            " or has another user (USER_CONFLICT: a session's user is set"
+                            " once)."
                         ),
                         "422": error(
-                            "Validation failed, field by field (VALIDATION_FAILED); also an "
-                            "agent_id that is not of this org."
+                            "Validation failed, field by field (VALIDATION_FAILED); also a "
+                            "user_id that is not of this org."
                         ),
                     }
                 ),
@@ -168,6 +192,7 @@ def document(spec: APISpec, secured: list[dict[str, list[str]]], max_body_bytes:
                             "malformed X-IBEX-Org-ID (INVALID_HEADER) or none with a service "
                             "token (ORG_REQUIRED)."
                         ),
+                        "404": UNKNOWN_AGENT,
                         "422": error("Invalid query parameter (VALIDATION_FAILED)."),
                     }
                 ),

@@ -1,43 +1,73 @@
 """The read path: ``POST /v1/memories/search`` and ``POST /v1/context`` (scope memory:read).
 
 Both validate the body with the schemas of :mod:`schema.search` (422 field by field), resolve
-the org the same way as every other route, and hand the body to
+the org the same way as every other route and the agent (``agent``, a slug, or ``agent_id``;
+one the org does not have is a 404 ``UNKNOWN_AGENT``, not an empty answer) through
+:class:`~memory_service.agents.AgentResolver`, and hand the body to
 :class:`~memory_service.search.service.SearchService`, which ranks in Postgres under row-level
 security: another org's memories are never candidates.
 """
 
 from __future__ import annotations
 
+import uuid
+from typing import Any
+
 import falcon
 
+from memory_service.agents import AgentResolver
+from memory_service.auth import Principal
 from memory_service.http import Api, authenticate, json_body, respond_json
 from memory_service.memories.endpoints import READ
+from memory_service.scope import ReadScope, UserRef
 from memory_service.search.service import SearchService
+from memory_service.users.service import UserService
 from schema.search import ContextRequestSchema, SearchRequestSchema
 
 SEARCH_SCHEMA = SearchRequestSchema()
 CONTEXT_SCHEMA = ContextRequestSchema()
 
 
+def read_scope(users: UserService, principal: Principal, org_id: uuid.UUID, body: Any) -> ReadScope:
+    """Whose memories a search or context request reads (its user fields)."""
+    return users.reader(
+        principal,
+        org_id,
+        UserRef.of(body),
+        include_shared=body["include_shared"],
+        all_users=body["all_users"],
+    )
+
+
 class SearchResource:
-    def __init__(self, api: Api, service: SearchService) -> None:
+    def __init__(
+        self, api: Api, service: SearchService, users: UserService, agents: AgentResolver
+    ) -> None:
         self.api = api
         self.service = service
+        self.users = users
+        self.agents = agents
 
     def on_post(self, req: falcon.Request, resp: falcon.Response) -> None:
-        _, org_id = authenticate(self.api, req, READ)
-        hits = self.service.search(org_id, json_body(req, self.api, SEARCH_SCHEMA))
+        principal, org_id = authenticate(self.api, req, READ)
+        body = self.agents.resolve_body(org_id, json_body(req, self.api, SEARCH_SCHEMA))
+        hits = self.service.search(org_id, body, read_scope(self.users, principal, org_id, body))
         respond_json(resp, 200, {"items": [h.as_json() for h in hits]})
 
 
 class ContextResource:
-    def __init__(self, api: Api, service: SearchService) -> None:
+    def __init__(
+        self, api: Api, service: SearchService, users: UserService, agents: AgentResolver
+    ) -> None:
         self.api = api
         self.service = service
+        self.users = users
+        self.agents = agents
 
     def on_post(self, req: falcon.Request, resp: falcon.Response) -> None:
-        _, org_id = authenticate(self.api, req, READ)
-        found = self.service.context(org_id, json_body(req, self.api, CONTEXT_SCHEMA))
+        principal, org_id = authenticate(self.api, req, READ)
+        body = self.agents.resolve_body(org_id, json_body(req, self.api, CONTEXT_SCHEMA))
+        found = self.service.context(org_id, body, read_scope(self.users, principal, org_id, body))
         packed = found.packed
         respond_json(
             resp,

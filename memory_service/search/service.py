@@ -13,6 +13,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from memory_service.scope import AGENT_WIDE, ReadScope
 from memory_service.search.context import Packed, pack, query_from_messages
 from memory_service.search.store import SearchHit, SearchStore
 from schema.search import MAX_SEARCH_LIMIT
@@ -30,21 +31,34 @@ class SearchService:
     def __init__(self, searches: SearchStore) -> None:
         self.searches = searches
 
-    def search(self, org_id: uuid.UUID, request: Mapping[str, Any]) -> list[SearchHit]:
-        """The hits of a loaded ``schema.search.SearchRequestSchema`` body, best first."""
-        return self._search(org_id, request, request["query"], request["limit"])
+    def search(
+        self, org_id: uuid.UUID, request: Mapping[str, Any], scope: ReadScope = AGENT_WIDE
+    ) -> list[SearchHit]:
+        """The hits of a loaded ``schema.search.SearchRequestSchema`` body, best first, among
+        the memories of the reader's ``scope``."""
+        return self._search(org_id, request, request["query"], request["limit"], scope)
 
-    def context(self, org_id: uuid.UUID, request: Mapping[str, Any]) -> Context:
-        """The block of a loaded ``schema.search.ContextRequestSchema`` body."""
+    def context(
+        self, org_id: uuid.UUID, request: Mapping[str, Any], scope: ReadScope = AGENT_WIDE
+    ) -> Context:
+        """The block of a loaded ``schema.search.ContextRequestSchema`` body, packed from the
+        memories of the reader's ``scope``."""
         query = request["query"]
         if query is None:
             query = query_from_messages(request["messages"])
-        hits = self._search(org_id, request, query, MAX_SEARCH_LIMIT)
+        hits = self._search(org_id, request, query, MAX_SEARCH_LIMIT, scope)
         return Context(hits, pack([h.row.content for h in hits], request["max_tokens"]))
 
     def _search(
-        self, org_id: uuid.UUID, request: Mapping[str, Any], query: str, limit: int
+        self,
+        org_id: uuid.UUID,
+        request: Mapping[str, Any],
+        query: str,
+        limit: int,
+        scope: ReadScope,
     ) -> list[SearchHit]:
+        if scope.empty:
+            return []
         return self.searches.search(
             org_id,
             request["agent_id"],
@@ -52,4 +66,6 @@ class SearchService:
             limit=limit,
             session_id=request["session_id"],
             kinds=request["kinds"],
+            include_superseded=request.get("include_superseded", False),
+            scope=scope,
         )

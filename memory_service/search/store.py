@@ -47,6 +47,7 @@ import peewee
 
 from core.db import db_errors, tenant
 from memory_service.memories.store import COLUMNS, MemoryRow
+from memory_service.scope import AGENT_WIDE, ReadScope
 
 #: Rows taken from each index before ranking; bounds the work of a search. The branch of all
 #: the query's words finds a memory with every word beyond the per-word cap.
@@ -110,10 +111,14 @@ def trigram_words(words: Sequence[str]) -> list[str]:
 def _search_sql(*, trigram: bool) -> str:
     """The ranking statement; the trigram signal only where pg_trgm is installed."""
     # Ids from the indexes (migration 000006 says why a function), rows read under RLS.
+    # Whose memories: the user scope (migration 000013) narrows every branch, so the capped
+    # branches hold the reader's memories only. (Not filtered again on the rows: a condition
+    # there makes the planner scan the table instead of reading the candidates by id.)
     candidates = (
         "SELECT DISTINCT id FROM ibex_memory.search_candidates(%(agent_id)s::uuid,"
         " %(words)s::text[], %(tri_words)s::text[], %(session_id)s::uuid, %(kinds)s::text[],"
-        f" {WORD_CANDIDATES}, {TRIGRAM_CANDIDATES}) AS id"
+        f" {WORD_CANDIDATES}, {TRIGRAM_CANDIDATES},"
+        " %(all_users)s, %(user_id)s::uuid, %(include_shared)s) AS id"
     )
     trigram_signal = "0::float8"
     if trigram:
@@ -135,6 +140,9 @@ cand AS (
            ARRAY(SELECT l FROM unnest(tsvector_to_array(m.content_tsv)) l
                   WHERE l = ANY(q.lexemes)) AS hits
       FROM ids JOIN ibex_memory.memories m ON m.id = ids.id, q
+     -- Supersession (000014): current memories unless include_superseded. The candidates
+     -- are taken before this filter, so superseded rows may use up some of a word's cap.
+     WHERE %(include_superseded)s OR m.superseded_by IS NULL
 ),
 df AS (
     SELECT l AS lexeme, count(c.id) AS n
@@ -177,6 +185,8 @@ def _prepare(
     limit: int,
     session_id: uuid.UUID | None = None,
     kinds: Sequence[str] | None = None,
+    include_superseded: bool = False,
+    scope: ReadScope = AGENT_WIDE,
 ) -> tuple[str, dict[str, Any]] | None:
     """The statement and its parameters; None when the query has no word worth looking up."""
     words = query_words(query)
@@ -196,7 +206,18 @@ def _prepare(
     params["words"] = significant
     params["session_id"] = str(session_id) if session_id is not None else None
     params["kinds"] = list(kinds) if kinds else None
+    params["include_superseded"] = include_superseded
+    params.update(scope_params(scope))
     return _SEARCH_SQL[trigram], params
+
+
+def scope_params(scope: ReadScope) -> dict[str, Any]:
+    """The user scope's parameters of the search statement and of search_candidates."""
+    return {
+        "all_users": scope.all_users,
+        "user_id": str(scope.user_id) if scope.user_id is not None else None,
+        "include_shared": scope.include_shared,
+    }
 
 
 @dataclass(frozen=True)
@@ -254,8 +275,11 @@ class SearchStore:
         limit: int,
         session_id: uuid.UUID | None = None,
         kinds: Sequence[str] | None = None,
+        include_superseded: bool = False,
+        scope: ReadScope = AGENT_WIDE,
     ) -> list[SearchHit]:
-        """The best ``limit`` memories for ``query``, best first; none for a query of no words."""
+        """The best ``limit`` memories for ``query`` among the reader's ``scope``, best first;
+        none for a query of no words."""
         trigram = self.trigram_available()
         prepared = _prepare(
             agent_id,
@@ -264,6 +288,8 @@ class SearchStore:
             limit=limit,
             session_id=session_id,
             kinds=kinds,
+            include_superseded=include_superseded,
+            scope=scope,
         )
         if prepared is None:
             return []
@@ -283,13 +309,19 @@ class SearchStore:
         ]
 
     def explain(
-        self, org_id: uuid.UUID, agent_id: uuid.UUID, query: str, *, limit: int = 10
+        self,
+        org_id: uuid.UUID,
+        agent_id: uuid.UUID,
+        query: str,
+        *,
+        limit: int = 10,
+        scope: ReadScope = AGENT_WIDE,
     ) -> str:
         """``EXPLAIN (ANALYZE, BUFFERS)`` of :meth:`search` as the tenant runs it, followed by
         the plan of each candidate branch as ``search_candidates`` runs it (as the connection's
         own role, which should be the role that migrated: the function's owner)."""
         trigram = self.trigram_available()
-        prepared = _prepare(agent_id, query, trigram=trigram, limit=limit)
+        prepared = _prepare(agent_id, query, trigram=trigram, limit=limit, scope=scope)
         if prepared is None:
             return ""
         sql, params = prepared
@@ -305,7 +337,8 @@ class SearchStore:
             branches = self.db.execute_sql(
                 "SELECT word, kind, statement FROM ibex_memory.search_branches(%(agent_id)s::uuid,"
                 " %(words)s::text[], %(tri_words)s::text[], NULL, NULL,"
-                f" {WORD_CANDIDATES}, {TRIGRAM_CANDIDATES})",
+                f" {WORD_CANDIDATES}, {TRIGRAM_CANDIDATES},"
+                " %(all_users)s, %(user_id)s::uuid, %(include_shared)s)",
                 params,
             ).fetchall()
             # What search_candidates skips at run time is marked, not run.

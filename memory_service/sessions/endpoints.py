@@ -29,7 +29,9 @@ from memory_service.http import (
     respond_json,
 )
 from memory_service.memories.store import MemoryStore
+from memory_service.scope import USER_HEADER, UserRef
 from memory_service.sessions.service import SessionService
+from memory_service.users.service import UserService
 from models.session_status import SessionInfo
 from models.store import TurnInput
 from schema.sessions import (
@@ -38,6 +40,7 @@ from schema.sessions import (
     SessionListQuerySchema,
     TurnsAppendSchema,
 )
+from schema.users import MAX_USER_KEY_CHARS
 
 SESSIONS_READ, SESSIONS_WRITE = "sessions:read", "sessions:write"
 MEMORY_WRITE = "memory:write"
@@ -61,6 +64,7 @@ def session_json(info: SessionInfo) -> dict[str, Any]:
         "org_id": str(s.org_id),
         "agent_id": str(s.agent_id),
         "external_id": s.external_id,
+        "user_id": str(s.user_id) if s.user_id is not None else None,
         "status": s.status,
         "model": s.model,
         "provider": s.provider,
@@ -94,6 +98,32 @@ def _external_id_header(req: falcon.Request) -> str | None:
     return value
 
 
+def _user_header(req: falcon.Request) -> str | None:
+    """The user's key in ``X-IBEX-User-ID``, if any."""
+    value = req.get_header(USER_HEADER)
+    if value is None:
+        return None
+    value = value.strip()
+    if not 0 < len(value) <= MAX_USER_KEY_CHARS or not value.isprintable():
+        raise ApiError(
+            400,
+            "INVALID_HEADER",
+            f"{USER_HEADER} must be 1-{MAX_USER_KEY_CHARS} printable characters",
+        )
+    return value
+
+
+def _named_user(req: falcon.Request, body: dict[str, Any]) -> UserRef:
+    """The user the body or the ``X-IBEX-User-ID`` header (a key) names; both: the same."""
+    named = UserRef.of(body)
+    header = _user_header(req)
+    if header is None:
+        return named
+    if named.id is not None or (named.key is not None and named.key != header):
+        raise validation_error({"user": [f"differs from the {USER_HEADER} header"]})
+    return UserRef(key=header)
+
+
 def session_cursor(info: SessionInfo) -> str:
     """The list cursor after ``info``: the same codec as the memories list."""
     return encode_cursor(info.session.created_at, info.session.id)
@@ -103,14 +133,15 @@ class SessionsResource:
     """``/v1/sessions`` and ``/v1/sessions/{session_id}`` with its ``turns``, ``complete`` and
     ``abandon`` suffixes (Falcon suffixed responders)."""
 
-    def __init__(self, api: Api, service: SessionService) -> None:
+    def __init__(self, api: Api, service: SessionService, users: UserService) -> None:
         self.api = api
         self.service = service
+        self.users = users
 
     # -- /v1/sessions ----------------------------------------------------------------------
 
     def on_post(self, req: falcon.Request, resp: falcon.Response) -> None:
-        _, org_id = authenticate(self.api, req, SESSIONS_WRITE)
+        principal, org_id = authenticate(self.api, req, SESSIONS_WRITE)
         named = _external_id_header(req)
         body = json_body(req, self.api, CREATE_SCHEMA)
         external_id = body["external_id"]
@@ -120,19 +151,26 @@ class SessionsResource:
                     {"external_id": [f"differs from the {SESSION_HEADER} header"]}
                 )
             external_id = named
+        user_id = self.users.writer(principal, org_id, _named_user(req, body))
         info, created = self.service.open(
             org_id,
             agent_slug=body.get("agent"),
             agent_id=body.get("agent_id"),
+            create_agent=body["create_agent"],
             external_id=external_id,
             model=body["model"],
             provider=body["provider"],
+            user_id=user_id,
         )
         resp.location = f"/v1/sessions/{info.session.id}"
         respond_json(resp, 201 if created else 200, session_json(info))
 
     def on_get(self, req: falcon.Request, resp: falcon.Response) -> None:
-        org_id, after, query = list_request(self.api, req, SESSIONS_READ, LIST_QUERY_SCHEMA)
+        principal, org_id, after, query = list_request(
+            self.api, req, SESSIONS_READ, LIST_QUERY_SCHEMA
+        )
+        if query.get("agent_id") is not None:
+            self.service.agents.resolve(org_id, agent_id=query["agent_id"])
         limit = query["limit"]
         infos = self.service.list(
             org_id,
@@ -141,6 +179,7 @@ class SessionsResource:
             status=query.get("status"),
             limit=limit + 1,
             after=after,
+            owner=principal.user_id,
         )
         next_cursor = session_cursor(infos[limit - 1]) if len(infos) > limit else None
         respond_json(
@@ -152,8 +191,9 @@ class SessionsResource:
     # -- /v1/sessions/{session_id} ---------------------------------------------------------
 
     def on_get_one(self, req: falcon.Request, resp: falcon.Response, session_id: uuid.UUID) -> None:
-        _, org_id = authenticate(self.api, req, SESSIONS_READ)
-        respond_json(resp, 200, session_json(self.service.info(org_id, session_id)))
+        principal, org_id = authenticate(self.api, req, SESSIONS_READ)
+        info = self.service.info(org_id, session_id, principal.user_id)
+        respond_json(resp, 200, session_json(info))
 
     def on_delete_one(
         self, req: falcon.Request, resp: falcon.Response, session_id: uuid.UUID
@@ -164,17 +204,17 @@ class SessionsResource:
         principal, org_id = authenticate(self.api, req, SESSIONS_WRITE)
         if MEMORY_WRITE not in principal.scopes:
             raise ApiError(403, "INSUFFICIENT_SCOPE", f"this token lacks the {MEMORY_WRITE} scope")
-        self.service.delete(org_id, session_id)
+        self.service.delete(org_id, session_id, principal.user_id)
         resp.status = 204
 
     def on_post_turns(
         self, req: falcon.Request, resp: falcon.Response, session_id: uuid.UUID
     ) -> None:
-        _, org_id = authenticate(self.api, req, SESSIONS_WRITE)
+        principal, org_id = authenticate(self.api, req, SESSIONS_WRITE)
         body = json_body(req, self.api, TURNS_SCHEMA)
         turns = [TurnInput.from_loaded(t) for t in body["turns"]]
         info, added = self.service.append_turns(
-            org_id, session_id, body["turns"][0]["turn_index"], turns
+            org_id, session_id, body["turns"][0]["turn_index"], turns, principal.user_id
         )
         if not added:
             resp.set_header(REPLAYED_HEADER, "true")
@@ -185,8 +225,9 @@ class SessionsResource:
     def _status(
         self, req: falcon.Request, resp: falcon.Response, session_id: uuid.UUID, status: str
     ) -> None:
-        _, org_id = authenticate(self.api, req, SESSIONS_WRITE)
-        respond_json(resp, 200, session_json(self.service.set_status(org_id, session_id, status)))
+        principal, org_id = authenticate(self.api, req, SESSIONS_WRITE)
+        info = self.service.set_status(org_id, session_id, status, principal.user_id)
+        respond_json(resp, 200, session_json(info))
 
     def on_post_complete(
         self, req: falcon.Request, resp: falcon.Response, session_id: uuid.UUID
@@ -199,9 +240,11 @@ class SessionsResource:
         self._status(req, resp, session_id, "abandoned")
 
 
-def add_routes(app: falcon.App, api: Api, db: peewee.Database, memories: MemoryStore) -> None:
+def add_routes(
+    app: falcon.App, api: Api, db: peewee.Database, memories: MemoryStore, users: UserService
+) -> None:
     """Serve the sessions API on ``app``."""
-    resource = SessionsResource(api, SessionService(db, memories))
+    resource = SessionsResource(api, SessionService(db, memories), users)
     one = "/v1/sessions/{session_id:uuid}"
     app.add_route("/v1/sessions", resource)
     app.add_route(one, resource, suffix="one")

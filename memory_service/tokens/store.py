@@ -49,6 +49,8 @@ class TokenRow:
     created_at: dt.datetime
     last_used_at: dt.datetime | None
     revoked_at: dt.datetime | None
+    #: The user a user-bound token may act for (its org's); None: not bound.
+    user_id: uuid.UUID | None = None
 
     @classmethod
     def from_db(cls, row: Sequence[Any]) -> TokenRow:
@@ -63,13 +65,14 @@ class TokenRow:
             created_at=row[7],
             last_used_at=row[8],
             revoked_at=row[9],
+            user_id=uuid.UUID(str(row[10])) if len(row) > 10 and row[10] is not None else None,
         )
 
     def public(self) -> dict[str, Any]:
         """What ``ibex token list --json`` prints: never the hash."""
         data = dataclasses.asdict(self)
         data.pop("token_hash")
-        for name in ("id", "org_id"):
+        for name in ("id", "org_id", "user_id"):
             data[name] = str(data[name]) if data[name] is not None else None
         for name in ("created_at", "last_used_at", "revoked_at"):
             value = data[name]
@@ -80,7 +83,7 @@ class TokenRow:
 
 TOKEN_COLUMNS = (
     "id, org_id, name, token_hash, prefix, scopes, is_service,"  # noqa: S105 (column names)
-    " created_at, last_used_at, revoked_at"
+    " created_at, last_used_at, revoked_at, user_id"
 )
 
 
@@ -95,12 +98,13 @@ class TokenStore:
     def lookup(self, token_hash: str) -> TokenRow | None:
         """The token with this hash, revoked or not; stamps ``last_used_at`` at most per minute.
 
-        Runs as the tenant role, which cannot read the table: ``ibex_memory.authenticate_token``
-        returns only the row of the hash given and does the stamping (migration 000005)."""
+        Runs as the tenant role, which cannot read the table: ``ibex_memory.authenticate_bearer``
+        returns only the row of the hash given, with the user the token is bound to, and does
+        the stamping (migrations 000005 and 000013)."""
         with transaction(self.db):
             self.db.execute_sql(f"SET LOCAL ROLE {APP_ROLE}")
             row = self.db.execute_sql(
-                f"SELECT {TOKEN_COLUMNS} FROM ibex_memory.authenticate_token(%s)",
+                f"SELECT {TOKEN_COLUMNS} FROM ibex_memory.authenticate_bearer(%s)",
                 (token_hash,),
             ).fetchone()
         return TokenRow.from_db(row) if row else None
@@ -113,12 +117,13 @@ class TokenStore:
         token_hash: str,
         prefix: str,
         scopes: Sequence[str],
+        user_id: uuid.UUID | None = None,
     ) -> TokenRow:
         with transaction(self.db):
             row = self.db.execute_sql(
                 "INSERT INTO ibex_memory.api_tokens"
-                " (org_id, name, token_hash, prefix, scopes, is_service)"
-                f" VALUES (%s, %s, %s, %s, %s, %s) RETURNING {TOKEN_COLUMNS}",
+                " (org_id, name, token_hash, prefix, scopes, is_service, user_id)"
+                f" VALUES (%s, %s, %s, %s, %s, %s, %s) RETURNING {TOKEN_COLUMNS}",
                 (
                     str(org_id) if org_id else None,
                     name,
@@ -126,6 +131,7 @@ class TokenStore:
                     prefix,
                     list(scopes),
                     org_id is None,
+                    str(user_id) if user_id else None,
                 ),
             ).fetchone()
         return TokenRow.from_db(row)
@@ -153,9 +159,15 @@ class TokenStore:
             return upsert_org(self.db, slug)
 
     def issue(
-        self, *, org_id: uuid.UUID | None, name: str | None, scopes: Sequence[str]
+        self,
+        *,
+        org_id: uuid.UUID | None,
+        name: str | None,
+        scopes: Sequence[str],
+        user_id: uuid.UUID | None = None,
     ) -> tuple[TokenRow, str]:
-        """A new token: stored as its hash, returned in clear this once."""
+        """A new token: stored as its hash, returned in clear this once; bound to ``user_id``
+        (a user of ``org_id``) when given."""
         token = generate_token()
         row = self.create(
             org_id=org_id,
@@ -163,5 +175,6 @@ class TokenStore:
             token_hash=hash_token(token),
             prefix=display_prefix(token),
             scopes=scopes,
+            user_id=user_id,
         )
         return row, token

@@ -243,6 +243,17 @@ def end_state(
             if tag and int(tag.group(1)) > calls:
                 bad.append(f"turn {sid}/{ti}: stored wording {tag.group(1)} of {calls} calls")
 
+    # Whose memory: every memory of a session carries that session's user (none for an
+    # agent-wide session), however the run was cut.
+    wrong_user = _rows(
+        db,
+        "SELECT m.id::text, m.user_id::text, s.user_id::text FROM ibex_memory.memories m"
+        "  JOIN ibex_core.sessions s ON s.id = m.session_id"
+        " WHERE m.user_id IS DISTINCT FROM s.user_id",
+    )
+    if wrong_user:
+        bad.append(f"{len(wrong_user)} memories with the wrong user, e.g. {wrong_user[:3]}")
+
     # Invariant 6: nothing dead-lettered but what the test expects.
     dead = _rows(db, "SELECT count(*) FROM ibex_core.dead_letters WHERE replayed_at IS NULL")
     if int(dead[0][0]) != expected_dead_letters:
@@ -255,6 +266,9 @@ def end_state(
         "sessions": len(sessions),
         "turns": len(turns),
         "memories": len(memories),
+        "memories with a user": int(
+            _rows(db, "SELECT count(*) FROM ibex_memory.memories WHERE user_id IS NOT NULL")[0][0]
+        ),
         "slot outcomes": dict(sorted(outcomes.items())),
         "LLM claims (extraction_turns.llm_calls)": _spread(db_calls, n),
         "LLM requests (fake LLM counters)": _spread(http_calls, n),

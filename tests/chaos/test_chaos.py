@@ -48,6 +48,9 @@ DRAIN_TIMEOUT_S = 120.0
 class Dataset:
     sessions: int
     turns: int
+    #: Give three sessions in four a user (two people per org, the fourth session agent-wide),
+    #: so the end state can check that every memory carries its session's user.
+    users: bool = False
 
     @property
     def total(self) -> int:
@@ -69,12 +72,14 @@ class Dataset:
                 }
                 for t in range(self.turns)
             ]
-            record = {
+            record: dict[str, Any] = {
                 "org": "acme" if s % 2 else "globex",
                 "agent": f"bot{s % 3}",
                 "session": f"{tag}-{s}",
                 "turns": turns,
             }
+            if self.users and s % 4 != 3:
+                record["user"] = f"person-{s % 4 % 2}"
             out.append(json.dumps(record))
         return out
 
@@ -198,7 +203,7 @@ def test_faults_during_a_run_end_with_every_invariant(
     """
     rng = random.Random(chaos_seed)
     print(f"\nCHAOS_SEED={chaos_seed}")
-    data = Dataset(sessions=16, turns=6)
+    data = Dataset(sessions=16, turns=6, users=True)
     _import(store, data, "main")
     started = time.monotonic()
     stack = make_stack(ChaosConfig(seed=chaos_seed))

@@ -73,11 +73,14 @@ def test_feeds_the_conversation_waits_for_extraction_and_asks_for_context() -> N
     ]
     assert fake.calls[0][2]["agent"] == "support-bot"
     assert fake.calls[0][2]["external_id"].startswith("example-")
+    # One person's conversation, and that person's context.
+    assert fake.calls[0][2]["user"] == "dana"
     assert [t["turn_index"] for t in fake.calls[1][2]["turns"]] == [1, 2]
     assert fake.calls[-1][2] == {
         "agent_id": str(AGENT),
         "messages": [{"role": "user", "content": NEXT_QUESTION}],
         "max_tokens": 200,
+        "user": "dana",
     }
     assert waits == [0.5, 0.5]
     assert context.context == BLOCK

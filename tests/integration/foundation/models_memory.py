@@ -30,6 +30,11 @@ class Memory(BaseModel):
     content_tsv = TSVectorField(null=True)
     #: Whose memory (``000012_users.sql``); NULL: agent-wide.
     user_id = UUIDField(null=True)
+    #: Supersession (``000014_change.sql``): what replaced it (NULL: current), when, and
+    #: since when the fact holds.
+    superseded_by = UUIDField(null=True)
+    superseded_at = DateTimeTZField(null=True)
+    valid_from = DateTimeTZField()
 
     class Meta:
         schema = "ibex_memory"

@@ -5,7 +5,7 @@ Mirrors ``migrations/000002_pipeline.sql``.
 
 from __future__ import annotations
 
-from peewee import BigAutoField, CompositeKey, IntegerField, TextField, UUIDField
+from peewee import BigAutoField, BooleanField, CompositeKey, IntegerField, TextField, UUIDField
 from playhouse.postgres_ext import BinaryJSONField, DateTimeTZField
 
 from models.base import BaseModel, PgEnumField
@@ -34,6 +34,10 @@ class ExtractionTurn(BaseModel):
     updated_at = DateTimeTZField()
     extracted_at = DateTimeTZField(null=True)
     done_at = DateTimeTZField(null=True)
+    #: Repeated inputs (``000014_change.sql``): the LLM input's hash, and whether the result
+    #: was reused from another turn's (no LLM call).
+    input_hash = TextField(null=True)
+    reused = BooleanField()
 
     class Meta:
         schema = "ibex_core"

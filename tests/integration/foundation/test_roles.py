@@ -95,11 +95,28 @@ SCAN_COLUMNS = {
 
 POLICY_PREDICATE = "ibex_core.rls_org_visible(uuid)"
 TOKEN_LOOKUP = "ibex_memory.authenticate_token(text)"
+#: The lookup with the user a token is bound to (migration 000013), which the service calls.
+BEARER_LOOKUP = "ibex_memory.authenticate_bearer(text)"
 #: Memory search: index lookups scoped to the transaction's org (ids only; rows are then read
 #: under RLS).
 SEARCH = {
     "ibex_memory.search_branches(uuid,text[],text[],uuid,text[],integer,integer)",
     "ibex_memory.search_candidates(uuid,text[],text[],uuid,text[],integer,integer)",
+    # Narrowed to the reader's users (migration 000013): all users, one user with or without
+    # the agent-wide memories, or those alone.
+    "ibex_memory.search_branches(uuid,text[],text[],uuid,text[],integer,integer,boolean,uuid,"
+    "boolean)",
+    "ibex_memory.search_candidates(uuid,text[],text[],uuid,text[],integer,integer,boolean,uuid,"
+    "boolean)",
+    "ibex_memory.user_scope_condition(boolean,uuid,boolean)",
+}
+
+#: Supersession and near-duplicates (000014): the trigram lookup create_memory calls as the
+#: tenant role (it runs as its owner, confined to the org set, like search_candidates), and
+#: the history walk (under the caller's row-level security).
+CHANGE = {
+    "ibex_memory.near_duplicate_of(uuid,uuid,text,text,real,uuid[])",
+    "ibex_memory.memory_history(uuid)",
 }
 
 #: A session's extraction progress for the sessions API, under the caller's row-level security.
@@ -115,8 +132,12 @@ SCAN_LEASE = (
 #: themselves, so no role here may execute them; the race tests' seam they call runs as the
 #: tenant role.
 STAGE_STEPS = {
-    "ibex_core.begin_extract(uuid,uuid,integer,integer,integer,integer,integer,uuid,boolean,uuid)",
-    "ibex_core.persist_result(uuid,uuid,integer,uuid,jsonb,integer,integer,integer,text,text,integer)",
+    "ibex_core.begin_extract(uuid,uuid,integer,integer,integer,integer,integer,uuid,boolean,uuid,"
+    "integer)",
+    "ibex_core.persist_result(uuid,uuid,integer,uuid,jsonb,integer,integer,integer,text,text,integer,"
+    "text,boolean)",
+    # A result persisted for the same LLM input (000014): reused with no LLM call.
+    "ibex_core.find_result(uuid,text)",
     "ibex_core.load_slot(uuid,uuid,integer,integer)",
     "ibex_core.record_slot(uuid,uuid,integer,integer,uuid,uuid,text)",
     "ibex_core.complete_turn(uuid,uuid,integer)",
@@ -132,11 +153,27 @@ FORGET_USER = "ibex_core.forget_user(uuid,uuid)"
 EXPECTED: dict[str, dict[str, Any]] = {
     "tenant": {
         "tables": TENANT_TABLES,
-        "functions": {POLICY_PREDICATE, TOKEN_LOOKUP, PROGRESS, STAGE_PAUSE, *SEARCH},
+        "functions": {
+            POLICY_PREDICATE,
+            TOKEN_LOOKUP,
+            BEARER_LOOKUP,
+            PROGRESS,
+            STAGE_PAUSE,
+            *SEARCH,
+            *CHANGE,
+        },
     },
     "tenant without org": {
         "tables": {},
-        "functions": {POLICY_PREDICATE, TOKEN_LOOKUP, PROGRESS, STAGE_PAUSE, *SEARCH},
+        "functions": {
+            POLICY_PREDICATE,
+            TOKEN_LOOKUP,
+            BEARER_LOOKUP,
+            PROGRESS,
+            STAGE_PAUSE,
+            *SEARCH,
+            *CHANGE,
+        },
     },
     "scan": {
         "tables": {"ibex_core.sessions": {"SELECT": SCAN_COLUMNS}},
@@ -156,19 +193,22 @@ KNOWN_TABLES = set(TENANT_TABLES)
 KNOWN_FUNCTIONS = {
     POLICY_PREDICATE,
     TOKEN_LOOKUP,
+    BEARER_LOOKUP,
     "ibex_core.touch_updated_at()",
     "ibex_core.reject_update()",
     "ibex_core.sessions_monotonic()",
     "ibex_core.directive_version_detach()",
     "ibex_core.extraction_result_first_wins()",
     "ibex_memory.memory_of_deleted_session()",
-    "ibex_memory.create_memory(uuid,uuid,uuid,integer,integer,text,text,text,jsonb,text,text,uuid)",
+    "ibex_memory.create_memory(uuid,uuid,uuid,integer,integer,text,text,text,jsonb,text,text,uuid,"
+    "uuid[],boolean,real)",
     FORGET_USER,
     PROGRESS,
     SCAN_LEASE,
     STAGE_PAUSE,
     *STAGE_STEPS,
     *SEARCH,
+    *CHANGE,
 }
 
 

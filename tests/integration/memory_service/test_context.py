@@ -8,10 +8,26 @@ from typing import Any
 import httpx
 import pytest
 
+from core.config import Settings
 from memory_service.search.context import estimate_tokens
 from schema.search import ContextResultSchema
 from tests.integration.memory_service.helpers import Tenant
 from tests.integration.memory_service.test_search import write
+
+
+@pytest.fixture
+def settings(database_url: str, redis_url: str) -> Settings:
+    """The service with its near-duplicate refusal off, so near-identical memories can be
+    stored and the packing's own rule (never the same words twice in one block) is what is
+    tested here; the refusal has its tests in test_change.py."""
+    return Settings.from_env(
+        {
+            "DATABASE_URL": database_url,
+            "REDIS_URL": redis_url,
+            "MEMORY_MAX_BODY_BYTES": "4096",
+            "MEMORY_NEAR_DUPLICATE_THRESHOLD": "0",
+        }
+    )
 
 
 @pytest.fixture
@@ -104,5 +120,29 @@ def test_another_orgs_memories_are_never_packed(
     write(http, globex, "Dana is allergic to peanuts.", theirs)
     body = {"agent_id": str(globex.agent_id), "query": "Dana peanuts"}
     response = http.post("/v1/context", json=body, headers=acme.headers())
+    assert (response.status_code, response.json()["error"]["code"]) == (404, "UNKNOWN_AGENT")
+    # Nor by the slug of globex's agent: acme has an agent of that slug, with nothing stored.
+    body = {"agent": "bot", "query": "Dana peanuts"}
+    response = http.post("/v1/context", json=body, headers=acme.headers())
     assert response.status_code == 200
     assert response.json() == {"context": "", "memories": [], "tokens": 0, "dropped": 0}
+
+
+def test_the_agent_by_slug_or_id_and_an_unknown_one(
+    http: httpx.Client, acme: Tenant, session_id: uuid.UUID
+) -> None:
+    write(http, acme, "Dana is allergic to peanuts.", session_id)
+    by_id = {"agent_id": str(acme.agent_id), "query": "Dana peanuts"}
+    by_slug = {"agent": "bot", "query": "Dana peanuts"}
+    got = http.post("/v1/context", json=by_slug, headers=acme.headers(acme.reader))
+    assert got.status_code == 200, got.text
+    assert got.json()["context"] == "<memories>\n- Dana is allergic to peanuts.\n</memories>"
+    assert got.json() == http.post("/v1/context", json=by_id, headers=acme.headers()).json()
+    for named in ({"agent": "suport-bot"}, {"agent_id": str(uuid.uuid4())}):
+        body = {"query": "Dana peanuts", **named}
+        response = http.post("/v1/context", json=body, headers=acme.headers(acme.reader))
+        assert response.status_code == 404, response.text
+        assert response.json()["error"]["code"] == "UNKNOWN_AGENT"
+    both = {**by_slug, "agent_id": str(acme.agent_id)}
+    response = http.post("/v1/context", json=both, headers=acme.headers())
+    assert response.status_code == 422 and "agent" in response.json()["error"]["fields"]

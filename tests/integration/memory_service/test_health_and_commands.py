@@ -9,6 +9,7 @@ import httpx
 import pytest
 
 from cli import main
+from core.migrate import describe_target
 from memory_service.app import create_app, make_pool
 from tests.integration.memory_service.helpers import make_source_session, memory_body
 
@@ -51,6 +52,8 @@ def test_readyz_is_503_until_the_schema_is_current(settings, redis_client, unmig
                 "redis": "ok",
             }
             assert "run `ibex migrate`" in body["details"]["schema"]
+            target = describe_target(unmigrated_url)
+            assert f"the database at {target} has no IBEX schema" in (body["details"]["schema"])
             # Migrated by an older release: the last migration is pending.
             migrate(unmigrated_url)
             conn = psycopg2.connect(unmigrated_url)
@@ -74,6 +77,44 @@ def test_readyz_is_503_until_the_schema_is_current(settings, redis_client, unmig
                 )
             conn.close()
             assert http.get("/readyz").status_code == 200
+    finally:
+        pool.close_all()
+
+
+def test_api_answers_503_with_the_migrate_hint_until_the_schema_is_current(
+    settings, redis_client, unmigrated_url
+) -> None:
+    from core.migrate import migrate
+
+    target = describe_target(unmigrated_url)
+    pool = make_pool(unmigrated_url, max_connections=2)
+    app = create_app(settings, db=pool, redis_client=redis_client)
+    auth = {"Authorization": "Bearer ibex_x"}
+    try:
+        with httpx.Client(transport=httpx.WSGITransport(app=app), base_url="http://m") as http:
+            for method, path, body in (
+                ("GET", "/v1/memories", None),
+                ("POST", "/v1/memories/search", {"query": "peanuts", "agent": "bot"}),
+                ("POST", "/v1/sessions", {"agent": "bot"}),
+            ):
+                response = http.request(method, path, headers=auth, json=body)
+                assert response.status_code == 503, (path, response.text)
+                assert response.headers["content-type"].startswith("application/json")
+                error = response.json()["error"]
+                assert error["code"] == "SCHEMA_NOT_READY"
+                assert error["message"] == (
+                    f"the database at {target} has no IBEX schema"
+                    " (never migrated): run `ibex migrate`"
+                )
+            # What does not need the schema still answers.
+            assert http.get("/healthz").status_code == 200
+            assert http.get("/openapi.json").status_code == 200
+            migrate(unmigrated_url)
+            # Current: the unknown token is refused as on any migrated database.
+            after = http.get("/v1/memories", headers=auth)
+            assert after.status_code == 401, after.text
+        # Every connection the checks borrowed went back to the pool.
+        assert not pool._in_use
     finally:
         pool.close_all()
 

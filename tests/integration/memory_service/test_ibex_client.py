@@ -124,3 +124,23 @@ def test_server_errors_arrive_typed_with_their_code(app: Any, acme: Tenant) -> N
     with client(app, acme.writer) as ibex, pytest.raises(InvalidRequestError) as invalid:
         ibex.create_memory(uuid.uuid4(), "Dana is allergic to peanuts.")
     assert invalid.value.fields == {"agent_id": ["unknown agent for this org"]}
+
+
+def test_supersession_through_the_client(ibex: IbexClient, acme: Tenant) -> None:
+    lisbon = ibex.create_memory(acme.agent_id, "Dana lives in Lisbon.")
+    assert lisbon.current and lisbon.valid_from is not None
+    # The body without supersedes is the body of before: no supersedes key is sent.
+    oslo = ibex.create_memory(acme.agent_id, "Dana lives in Oslo.", supersedes=[lisbon.id])
+    assert [m.id for m in ibex.list_memories(agent_id=acme.agent_id).items] == [oslo.id]
+    every = {m.id: m for m in ibex.iter_memories(agent_id=acme.agent_id, include_superseded=True)}
+    assert every[lisbon.id].superseded_by == oslo.id
+    assert [m.id for m in ibex.history(lisbon.id)] == [lisbon.id, oslo.id]
+    hits = ibex.search("Dana lives", agent_id=acme.agent_id, include_superseded=True)
+    assert {h.memory.id for h in hits} >= {lisbon.id, oslo.id}
+    context = ibex.context(acme.agent_id, query="Where does Dana live?")
+    assert "Lisbon" not in context.context
+    with pytest.raises(InvalidRequestError):
+        ibex.create_memory(acme.agent_id, "Dana lives in Rome.", supersedes=[lisbon.id])
+    with pytest.raises(DuplicateContentError) as caught:
+        ibex.create_memory(acme.agent_id, "dana lives in oslo")
+    assert caught.value.existing_id == oslo.id

@@ -120,7 +120,13 @@ def ibex(request: pytest.FixtureRequest, app: Any, token: str) -> Iterator[Drive
 
 
 def test_session_lifecycle_through_the_client(ibex: Driver, acme: Tenant) -> None:
-    opened = ibex("create_session", "support-bot", external_id="conv-42", model="gpt-4o-mini")
+    opened = ibex(
+        "create_session",
+        "support-bot",
+        create_agent=True,
+        external_id="conv-42",
+        model="gpt-4o-mini",
+    )
     assert isinstance(opened, Session)
     assert (opened.org_id, opened.external_id, opened.status) == (acme.org_id, "conv-42", "active")
     assert (opened.model, opened.provider, opened.turn_count) == ("gpt-4o-mini", None, 0)
@@ -211,6 +217,7 @@ def test_the_readme_client_example_runs_against_the_service(
 
     session = scope["session"]
     assert isinstance(session, Session) and session.external_id == "conv-42"
+    assert session.user_id is not None  # the example's user, created by the call
     # Printed right after completing: nothing extracted yet (no pipeline runs here).
     assert capsys.readouterr().out.strip() == str(Progress(done=0, pending=1, failed=0, pointer=0))
     with Local(BASE_URL, token) as ibex:

@@ -163,3 +163,20 @@ def test_delete_is_soft_and_frees_the_content(http: httpx.Client, acme: Tenant, 
 def test_unknown_id_is_404(http: httpx.Client, acme: Tenant) -> None:
     response = http.get(f"/v1/memories/{uuid.uuid4()}", headers=acme.headers())
     assert (response.status_code, response.json()["error"]["code"]) == (404, "NOT_FOUND")
+
+
+def test_listing_by_an_agent_the_org_does_not_have_is_404(
+    http: httpx.Client, acme: Tenant, globex: Tenant
+) -> None:
+    for agent_id in (uuid.uuid4(), globex.agent_id):  # no such agent; another org's
+        response = http.get(
+            "/v1/memories", params={"agent_id": str(agent_id)}, headers=acme.headers()
+        )
+        assert response.status_code == 404, response.text
+        assert response.json()["error"] == {
+            "code": "UNKNOWN_AGENT",
+            "message": f"no agent '{agent_id}' in this org",
+        }
+    # The org's own agent with nothing stored yet is an empty page, as before.
+    mine = http.get("/v1/memories", params={"agent_id": str(acme.agent_id)}, headers=acme.headers())
+    assert mine.status_code == 200 and mine.json()["items"] == []

@@ -10,6 +10,7 @@ import httpx
 import pytest
 
 from memory_service.search.store import WORD_CANDIDATES, SearchStore
+from schema.memory import ErrorSchema
 from schema.search import SearchResultSchema
 from tests.integration.memory_service.helpers import Tenant, memory_body
 
@@ -111,6 +112,32 @@ def test_other_agents_are_not_searched(
     assert [h["id"] for h in search(http, acme, "Ines collects")] == [mine]
 
 
+def test_the_agent_by_slug_finds_what_its_id_finds(
+    http: httpx.Client, acme: Tenant, session_id: uuid.UUID
+) -> None:
+    wanted = write(http, acme, "Dana is allergic to peanuts.", session_id)
+    by_slug = {"query": "peanuts", "agent": "bot"}
+    response = http.post("/v1/memories/search", json=by_slug, headers=acme.headers(acme.reader))
+    assert response.status_code == 200, response.text
+    assert [h["id"] for h in response.json()["items"]] == [wanted]
+    assert response.json()["items"] == search(http, acme, "peanuts")
+    # Neither agent nor agent_id: which agent to search is not guessed.
+    response = http.post("/v1/memories/search", json={"query": "peanuts"}, headers=acme.headers())
+    assert response.status_code == 422 and "agent" in response.json()["error"]["fields"]
+
+
+@pytest.mark.parametrize("named", [{"agent": "suport-bot"}, {"agent_id": str(uuid.uuid4())}])
+def test_an_unknown_agent_is_404_not_an_empty_list(
+    http: httpx.Client, acme: Tenant, named: dict[str, str]
+) -> None:
+    body = {"query": "peanuts", **named}
+    response = http.post("/v1/memories/search", json=body, headers=acme.headers(acme.reader))
+    assert response.status_code == 404, response.text
+    error = ErrorSchema().load(response.json())["error"]
+    assert error["code"] == "UNKNOWN_AGENT"
+    assert error["message"] == f"no agent {next(iter(named.values()))!r} in this org"
+
+
 def test_limit_and_order(http: httpx.Client, acme: Tenant, session_id: uuid.UUID) -> None:
     for i in range(6):
         write(http, acme, f"Walrus fact number {i}.", session_id)
@@ -134,6 +161,8 @@ def test_limit_and_order(http: httpx.Client, acme: Tenant, session_id: uuid.UUID
         ({"kinds": ["memo"]}, "kinds"),
         ({"kinds": []}, "kinds"),
         ({"agent_id": "not-a-uuid"}, "agent_id"),
+        ({"agent": "bot"}, "agent"),  # both agent and agent_id
+        ({"agent_id": None}, "agent_id"),
         ({"colour": "red"}, "colour"),
     ],
 )
@@ -172,13 +201,14 @@ def test_another_orgs_memories_are_never_returned(
     globex_session = store.create_session(globex.org_id, globex.agent_id, "conv-g").id
     write(http, acme, "Dana is allergic to peanuts.", session_id)
     theirs = write(http, globex, "Dana is allergic to peanuts and shellfish.", globex_session)
-    # globex asking with acme's agent id, and acme asking with globex's: nothing crosses.
+    # globex asking with acme's agent id, and acme asking with globex's: nothing crosses, and
+    # the other org's agent is not one of the caller's (404, as for any unknown agent).
     crossed = {"query": "Dana peanuts", "agent_id": str(acme.agent_id)}
     response = http.post("/v1/memories/search", json=crossed, headers=globex.headers())
-    assert response.status_code == 200 and response.json()["items"] == []
+    assert (response.status_code, response.json()["error"]["code"]) == (404, "UNKNOWN_AGENT")
     crossed["agent_id"] = str(globex.agent_id)
     response = http.post("/v1/memories/search", json=crossed, headers=acme.headers())
-    assert response.status_code == 200 and response.json()["items"] == []
+    assert (response.status_code, response.json()["error"]["code"]) == (404, "UNKNOWN_AGENT")
     assert [h["id"] for h in search(http, globex, "Dana peanuts")] == [theirs]
 
 

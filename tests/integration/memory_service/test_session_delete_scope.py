@@ -17,7 +17,7 @@ def test_deleting_a_session_needs_memory_write_too(
     both = make_token(db, acme.org_id, ["sessions:write", "memory:write"])[0]
     opened = http.post(
         "/v1/sessions",
-        json={"agent": "support-bot", "external_id": "doomed"},
+        json={"agent": "support-bot", "external_id": "doomed", "create_agent": True},
         headers={"Authorization": f"Bearer {sessions_only}"},
     )
     assert opened.status_code == 201, opened.text

@@ -50,7 +50,11 @@ def globex_token(db: Any, globex: Tenant) -> str:
 
 
 def open_session(http: httpx.Client, token: str, external_id: str | None = "conv-1") -> str:
-    body: dict[str, Any] = {"agent": "support-bot", "external_id": external_id}
+    body: dict[str, Any] = {
+        "agent": "support-bot",
+        "external_id": external_id,
+        "create_agent": True,
+    }
     response = http.post("/v1/sessions", json=body, headers=auth(token))
     assert response.status_code in (200, 201), response.text
     return str(response.json()["id"])
@@ -79,7 +83,12 @@ def stored_turns(db: Any, session_id: str) -> list[tuple[int, str, str, Any]]:
 def test_open_creates_once_per_external_id(http: httpx.Client, acme: Tenant, acme_token: str):  # type: ignore[no-untyped-def]
     first = http.post(
         "/v1/sessions",
-        json={"agent": "support-bot", "external_id": "conv-42", "model": "gpt-4o-mini"},
+        json={
+            "agent": "support-bot",
+            "create_agent": True,
+            "external_id": "conv-42",
+            "model": "gpt-4o-mini",
+        },
         headers=auth(acme_token),
     )
     assert first.status_code == 201, first.text
@@ -105,7 +114,7 @@ def test_open_creates_once_per_external_id(http: httpx.Client, acme: Tenant, acm
         ({"external_id": "x"}, {}, "agent"),
         ({"agent": "bot", "agent_id": str(uuid.uuid4())}, {}, "agent"),
         ({"agent": "Not A Slug"}, {}, "agent"),
-        ({"agent_id": str(uuid.uuid4())}, {}, "agent_id"),  # not an agent of this org
+        ({"agent": "bot", "create_agent": "maybe"}, {}, "create_agent"),
         ({"agent": "bot", "external_id": "a"}, {"X-IBEX-Session-ID": "b"}, "external_id"),
         ({"agent": "bot", "external_id": "bad\u0000id"}, {}, "external_id"),
         ({"agent": "bot", "surprise": 1}, {}, "surprise"),
@@ -118,6 +127,45 @@ def test_open_rejects_field_by_field(  # type: ignore[no-untyped-def]
     assert response.status_code == 422, response.text
     error = ErrorSchema().load(response.json())["error"]
     assert error["code"] == "VALIDATION_FAILED" and field in error["fields_"]
+
+
+def test_an_unknown_agent_is_refused_unless_asked_to_create_it(
+    http: httpx.Client, db: Any, acme: Tenant, acme_token: str
+) -> None:
+    def agents() -> list[str]:
+        return sorted(
+            r[0]
+            for r in db.execute_sql(
+                "SELECT slug FROM ibex_core.agents WHERE org_id = %s", (str(acme.org_id),)
+            ).fetchall()
+        )
+
+    before = agents()
+    for body in (
+        {"agent": "suport-bot", "external_id": "typo"},
+        {"agent": "suport-bot", "create_agent": False},
+        {"agent_id": str(uuid.uuid4())},
+    ):
+        response = http.post("/v1/sessions", json=body, headers=auth(acme_token))
+        assert response.status_code == 404, response.text
+        error = ErrorSchema().load(response.json())["error"]
+        assert error["code"] == "UNKNOWN_AGENT"
+        named = body.get("agent", body.get("agent_id"))
+        assert error["message"] == f"no agent {named!r} in this org"
+    assert agents() == before  # the typo created nothing
+    # An existing agent by slug needs no flag; a new one is made when asked.
+    existing = http.post("/v1/sessions", json={"agent": "bot"}, headers=auth(acme_token))
+    assert existing.status_code == 201 and existing.json()["agent_id"] == str(acme.agent_id)
+    made = http.post(
+        "/v1/sessions", json={"agent": "new-bot", "create_agent": True}, headers=auth(acme_token)
+    )
+    assert made.status_code == 201, made.text
+    assert agents() == sorted([*before, "new-bot"])
+    # Reading the sessions of an agent the org does not have is a 404 too, not an empty page.
+    listed = http.get(
+        "/v1/sessions", params={"agent_id": str(uuid.uuid4())}, headers=auth(acme_token)
+    )
+    assert (listed.status_code, listed.json()["error"]["code"]) == (404, "UNKNOWN_AGENT")
 
 
 def test_append_replay_conflict_gap_table(http: httpx.Client, db: Any, acme_token: str) -> None:
@@ -283,7 +331,9 @@ def test_delete_removes_the_session_and_its_memories(  # type: ignore[no-untyped
     http: httpx.Client, db: Any, acme_token: str
 ) -> None:
     doomed = http.post(
-        "/v1/sessions", json={"agent": "bot-d", "external_id": "doomed"}, headers=auth(acme_token)
+        "/v1/sessions",
+        json={"agent": "bot-d", "external_id": "doomed", "create_agent": True},
+        headers=auth(acme_token),
     ).json()
     kept = open_session(http, acme_token, "kept")
     agent_id = doomed["agent_id"]
@@ -311,7 +361,9 @@ def test_delete_removes_the_session_and_its_memories(  # type: ignore[no-untyped
     assert append(http, acme_token, doomed["id"], turn(1)).status_code == 404
     assert http.post(f"/v1/sessions/{doomed['id']}/complete", headers=h).status_code == 404
     reopened = http.post(
-        "/v1/sessions", json={"agent": "bot-d", "external_id": "doomed"}, headers=h
+        "/v1/sessions",
+        json={"agent": "bot-d", "external_id": "doomed", "create_agent": True},
+        headers=h,
     )
     assert reopened.status_code == 409 and reopened.json()["error"]["code"] == "SESSION_DELETED"
     # A memory written afterwards for the deleted session (its extraction was in flight) is
@@ -354,7 +406,7 @@ def test_another_orgs_session_is_404_on_every_route(  # type: ignore[no-untyped-
     assert {s["org_id"] for s in listed} == {str(globex.org_id)}  # their own fixture session
     # Nor can an acme agent be named by id from globex.
     named = http.post("/v1/sessions", json={"agent_id": str(acme.agent_id)}, headers=theirs)
-    assert named.status_code == 422
+    assert (named.status_code, named.json()["error"]["code"]) == (404, "UNKNOWN_AGENT")
     # And acme's session is untouched.
     mine = http.get(one, headers=auth(acme_token)).json()
     assert mine["status"] == "active" and mine["turn_count"] == 1
@@ -420,7 +472,9 @@ def test_a_memory_written_while_its_session_is_deleted_is_deleted_too(  # type: 
     """Both interleavings of a memory write (an extraction in flight) with DELETE, each held
     open at its commit point on its own connection: the memory ends up deleted either way."""
     opened = http.post(
-        "/v1/sessions", json={"agent": "bot-r", "external_id": "race"}, headers=auth(acme_token)
+        "/v1/sessions",
+        json={"agent": "bot-r", "external_id": "race", "create_agent": True},
+        headers=auth(acme_token),
     ).json()
     agent_id, session_id = opened["agent_id"], opened["id"]
     h = auth(acme_token)
@@ -454,7 +508,9 @@ def test_a_memory_written_while_its_session_is_deleted_is_deleted_too(  # type: 
     # 2. A deletion has run its statements and not committed when the write comes: the write
     # waits for it, then stores its memory deleted.
     second = http.post(
-        "/v1/sessions", json={"agent": "bot-r", "external_id": "race-2"}, headers=h
+        "/v1/sessions",
+        json={"agent": "bot-r", "external_id": "race-2", "create_agent": True},
+        headers=h,
     ).json()["id"]
     sessions = SessionStore(other, bind_models=False)
     with tenant(other, acme.org_id):

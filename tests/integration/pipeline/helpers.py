@@ -86,16 +86,19 @@ def make_session(
 ) -> SessionRef:
     org_id = store.ensure_org(org)
     agent_id = store.ensure_agent(org_id, agent)
-    session = store.create_session(
-        org_id, agent_id, external_id or f"conv-{uuid.uuid4().hex[:10]}", status=status
-    )
+    external_id = external_id or f"conv-{uuid.uuid4().hex[:10]}"
+    session = store.create_session(org_id, agent_id, external_id, status=status)
     if turns:
+        # Each session's own words: identical turns of one scope would share one extraction
+        # (a repeated input reuses the persisted result), which test_change_pipeline.py tests.
         store.append_turns(
             org_id,
             session.id,
             [
                 TurnInput(
-                    messages=[{"role": "user", "content": f"I like colour number {i}."}],
+                    messages=[
+                        {"role": "user", "content": f"I like colour number {i} ({external_id})."}
+                    ],
                     completion={"role": "assistant", "content": f"Noted: {i}."},
                 )
                 for i in range(1, turns + 1)
@@ -136,7 +139,9 @@ class FakeProvider:
     def reject_always(self, session_id: uuid.UUID, turn_index: int) -> None:
         self.always_fail[(session_id, turn_index)] = LLMRejectedError("400 bad request", status=400)
 
-    def extract(self, turn: Turn, context: Sequence[Turn]) -> ExtractionResult:
+    def extract(
+        self, turn: Turn, context: Sequence[Turn], related: Sequence[Any] = ()
+    ) -> ExtractionResult:
         key = (turn.session_id, turn.turn_index)
         with self._lock:
             self.calls[key] += 1

@@ -112,7 +112,9 @@ def test_a_session_fed_over_the_api_is_extracted_like_an_imported_one(  # type: 
     h = {"Authorization": f"Bearer {app_token}"}
     # Over the API, the way a proxy on the chat path feeds it: in pieces, with a retry.
     opened = http.post(
-        "/v1/sessions", json={"agent": "api-bot", "external_id": "conv-api"}, headers=h
+        "/v1/sessions",
+        json={"agent": "api-bot", "external_id": "conv-api", "create_agent": True},
+        headers=h,
     )
     assert opened.status_code == 201, opened.text
     api_id = opened.json()["id"]

@@ -330,10 +330,10 @@ def test_a_stalled_attempt_redelivered_under_the_same_message_id_makes_no_second
     entered, resume = threading.Event(), threading.Event()
     real_extract = provider.extract
 
-    def stalled_extract(turn: Any, context: Any) -> Any:
+    def stalled_extract(turn: Any, context: Any, related: Any = ()) -> Any:
         entered.set()
         assert resume.wait(10)
-        return real_extract(turn, context)
+        return real_extract(turn, context, related)
 
     provider.extract = stalled_extract  # type: ignore[method-assign]
     stalled: list[list[Send]] = []

@@ -219,11 +219,11 @@ class HeldProvider(FakeProvider):
         self.inside = threading.Event()
         self.go = go if go is not None else threading.Event()
 
-    def extract(self, turn: Turn, context: Any) -> ExtractionResult:
+    def extract(self, turn: Turn, context: Any, related: Any = ()) -> ExtractionResult:
         if threading.current_thread().name == self.held_thread:
             self.inside.set()
             assert self.go.wait(TIMEOUT), "the held LLM call was never let go"
-        return super().extract(turn, context)
+        return super().extract(turn, context, related)
 
 
 def _busy_or_sends(deps: StageDeps, ref: SessionRef) -> list[Send] | str:

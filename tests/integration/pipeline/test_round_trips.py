@@ -42,9 +42,9 @@ def test_extract_reads_the_turns_in_the_claim_transaction_with_their_context(
     seen: list[tuple[int, list[int]]] = []
     inner = provider.extract
 
-    def recording(turn: Any, context: Any) -> Any:
+    def recording(turn: Any, context: Any, related: Any = ()) -> Any:
         seen.append((turn.turn_index, [t.turn_index for t in context]))
-        return inner(turn, context)
+        return inner(turn, context, related)
 
     monkeypatch.setattr(provider, "extract", recording)
     read_turns = Spy(monkeypatch, deps.store, "read_turns")

@@ -46,6 +46,7 @@ def test_every_command_is_a_module_of_the_cli_package() -> None:
         "migrate",
         "import",
         "token",
+        "user",
         "search",
         "scan",
         "extract",

@@ -90,3 +90,22 @@ def test_any_other_field_change_gives_another_fingerprint(body: dict[str, Any], 
 
 def test_fingerprint_format() -> None:
     assert fingerprint({"b": 1, "a": "é"}) == 'POST|/v1/memories|{"a":"é","b":1}'
+
+
+def test_the_user_is_fingerprinted_only_when_there_is_one() -> None:
+    from memory_service.canonical import canonical_request
+
+    body = {
+        "agent_id": "22222222-2222-4222-8222-222222222222",
+        "content": "Dana likes tea.",
+        "kind": "fact",
+        "metadata": {},
+        "source": None,
+    }
+    without = canonical_request(body)
+    # A body without a user (or with user_id null) has the fingerprint it had before users.
+    assert without == canonical_request({**body, "user_id": None})
+    assert "user_id" not in without
+    dana = canonical_request({**body, "user_id": "55555555-5555-4555-8555-555555555555"})
+    grace = canonical_request({**body, "user_id": "66666666-6666-4666-8666-666666666666"})
+    assert len({fingerprint_digest(x) for x in (without, dana, grace)}) == 3

@@ -34,6 +34,7 @@ def test_defaults() -> None:
         "kind": "fact",
         "source": None,
         "metadata": {},
+        "user": None,
     }
 
 
@@ -66,8 +67,32 @@ def test_a_4000_character_content_is_accepted() -> None:
     assert MemoryCreateSchema().load({"agent_id": AGENT, "content": "é" * 4000})["content"]
 
 
+def test_user_fields_are_exclusive_and_all_users_names_nobody() -> None:
+    user = "55555555-5555-4555-8555-555555555555"
+    loaded = MemoryListQuerySchema().load({"user": "dana-17", "include_shared": "false"})
+    assert (loaded["user"], loaded["include_shared"]) == ("dana-17", False)
+    with pytest.raises(ValidationError) as both:
+        MemoryListQuerySchema().load({"user": "dana-17", "user_id": user})
+    assert list(both.value.messages) == ["user_id"]
+    with pytest.raises(ValidationError) as everyone:
+        MemoryListQuerySchema().load({"user": "dana-17", "all_users": "true"})
+    assert list(everyone.value.messages) == ["all_users"]
+    with pytest.raises(ValidationError) as both_on_write:
+        MemoryCreateSchema().load({"agent_id": AGENT, "content": "x", "user": "d", "user_id": user})
+    assert list(both_on_write.value.messages) == ["user_id"]
+    with pytest.raises(ValidationError):
+        MemoryCreateSchema().load({"agent_id": AGENT, "content": "x", "user": "a\nb"})
+
+
 def test_list_query() -> None:
-    assert MemoryListQuerySchema().load({}) == {"limit": 50}
+    assert MemoryListQuerySchema().load({}) == {
+        "limit": 50,
+        "include_superseded": False,
+        "user": None,
+        "user_id": None,
+        "include_shared": True,
+        "all_users": False,
+    }
     assert MemoryListQuerySchema().load({"limit": "200"})["limit"] == 200
     with pytest.raises(ValidationError):
         MemoryListQuerySchema().load({"limit": "201"})

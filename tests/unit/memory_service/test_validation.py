@@ -59,7 +59,13 @@ metadata = st.dictionaries(st.text(max_size=4), json_values, max_size=3) | json_
 bodies = st.one_of(
     st.fixed_dictionaries(
         {"agent_id": st.uuids().map(str), "content": contents},
-        optional={"kind": kinds, "source": sources, "metadata": metadata},
+        optional={
+            "kind": kinds,
+            "source": sources,
+            "metadata": metadata,
+            "user_id": uuids | json_scalars,
+            "user": st.text(max_size=4) | json_scalars,
+        },
     ),
     st.fixed_dictionaries(
         {},
@@ -106,6 +112,8 @@ def test_whatever_the_fast_path_accepts_marshmallow_accepts_alike(data: Any) -> 
         },
         {"agent_id": AGENT, "content": "x", "source": {"session_id": SESSION}},
         {"agent_id": AGENT, "content": "x", "source": None, "metadata": {}},
+        {"agent_id": AGENT, "content": "x", "user_id": str(uuid.uuid4())},
+        {"agent_id": AGENT, "content": "x", "user_id": None},
     ],
 )
 def test_the_usual_bodies_take_the_fast_path(body: dict[str, Any]) -> None:

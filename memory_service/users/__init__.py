@@ -1,0 +1,2 @@
+"""The users domain: whose memory it is (resolving the user a request names, and forgetting
+one)."""
