@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
-import inspect
 import json
 import logging
 import os
@@ -306,20 +305,6 @@ def _bearer(header: str | None) -> str | None:
     return token if scheme.lower() == "bearer" and token else None
 
 
-def _user_kwargs(method: Callable[..., Any], user: str | None) -> dict[str, Any]:
-    """``user=`` for a client call that takes it.
-
-    USERS: the client gains ``user=`` on every call with the users work; until this process
-    runs a client that has it, a call for a user is refused rather than sent without the user
-    (which would read and write agent-wide memories on that person's behalf). A user-bound
-    token needs nothing here: the service scopes every call to its user."""
-    if user is None:
-        return {}
-    if "user" in inspect.signature(method).parameters:
-        return {"user": user}
-    raise ToolError("USER_UNSUPPORTED: this server's client cannot scope a call to a user yet")
-
-
 AgentArg = Annotated[
     str | None,
     Field(description="The agent (its id or slug); default IBEX_AGENT.", max_length=200),
@@ -376,20 +361,17 @@ def build_server(config: McpConfig) -> MCPServer[Any]:
             agent_id = await calls.run(lambda: calls.agent_id(ibex, token, agent))
             assert agent_id is not None
             key = remember_key(token, agent_id, who, content, kind)
-            extra = _user_kwargs(ibex.create_memory, who)
 
             async def store() -> Remembered:
                 try:
                     stored = await ibex.create_memory(
-                        agent_id, content, kind=kind, idempotency_key=key, **extra
+                        agent_id, content, kind=kind, idempotency_key=key, user=who
                     )
                 except DuplicateContentError as exc:
                     if exc.existing_id is None:
                         raise
                     try:
-                        known = await ibex.get_memory(
-                            exc.existing_id, **_user_kwargs(ibex.get_memory, who)
-                        )
+                        known = await ibex.get_memory(exc.existing_id, user=who)
                     except ApiError as hidden:  # e.g. a token without memory:read
                         raise ToolError(
                             f"DUPLICATE_CONTENT: the agent already has this content, as memory"
@@ -417,9 +399,8 @@ def build_server(config: McpConfig) -> MCPServer[Any]:
         async with calls.client(token) as ibex:
             agent_id = await calls.run(lambda: calls.agent_id(ibex, token, agent))
             assert agent_id is not None
-            extra = _user_kwargs(ibex.search, who)
             hits = await calls.run(
-                lambda: ibex.search(query, agent_id=agent_id, limit=limit, **extra)
+                lambda: ibex.search(query, agent_id=agent_id, limit=limit, user=who)
             )
         return Recalled(hits=[_hit(h) for h in hits])
 
@@ -440,9 +421,8 @@ def build_server(config: McpConfig) -> MCPServer[Any]:
         async with calls.client(token) as ibex:
             agent_id = await calls.run(lambda: calls.agent_id(ibex, token, agent))
             assert agent_id is not None
-            extra = _user_kwargs(ibex.context, who)
             packed = await calls.run(
-                lambda: ibex.context(agent_id, query=query, max_tokens=max_tokens, **extra)
+                lambda: ibex.context(agent_id, query=query, max_tokens=max_tokens, user=who)
             )
         return PackedContext(
             context=packed.context,
@@ -469,8 +449,7 @@ def build_server(config: McpConfig) -> MCPServer[Any]:
             if who is not None:
                 # The delete route takes no user: for a user, the memory must first be one
                 # that user can read (theirs, or agent-wide), or it is NOT_FOUND.
-                extra = _user_kwargs(ibex.get_memory, who)
-                await calls.run(lambda: ibex.get_memory(memory_id, **extra))
+                await calls.run(lambda: ibex.get_memory(memory_id, user=who))
             deleted = await calls.run(lambda: ibex.delete_memory(memory_id))
         if not deleted:
             raise ToolError(f"NOT_FOUND: no memory {memory_id} (or it is already forgotten)")
@@ -495,9 +474,8 @@ def build_server(config: McpConfig) -> MCPServer[Any]:
         who = calls.user(user)
         async with calls.client(token) as ibex:
             agent_id = await calls.run(lambda: calls.agent_id(ibex, token, agent, required=False))
-            extra = _user_kwargs(ibex.list_memories, who)
             page = await calls.run(
-                lambda: ibex.list_memories(agent_id=agent_id, cursor=cursor, limit=limit, **extra)
+                lambda: ibex.list_memories(agent_id=agent_id, cursor=cursor, limit=limit, user=who)
             )
         return MemoryPage(memories=[_memory(m) for m in page.items], next_cursor=page.next_cursor)
 

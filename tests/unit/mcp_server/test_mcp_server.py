@@ -1,17 +1,14 @@
 """The MCP server's own decisions, without a service: the idempotency key of ``remember``, the
-user passed only to a client call that takes it, the configuration from the environment, and
-the tool schemas the SDK publishes."""
+bearer token, the configuration from the environment, the tool schemas the SDK publishes and
+how an API refusal reads."""
 
 from __future__ import annotations
 
 import asyncio
 import uuid
 
-import pytest
-from mcp.server.mcpserver.exceptions import ToolError
-
 from mcp_server import TOOL_NAMES, McpConfig, build_server, remember_key
-from mcp_server.server import _bearer, _user_kwargs
+from mcp_server.server import _bearer
 
 AGENT = uuid.UUID("0b0c4a4e-3c55-4c79-9d2f-4f1f0bb3f7a1")
 
@@ -29,17 +26,6 @@ def test_remember_key_is_the_same_for_the_same_call_and_scope() -> None:
         remember_key("tok", AGENT, None, "Dana is allergic to peanuts.", "event"),
     }
     assert key not in others and len(others) == 5
-
-
-def test_a_user_goes_only_to_a_client_call_that_takes_it() -> None:
-    def with_user(query: str, *, user: str | None = None) -> None: ...
-
-    def without_user(query: str) -> None: ...
-
-    assert _user_kwargs(without_user, None) == {}
-    assert _user_kwargs(with_user, "dana") == {"user": "dana"}
-    with pytest.raises(ToolError, match="USER_UNSUPPORTED"):
-        _user_kwargs(without_user, "dana")
 
 
 def test_bearer_header() -> None:
