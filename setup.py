@@ -17,6 +17,7 @@ SERVER_PACKAGES = (
     "extraction",
     "memory_service",
     "proxy",
+    "mcp_server",
 )
 
 setup(

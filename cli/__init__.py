@@ -21,6 +21,7 @@ from cli import (
     dlq,
     extract,
     imports,
+    mcp,
     migrate,
     prune,
     scan,
@@ -57,6 +58,7 @@ COMMANDS: dict[str, Command] = {
     "prune": prune,
     "demo": demo,
     "up": up,
+    "mcp": mcp,
 }
 
 

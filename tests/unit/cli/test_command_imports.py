@@ -56,6 +56,7 @@ def test_every_command_is_a_module_of_the_cli_package() -> None:
         "prune",
         "demo",
         "up",
+        "mcp",
     ]
     for name, module in COMMANDS.items():
         assert module.__name__.startswith("cli."), name

@@ -29,7 +29,7 @@ def test_procfile_names_the_contract_processes() -> None:
     lines = dict(
         line.split(":", 1) for line in (ROOT / "Procfile").read_text().splitlines() if line
     )
-    assert set(lines) == {"release", "web", "worker", "scheduler", "proxy"}
+    assert set(lines) == {"release", "web", "worker", "scheduler", "proxy", "mcp"}
     assert lines["release"].strip() == "ibex migrate"
     assert "dramatiq actors" in lines["worker"] and "${PORT:-8000}" in lines["web"]
 

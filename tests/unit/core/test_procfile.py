@@ -76,7 +76,7 @@ def test_rebind_replaces_the_host_and_keeps_the_port() -> None:
 def test_the_repository_procfile_runs_the_documented_commands() -> None:
     procfile = Procfile.read()
     assert procfile.path == PROCFILE
-    assert set(procfile.commands) == {"release", "web", "worker", "scheduler", "proxy"}
+    assert set(procfile.commands) == {"release", "web", "worker", "scheduler", "proxy", "mcp"}
     web = procfile.argv("web", {"PORT": "9000"}, bind_host="127.0.0.1")
     assert web[:3] == ["gunicorn", "--bind", "127.0.0.1:9000"]
     assert web[web.index("--worker-class") + 1] == (
@@ -89,6 +89,9 @@ def test_the_repository_procfile_runs_the_documented_commands() -> None:
     proxy = procfile.argv("proxy", {"PORT": "9001"})
     assert proxy[:3] == ["uvicorn", "--factory", "proxy.asgi:application"]
     assert proxy[proxy.index("--port") + 1] == "9001"
+    assert procfile.argv("mcp", {"PORT": "9001"}, bind_host="127.0.0.1") == [
+        "ibex", "mcp", "--transport", "http", "--bind", "127.0.0.1:9001"
+    ]  # fmt: skip
 
 
 def test_programs_resolve_beside_the_interpreter_first(tmp_path: Path) -> None:
