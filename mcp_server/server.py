@@ -9,10 +9,9 @@ never as a crashed server. Arguments are typed (the SDK validates them against t
 publishes), and a value the service rejects field by field names the field.
 
 The agent is ``agent`` (a tool argument) or ``IBEX_AGENT``: an agent's id, or its slug. The
-API addresses agents by id, and the client has no lookup by slug, so a slug is resolved once
-per token by opening the session ``ibex-mcp`` of that agent (``POST /v1/sessions``, which
-answers the same session every time): that needs scope ``sessions:write`` and, as for
-sessions, creates the agent when the org has none of that slug. An id needs nothing more.
+memory routes take an id, so a slug is resolved once per token with ``GET /v1/agents/{slug}``
+(any token of the org may ask); a slug the org does not have is a tool error
+(``UNKNOWN_AGENT``), never a new agent. An id needs nothing more.
 
 ``remember`` stores a memory with no source (the API allows it: a memory an agent states is
 not extracted from a session turn) under an idempotency key derived from the call's arguments
@@ -54,8 +53,6 @@ log = logging.getLogger("ibex.mcp")
 T = TypeVar("T")
 
 TOOL_NAMES = ("remember", "recall", "context", "forget", "list_memories")
-#: The external id of the session through which an agent's slug is resolved to its id.
-RESOLVER_SESSION = "ibex-mcp"
 #: ``kind`` of a memory (the API's list; the client's ``MEMORY_KINDS``).
 Kind = Literal["fact", "preference", "event", "other"]
 #: The service's search limit.
@@ -273,14 +270,12 @@ class _Calls:
         key = (hashlib.sha256(token.encode("utf-8")).hexdigest(), agent)
         if key not in self.agents:
             try:
-                session = await ibex.create_session(agent, external_id=RESOLVER_SESSION)
+                found = await ibex.get_agent(agent)
             except ApiError as exc:
-                if exc.status == 422:
-                    raise _argument_error("agent", f"not an agent id or slug: {agent!r}") from None
                 raise _api_error(exc) from None
             if len(self.agents) >= MAX_RESOLVED:
                 del self.agents[next(iter(self.agents))]
-            self.agents[key] = session.agent_id
+            self.agents[key] = found.id
         return self.agents[key]
 
     async def run(self, step: Callable[[], Awaitable[T]]) -> T:

@@ -12,10 +12,12 @@ import uuid
 from collections.abc import Mapping
 from typing import Any
 
+import falcon
 import peewee
 
 from core.db import tenant, transaction
 from memory_service.domain_errors import AgentNotFoundError, NoSuchOrgError
+from memory_service.http import Api, authenticate, respond_json
 
 
 class AgentResolver:
@@ -63,3 +65,30 @@ class AgentResolver:
             org_id, slug=body.get("agent"), agent_id=body.get("agent_id")
         )
         return resolved
+
+
+class AgentResource:
+    """``GET /v1/agents/{agent}``: the org's agent by slug or id, as ``{"id", "slug"}`` (404
+    ``UNKNOWN_AGENT`` otherwise), for callers that hold a slug and need the id a route takes
+    (``POST /v1/memories``, ``GET /v1/memories?agent_id=``). Any token of the org may ask:
+    an agent's name is no one's memory."""
+
+    def __init__(self, api: Api, agents: AgentResolver) -> None:
+        self.api = api
+        self.agents = agents
+
+    def on_get(self, req: falcon.Request, resp: falcon.Response, agent: str) -> None:
+        _, org_id = authenticate(self.api, req, None)
+        try:
+            by_id: uuid.UUID | None = uuid.UUID(agent)
+        except ValueError:
+            by_id = None
+        if by_id is not None:
+            found = self.agents.resolve(org_id, agent_id=by_id)
+        else:
+            found = self.agents.resolve(org_id, slug=agent)
+        with tenant(self.agents.db, org_id):
+            row = self.agents.db.execute_sql(
+                "SELECT slug FROM ibex_core.agents WHERE id = %s", (str(found),)
+            ).fetchone()
+        respond_json(resp, 200, {"id": str(found), "slug": row[0]})

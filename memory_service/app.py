@@ -26,7 +26,7 @@ from redis.retry import Retry
 from core.config import Settings
 from core.db import make_pool as db_pool
 from memory_service import docs_page, errors
-from memory_service.agents import AgentResolver
+from memory_service.agents import AgentResolver, AgentResource
 from memory_service.auth import Authenticator
 from memory_service.health import HealthResource, ReadyResource, SchemaGate
 from memory_service.http import Api
@@ -131,6 +131,7 @@ def create_app(
     errors.register(app)
     app.add_error_handler(MaxConnectionsExceeded, errors.handle_unavailable)
     agents = AgentResolver(db)
+    app.add_route("/v1/agents/{agent}", AgentResource(api, agents))
     app.add_route("/v1/memories", MemoriesResource(api, memories, users, agents))
     app.add_route("/v1/memories/{memory_id:uuid}", MemoryResource(api, memories, users))
     app.add_route(

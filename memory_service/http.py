@@ -41,11 +41,13 @@ def _reject(exc: AuthError) -> ApiError:
     return ApiError(exc.status, exc.code, exc.message, headers=headers)
 
 
-def authenticate(api: Api, req: falcon.Request, scope: str) -> tuple[Principal, uuid.UUID]:
-    """The caller and the org it acts for; 401, 403 or 400 when there is none."""
+def authenticate(api: Api, req: falcon.Request, scope: str | None) -> tuple[Principal, uuid.UUID]:
+    """The caller and the org it acts for; 401, 403 or 400 when there is none. ``scope``: the
+    one the route needs (None: any token of the org)."""
     try:
         principal = api.auth.authenticate(req.get_header("Authorization"))
-        require_scope(principal, scope)
+        if scope is not None:
+            require_scope(principal, scope)
         return principal, resolve_org(principal, req.get_header("X-IBEX-Org-ID"))
     except AuthError as exc:
         raise _reject(exc) from None

@@ -39,6 +39,7 @@ from ibex_client.errors import (
 )
 from ibex_client.sync import IbexClient
 from ibex_client.types import (
+    Agent,
     Context,
     ForgottenUser,
     Memory,
@@ -53,6 +54,7 @@ from ibex_client.types import (
 )
 
 __all__ = [
+    "Agent",
     "ApiError",
     "AsyncIbexClient",
     "AuthenticationError",

@@ -18,6 +18,7 @@ import httpx
 from ibex_client._base import IDEMPOTENCY_HEADER, Call, canonical_body
 from ibex_client.errors import UnexpectedResponseError
 from ibex_client.types import (
+    Agent,
     Context,
     ForgottenUser,
     Memory,
@@ -331,6 +332,14 @@ def context(
 
 
 # -- users -----------------------------------------------------------------------------------
+
+
+def get_agent(agent: str | Id) -> Call[Agent]:
+    """``GET /v1/agents/{agent}``: the org's agent by slug or id."""
+    name = str(agent)
+    if not name:
+        raise ValueError("name the agent")
+    return Call("GET", f"/v1/agents/{quote(name, safe='')}", lambda r: Agent.from_json(_json(r)))
 
 
 def forget_user(user: str | Id) -> Call[ForgottenUser | None]:

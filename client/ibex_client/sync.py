@@ -25,6 +25,7 @@ from ibex_client import _calls
 from ibex_client._base import Call, ClientCore, Retry, RetryPolicy
 from ibex_client._calls import Id
 from ibex_client.types import (
+    Agent,
     Context,
     ForgottenUser,
     Memory,
@@ -350,6 +351,11 @@ class IbexClient:
         )
 
     # -- users -------------------------------------------------------------------------------
+
+    def get_agent(self, agent: str | Id) -> Agent:
+        """The org's agent by slug or id (its id is what the memory calls take); one the org
+        does not have raises :class:`~ibex_client.errors.NotFoundError` (``UNKNOWN_AGENT``)."""
+        return self._run(_calls.get_agent(agent))
 
     def forget_user(self, user: str | Id) -> ForgottenUser | None:
         """Forget a user (by the application's key or id; scope users:delete): the user, their

@@ -422,6 +422,22 @@ def session_page(value: Any) -> Page[Session]:
 
 
 @dataclass(frozen=True)
+class Agent:
+    """One of the org's agents: its id (what memory routes take) and its slug."""
+
+    id: uuid.UUID
+    slug: str
+
+    @classmethod
+    def from_json(cls, value: Any) -> Agent:
+        data = _obj(value, "agent")
+        slug = _req(data, "slug", "agent")
+        if not isinstance(slug, str):
+            raise UnexpectedResponseError("agent.slug is not a string")
+        return cls(id=_uuid(_req(data, "id", "agent"), "agent.id"), slug=slug)
+
+
+@dataclass(frozen=True)
 class ForgottenUser:
     """What forgetting a user did: the user's id, and how many of their sessions and memories
     were deleted and tokens revoked."""
@@ -446,6 +462,7 @@ class ForgottenUser:
 __all__ = [
     "MEMORY_KINDS",
     "SESSION_STATUSES",
+    "Agent",
     "Context",
     "ForgottenUser",
     "Memory",

@@ -225,6 +225,48 @@ def build_spec(max_body_bytes: int) -> dict[str, Any]:
         },
     )
     spec.path(
+        path="/v1/agents/{agent}",
+        operations={
+            "get": {
+                "operationId": "getAgent",
+                "summary": "One of the org's agents, by slug or id: its id is what the memory"
+                " routes take. Any token of the org may ask.",
+                "security": secured,
+                "parameters": [
+                    {
+                        "in": "path",
+                        "name": "agent",
+                        "required": True,
+                        "description": "The agent's slug, or its id.",
+                        "schema": {"type": "string", "minLength": 1},
+                    },
+                    ORG_HEADER,
+                ],
+                "responses": with_org_errors(
+                    {
+                        "200": {
+                            "description": "The agent.",
+                            "content": {
+                                "application/json": {
+                                    "schema": {
+                                        "type": "object",
+                                        "required": ["id", "slug"],
+                                        "additionalProperties": False,
+                                        "properties": {
+                                            "id": {"type": "string", "format": "uuid"},
+                                            "slug": {"type": "string"},
+                                        },
+                                    }
+                                }
+                            },
+                        },
+                        "404": UNKNOWN_AGENT,
+                    }
+                ),
+            },
+        },
+    )
+    spec.path(
         path="/v1/memories/{memory_id}/history",
         operations={
             "get": {

@@ -228,16 +228,18 @@ def test_http_without_a_bearer_token_is_refused(servers: Servers, store: Any) ->
     assert run(unknown()).startswith("UNAUTHORIZED")
 
 
-def test_an_agent_slug_is_resolved_with_sessions_write(connect: Connect, store: Any) -> None:
+def test_an_agent_slug_is_resolved_and_an_unknown_one_is_refused(
+    connect: Connect, store: Any
+) -> None:
     acme = make_tenant(store, "acme")
-    token, _ = make_token(store.db, acme.org_id, ["memory:read", "memory:write", "sessions:write"])
+    token, _ = make_token(store.db, acme.org_id, ["memory:read", "memory:write"])
 
     async def scenario() -> None:
         async with connect(token, agent="bot") as agent:
             stored = await agent.ok("remember", content="Dana is allergic to peanuts.")
             assert stored["memory"]["agent_id"] == str(acme.agent_id)
             assert (await agent.ok("recall", query="peanuts"))["hits"]
-        async with connect(acme.writer, agent="bot") as agent:  # no sessions:write
-            assert (await agent.error("recall", query="Dana")).startswith("INSUFFICIENT_SCOPE")
+        async with connect(token, agent="bto") as agent:  # a typo: no new agent
+            assert (await agent.error("recall", query="Dana")).startswith("UNKNOWN_AGENT")
 
     run(scenario())
