@@ -22,7 +22,7 @@ from core.errors import PermanentError
 from extraction.dispatch import ROUTES
 from extraction.metrics import PipelineMetrics
 from extraction.status import collect
-from schema.messages import ActorName, Queue
+from schema.messages import WORKER_QUEUES, ActorName
 
 log = logging.getLogger(__name__)
 
@@ -52,7 +52,7 @@ def observe_backlog() -> None:
         status = collect(
             deps.store.db,
             partial(queue_counts, client) if client is not None else None,
-            queues=[queue.value for queue in Queue],
+            queues=list(WORKER_QUEUES),
         )
         metrics.backlog(status)
     except Exception:

@@ -41,15 +41,15 @@ def run(args: argparse.Namespace, settings: Settings) -> int:
 
     from actors.queue_stats import queue_counts
     from extraction.status import collect
-    from schema.messages import Queue
+    from schema.messages import WORKER_QUEUES
 
     db = database(settings)
     client = redis_client(settings)
     try:
-        status = collect(db, partial(queue_counts, client), queues=[q.value for q in Queue])
+        status = collect(db, partial(queue_counts, client), queues=list(WORKER_QUEUES))
     except redis.RedisError as exc:
         print(f"ibex status: Redis unavailable ({exc}); showing Postgres only", file=sys.stderr)
-        status = collect(db, None, queues=[queue.value for queue in Queue])
+        status = collect(db, None, queues=list(WORKER_QUEUES))
     if args.json:
         print(json.dumps(as_json(status), indent=2, sort_keys=True))
     else:

@@ -28,10 +28,11 @@ from memory_service.auth import AuthError, Principal, require_scope, resolve_org
 from memory_service.tokens.store import TokenStore
 from models.store import SessionStore, TurnInput
 from proxy.conversation import StoredTurn, answers_in, plan_turn
+from schema.messages import CHAT_TURNS_QUEUE
 
 log = logging.getLogger(__name__)
 
-SPOOL_QUEUE = "chat_turns"
+SPOOL_QUEUE = CHAT_TURNS_QUEUE
 SPOOL_ACTOR = "record_chat_turn"
 #: How often storing recomputes the turn when another message of the session won the race.
 STORE_ATTEMPTS = 5

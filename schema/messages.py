@@ -27,6 +27,14 @@ class Queue(StrEnum):
     POINTER = "pointer"
 
 
+#: The chat path's spool (turns the proxy recorded, for a worker to store): not a pipeline
+#: stage, but a queue of the same workers that ``ibex status`` and the backlog gauges show.
+CHAT_TURNS_QUEUE = "chat_turns"
+
+#: Every queue the workers consume, as ``ibex status`` lists them.
+WORKER_QUEUES = (*(queue.value for queue in Queue), CHAT_TURNS_QUEUE)
+
+
 class ActorName(StrEnum):
     """The pipeline's actors, by the name their messages carry."""
 
