@@ -15,6 +15,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import importlib.resources
+import json
 import shutil
 import signal
 import subprocess
@@ -36,6 +37,11 @@ from core.progress import Progress
 RECALL_ORG, RECALL_AGENT = "acme", "support-bot"
 #: Whose memories the demo recalls: one person of the samples (each session is one person's).
 RECALL_USER = "elena"
+#: Sessions imported only once the others are extracted: a later conversation of one user
+#: (ingrid moves and changes jobs), so its extraction sees the first one's memories as related
+#: and supersedes them, as a conversation weeks later would.
+LATER_SESSIONS = frozenset({"demo-037"})
+CHANGE_ORG, CHANGE_AGENT, CHANGE_USER = "initech", "hr-helper", "ingrid"
 RECALL_QUERY = "Is the user allergic to anything, and what do they love?"
 RECALL_HITS, RECALL_TOKENS = 3, 120
 #: One line under the hits: what their numbers mean.
@@ -139,7 +145,9 @@ def _run_demo(args: argparse.Namespace, settings: Settings) -> int:
         migrate(stack["database_url"])
         db = bind(make_database(stack["database_url"]))
         store = SessionStore(db)
-        report = import_lines(store, _examples_text().splitlines())
+        lines = _examples_text().splitlines()
+        later = [line for line in lines if json.loads(line)["session"] in LATER_SESSIONS]
+        report = import_lines(store, [line for line in lines if line not in later])
         print(f"imported            {report.summary()}")
         print(f"                    {_explain_statuses(_statuses(db))}")
 
@@ -172,18 +180,13 @@ def _run_demo(args: argparse.Namespace, settings: Settings) -> int:
         processes.wait_http(f"http://127.0.0.1:{port}/healthz")
         processes.start_procfile("worker", env, log=logs / "worker.log")
         done_before = _backlog(db)[0]
-        scan = subprocess.run(
-            [sys.executable, "-m", "cli", "scan"],
-            env=env,
-            capture_output=True,
-            text=True,
-            timeout=120,
-            check=False,
-        )
-        if scan.returncode != 0:
-            raise ConfigError(f"the scan failed: {scan.stderr.strip() or scan.stdout.strip()}")
-        print(f"scan                {scan.stdout.strip().splitlines()[-1] if scan.stdout else ''}")
+        _scan(env)
         drained = _wait_for_drain(db, processes, args.timeout)
+        if drained and later:
+            # The later conversation, once the first ones' memories are stored.
+            print(f"later               {import_lines(store, later).summary()}")
+            _scan(env)
+            drained = _wait_for_drain(db, processes, args.timeout)
         summary = _summary(db, time.monotonic() - started)
         print()
         print(_totals_heading(folder, done_before, summary.turns))
@@ -193,6 +196,8 @@ def _run_demo(args: argparse.Namespace, settings: Settings) -> int:
         _print_samples(db, total=summary.memories)
         print()
         _print_recall(db, f"http://127.0.0.1:{port}", token)
+        print()
+        _print_change(db, f"http://127.0.0.1:{port}", token)
         print()
         print(f"logs                {logs}")
         print()
@@ -264,6 +269,21 @@ def _backlog(db: Any) -> tuple[int, int, int]:
 
     total = collect(db, None, queues=[]).total
     return int(total["turns_done"]), int(total["pointer_lag"]), int(total["turns_failed"])
+
+
+def _scan(env: dict[str, str]) -> None:
+    """One ``ibex scan`` now, as the scheduler would run it; prints what it sent."""
+    scan = subprocess.run(
+        [sys.executable, "-m", "cli", "scan"],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    if scan.returncode != 0:
+        raise ConfigError(f"the scan failed: {scan.stderr.strip() or scan.stdout.strip()}")
+    print(f"scan                {scan.stdout.strip().splitlines()[-1] if scan.stdout else ''}")
 
 
 def _wait_for_drain(db: Any, processes: Launcher, timeout: float) -> bool:
@@ -386,3 +406,38 @@ def _print_recall(db: Any, url: str, token: str) -> None:
         f" {len(context.memories)} memories, {context.dropped} dropped"
     )
     print(context.context or "(no memories matched)")
+
+
+def _print_change(db: Any, url: str, token: str) -> None:
+    """The facts of the later conversation that replaced earlier ones, with the memory each
+    superseded (kept, never deleted: ``include_superseded`` and the history show both)."""
+    from core.db import operator_scope
+    from ibex_client import IbexClient, IbexClientError
+
+    with operator_scope(db):
+        row = db.execute_sql(
+            "SELECT o.id, a.id FROM ibex_core.orgs o JOIN ibex_core.agents a ON a.org_id = o.id"
+            " WHERE o.slug = %s AND a.slug = %s",
+            (CHANGE_ORG, CHANGE_AGENT),
+        ).fetchone()
+    if row is None:
+        return
+    org_id, agent_id = row
+    try:
+        with IbexClient(url, token, org_id=org_id) as ibex:
+            memories = list(
+                ibex.iter_memories(agent_id=agent_id, user=CHANGE_USER, include_superseded=True)
+            )
+    except IbexClientError as exc:
+        raise ConfigError(f"the listing through the memory service failed: {exc}") from exc
+    by_id = {m.id: m for m in memories}
+    changed = [m for m in memories if m.superseded_by is not None and m.superseded_by in by_id]
+    name = f"{CHANGE_ORG}/{CHANGE_AGENT}, user {CHANGE_USER}"
+    print(f"facts that changed  {name}: {len(changed)} superseded by a later conversation")
+    for old in sorted(changed, key=lambda m: m.created_at):
+        print(f"  {old.content}  ->  {by_id[old.superseded_by].content}")
+    if changed:
+        print(
+            "                    (the old fact is kept, marked superseded: search and context"
+            " return the current one; GET /v1/memories/{id}/history shows both)"
+        )
