@@ -81,20 +81,27 @@ def _assert_explained(out: str, summary: dict[str, str]) -> None:
     lines = out.splitlines()
     imported = next(i for i, line in enumerate(lines) if line.startswith("imported "))
     statuses = re.fullmatch(
-        rf" +{sessions} completed \(extracted\), (\d+) active \(still open: extracted once"
+        r" +(\d+) completed \(extracted\), (\d+) active \(still open: extracted once"
         r" completed\),"
         r" (\d+) abandoned \(never extracted\)",
         lines[imported + 1],
     )
     assert statuses, lines[imported + 1]
-    counts = re.search(
-        r"^imported +(\d+) sessions created, (\d+) extended, (\d+) unchanged", out, re.MULTILINE
+    imports = re.findall(
+        r"^(?:imported|later) +(\d+) sessions created, (\d+) extended, (\d+) unchanged",
+        out,
+        re.MULTILINE,
     )
-    assert counts, out
-    samples = sum(int(n) for n in counts.groups())
-    # Every sample is counted once, by its status: the ones not extracted are named.
-    assert int(sessions) + int(statuses.group(1)) + int(statuses.group(2)) == samples
-    assert int(statuses.group(1)) > 0 and int(statuses.group(2)) > 0
+    assert len(imports) == 2, out  # the samples, then the later conversation
+    samples = sum(int(n) for counts in imports for n in counts)
+    later = sum(int(n) for n in imports[1])
+    completed, active, abandoned = (int(n) for n in statuses.groups())
+    # Every sample is counted once, by its status: the ones not extracted are named; the
+    # later conversation is extracted after the others.
+    assert completed + later == int(sessions)
+    assert int(sessions) + active + abandoned == samples
+    assert "facts that changed" in out and "  ->  " in out  # the later one superseded facts
+    assert active > 0 and abandoned > 0
     assert f"a sample: the first 8 of the {memories} memories, in import order" in out
     assert "scores are 0-1, higher is better" in out and "docs/search.md" in out
     tail = lines[lines.index("what next:") :]
@@ -169,7 +176,9 @@ def test_the_demo_extracts_the_samples_and_cleans_up(demo_folder: Path) -> None:
         check=False,
     )
     assert again.returncode == 0, again.stdout + again.stderr
-    assert "38 unchanged, 0 turns added" in again.stdout
+    # The samples and the later conversation (37 and 1 of the 38), all unchanged.
+    assert "37 unchanged, 0 turns added" in again.stdout
+    assert "1 unchanged, 0 turns added" in again.stdout
     assert "0 turns sent" in again.stdout
     assert _summary(again.stdout) == summary
     # The same totals, said to be cumulative: this run extracted nothing new.
