@@ -431,11 +431,15 @@ def _print_change(db: Any, url: str, token: str) -> None:
     except IbexClientError as exc:
         raise ConfigError(f"the listing through the memory service failed: {exc}") from exc
     by_id = {m.id: m for m in memories}
-    changed = [m for m in memories if m.superseded_by is not None and m.superseded_by in by_id]
+    changed = [
+        (m, by_id[m.superseded_by])
+        for m in sorted(memories, key=lambda m: m.created_at)
+        if m.superseded_by is not None and m.superseded_by in by_id
+    ]
     name = f"{CHANGE_ORG}/{CHANGE_AGENT}, user {CHANGE_USER}"
     print(f"facts that changed  {name}: {len(changed)} superseded by a later conversation")
-    for old in sorted(changed, key=lambda m: m.created_at):
-        print(f"  {old.content}  ->  {by_id[old.superseded_by].content}")
+    for old, new in changed:
+        print(f"  {old.content}  ->  {new.content}")
     if changed:
         print(
             "                    (the old fact is kept, marked superseded: search and context"

@@ -13,11 +13,9 @@ from marshmallow import RAISE, Schema, ValidationError, fields, validate, valida
 
 from schema.common import StrictInteger
 from schema.users import (
-    all_users_field,
+    UserReadFields,
     check_one_user,
-    include_shared_field,
     user_field,
-    user_id_field,
 )
 
 #: Mirrors the CHECK on ``ibex_memory.memories.kind`` (a unit test keeps them in step).
@@ -288,7 +286,7 @@ class MemoryPageSchema(Schema):
     next_cursor = next_cursor_field()
 
 
-class MemoryListQuerySchema(Schema):
+class MemoryListQuerySchema(UserReadFields):
     """Query parameters of ``GET /v1/memories``."""
 
     class Meta:
@@ -302,33 +300,14 @@ class MemoryListQuerySchema(Schema):
         load_default=False,
         metadata={"description": "Also list superseded memories (with their superseded_by)."},
     )
-    # Whose memories (schema.users): a user's and the agent-wide ones, by default the latter.
-    user = user_field()
-    user_id = user_id_field()
-    include_shared = include_shared_field()
-    all_users = all_users_field()
-
-    @validates_schema
-    def _one_user(self, data: dict[str, Any], **kwargs: Any) -> None:
-        check_one_user(data)
 
 
-class MemoryReadQuerySchema(Schema):
+class MemoryReadQuerySchema(UserReadFields):
     """Query parameters of ``GET /v1/memories/{id}`` and its history: whose memories the read
     may return."""
 
     class Meta:
         unknown = RAISE
-
-    # Whose memories (schema.users): a user's and the agent-wide ones, by default the latter.
-    user = user_field()
-    user_id = user_id_field()
-    include_shared = include_shared_field()
-    all_users = all_users_field()
-
-    @validates_schema
-    def _one_user(self, data: dict[str, Any], **kwargs: Any) -> None:
-        check_one_user(data)
 
 
 class MemoryHistorySchema(Schema):

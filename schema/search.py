@@ -19,11 +19,7 @@ from schema.memory import (
     _storable_text,
 )
 from schema.users import (
-    all_users_field,
-    check_one_user,
-    include_shared_field,
-    user_field,
-    user_id_field,
+    UserReadFields,
 )
 
 MAX_SEARCH_LIMIT = 50
@@ -51,7 +47,7 @@ def _query_valid(text: str) -> None:
         raise ValidationError("must not be blank")
 
 
-class SearchRequestSchema(Schema):
+class SearchRequestSchema(UserReadFields):
     """Body of ``POST /v1/memories/search``."""
 
     class Meta:
@@ -92,16 +88,6 @@ class SearchRequestSchema(Schema):
     @validates_schema
     def _one_agent(self, data: dict[str, Any], **kwargs: Any) -> None:
         _one_agent(data)
-
-    # Whose memories (schema.users): a user's and the agent-wide ones, by default the latter.
-    user = user_field()
-    user_id = user_id_field()
-    include_shared = include_shared_field()
-    all_users = all_users_field()
-
-    @validates_schema
-    def _one_user(self, data: dict[str, Any], **kwargs: Any) -> None:
-        check_one_user(data)
 
 
 class SignalsSchema(Schema):
@@ -191,7 +177,7 @@ class ContextMessageSchema(Schema):
             _storable_text(text)
 
 
-class ContextRequestSchema(Schema):
+class ContextRequestSchema(UserReadFields):
     """Body of ``POST /v1/context``: ``query``, or the conversation's last ``messages``."""
 
     class Meta:
@@ -236,17 +222,10 @@ class ContextRequestSchema(Schema):
         },
     )
 
-    # Whose memories (schema.users): a user's and the agent-wide ones, by default the latter.
-    user = user_field()
-    user_id = user_id_field()
-    include_shared = include_shared_field()
-    all_users = all_users_field()
-
     @validates_schema
     def _one_source(self, data: dict[str, Any], **kwargs: Any) -> None:
         if (data.get("query") is None) == (data.get("messages") is None):
             raise ValidationError("give exactly one of query and messages", "query")
-        check_one_user(data)
 
     @validates_schema
     def _one_agent(self, data: dict[str, Any], **kwargs: Any) -> None:

@@ -9,7 +9,7 @@ from __future__ import annotations
 import unicodedata
 from typing import Any
 
-from marshmallow import RAISE, Schema, ValidationError, fields, validate
+from marshmallow import RAISE, Schema, ValidationError, fields, validate, validates_schema
 
 #: The longest user key, as ``ibex_core.users.external_id`` allows.
 MAX_USER_KEY_CHARS = 200
@@ -77,6 +77,21 @@ def check_one_user(data: dict[str, Any]) -> None:
         raise ValidationError("give user or user_id, not both", "user_id")
     if named and data.get("all_users"):
         raise ValidationError("all_users reads every user: do not name one", "all_users")
+
+
+class UserReadFields(Schema):
+    """The user fields of a read (list, get, history, search, context): whose memories it
+    returns, a user's and the agent-wide ones, by default the latter. Read schemas inherit
+    them."""
+
+    user = user_field()
+    user_id = user_id_field()
+    include_shared = include_shared_field()
+    all_users = all_users_field()
+
+    @validates_schema
+    def _one_user(self, data: dict[str, Any], **kwargs: Any) -> None:
+        check_one_user(data)
 
 
 class ForgottenUserSchema(Schema):

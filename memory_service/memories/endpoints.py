@@ -27,7 +27,6 @@ from memory_service.http import (
 )
 from memory_service.http import load as load_query
 from memory_service.memories.service import MemoryService
-from memory_service.scope import UserRef
 from memory_service.users.service import UserService
 from schema.memory import (
     MAX_IDEMPOTENCY_KEY_CHARS,
@@ -84,13 +83,7 @@ class MemoriesResource:
             self.agents.resolve(org_id, agent_id=filters["agent_id"])
         # Supersession: current memories unless include_superseded.
         filters["include_superseded"] = query["include_superseded"]
-        scope = self.users.reader(
-            principal,
-            org_id,
-            UserRef.of(query),
-            include_shared=query["include_shared"],
-            all_users=query["all_users"],
-        )
+        scope = self.users.reader_of(principal, org_id, query)
         rows = self.service.list(org_id, **filters, limit=limit + 1, after=after, scope=scope)
         last = rows[limit - 1] if len(rows) > limit else None
         next_cursor = encode_cursor(last.created_at, last.id) if last else None
@@ -110,13 +103,7 @@ class MemoryResource:
     def on_get(self, req: falcon.Request, resp: falcon.Response, memory_id: uuid.UUID) -> None:
         principal, org_id = authenticate(self.api, req, READ)
         query = load_query(READ_QUERY_SCHEMA, dict(req.params))
-        scope = self.users.reader(
-            principal,
-            org_id,
-            UserRef.of(query),
-            include_shared=query["include_shared"],
-            all_users=query["all_users"],
-        )
+        scope = self.users.reader_of(principal, org_id, query)
         respond_json(resp, 200, self.service.get(org_id, memory_id, scope).as_json())
 
     def on_delete(self, req: falcon.Request, resp: falcon.Response, memory_id: uuid.UUID) -> None:
@@ -139,12 +126,6 @@ class MemoryHistoryResource:
         # Whose memories the read may return, as GET /v1/memories/{id}: another person's
         # chain is not found.
         query = load_query(READ_QUERY_SCHEMA, dict(req.params))
-        scope = self.users.reader(
-            principal,
-            org_id,
-            UserRef.of(query),
-            include_shared=query["include_shared"],
-            all_users=query["all_users"],
-        )
+        scope = self.users.reader_of(principal, org_id, query)
         rows = self.service.history(org_id, memory_id, scope)
         respond_json(resp, 200, {"items": [r.as_json() for r in rows]})

@@ -10,33 +10,17 @@ security: another org's memories are never candidates.
 
 from __future__ import annotations
 
-import uuid
-from typing import Any
-
 import falcon
 
 from memory_service.agents import AgentResolver
-from memory_service.auth import Principal
 from memory_service.http import Api, authenticate, json_body, respond_json
 from memory_service.memories.endpoints import READ
-from memory_service.scope import ReadScope, UserRef
 from memory_service.search.service import SearchService
 from memory_service.users.service import UserService
 from schema.search import ContextRequestSchema, SearchRequestSchema
 
 SEARCH_SCHEMA = SearchRequestSchema()
 CONTEXT_SCHEMA = ContextRequestSchema()
-
-
-def read_scope(users: UserService, principal: Principal, org_id: uuid.UUID, body: Any) -> ReadScope:
-    """Whose memories a search or context request reads (its user fields)."""
-    return users.reader(
-        principal,
-        org_id,
-        UserRef.of(body),
-        include_shared=body["include_shared"],
-        all_users=body["all_users"],
-    )
 
 
 class SearchResource:
@@ -51,7 +35,7 @@ class SearchResource:
     def on_post(self, req: falcon.Request, resp: falcon.Response) -> None:
         principal, org_id = authenticate(self.api, req, READ)
         body = self.agents.resolve_body(org_id, json_body(req, self.api, SEARCH_SCHEMA))
-        hits = self.service.search(org_id, body, read_scope(self.users, principal, org_id, body))
+        hits = self.service.search(org_id, body, self.users.reader_of(principal, org_id, body))
         respond_json(resp, 200, {"items": [h.as_json() for h in hits]})
 
 
@@ -67,7 +51,7 @@ class ContextResource:
     def on_post(self, req: falcon.Request, resp: falcon.Response) -> None:
         principal, org_id = authenticate(self.api, req, READ)
         body = self.agents.resolve_body(org_id, json_body(req, self.api, CONTEXT_SCHEMA))
-        found = self.service.context(org_id, body, read_scope(self.users, principal, org_id, body))
+        found = self.service.context(org_id, body, self.users.reader_of(principal, org_id, body))
         packed = found.packed
         respond_json(
             resp,

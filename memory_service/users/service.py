@@ -15,6 +15,8 @@ user has reads the agent-wide memories only (that user has none yet).
 from __future__ import annotations
 
 import uuid
+from collections.abc import Mapping
+from typing import Any
 
 from memory_service.auth import Principal
 from memory_service.domain_errors import (
@@ -57,6 +59,19 @@ class UserService:
             return self.store.resolve(org_id, key=named.key, user_id=named.id)
         except UnknownUserError:
             raise UnknownUserIdError(field) from None
+
+    def reader_of(
+        self, principal: Principal, org_id: uuid.UUID, fields: Mapping[str, Any]
+    ) -> ReadScope:
+        """:meth:`reader` for a loaded request's user fields (``user``, ``user_id``,
+        ``include_shared``, ``all_users``: schema.users)."""
+        return self.reader(
+            principal,
+            org_id,
+            UserRef.of(fields),
+            include_shared=fields["include_shared"],
+            all_users=fields["all_users"],
+        )
 
     def reader(
         self,
