@@ -75,7 +75,27 @@ PASSED_HEADERS = (
     "x-ratelimit-reset-tokens",
 )
 #: Caller headers passed on upstream (besides Authorization and the body's content type).
+#: The largest request body the proxy reads (a long conversation, images inline): larger is
+#: 413 before anything is forwarded or recorded.
+MAX_REQUEST_BYTES = 8 * 1024 * 1024
+
 FORWARDED_HEADERS = ("openai-organization", "openai-project", "accept", "user-agent")
+
+
+async def _body(request: Request, limit: int) -> bytes | None:
+    """The request's body, or None once it is over ``limit`` bytes (by its Content-Length or
+    as it arrives): never read whole into memory past the limit."""
+    declared = request.headers.get("content-length")
+    if declared is not None and declared.isdigit() and int(declared) > limit:
+        return None
+    chunks: list[bytes] = []
+    size = 0
+    async for chunk in request.stream():
+        size += len(chunk)
+        if size > limit:
+            return None
+        chunks.append(chunk)
+    return b"".join(chunks)
 
 
 def _error(status: int, code: str, message: str) -> JSONResponse:
@@ -150,7 +170,9 @@ class ChatProxy:
 
     async def chat_completions(self, request: Request) -> Response:
         started = self.clock()
-        raw = await request.body()
+        raw = await _body(request, MAX_REQUEST_BYTES)
+        if raw is None:
+            return _error(413, "BODY_TOO_LARGE", f"the body is over {MAX_REQUEST_BYTES} bytes")
         try:
             body = json.loads(raw or b"null")
         except ValueError:

@@ -282,3 +282,16 @@ def test_a_turn_drained_before_its_predecessor_waits_for_it(store: Any, acme: Or
     assert store_chat_turn(store, spooled(second, "A2")) is None  # a redelivery
     turns = checkpoints(store, acme, "conv-order")
     assert [t["messages"] for t in turns] == [first, [{"role": "user", "content": "two"}]]
+
+
+def test_a_body_over_the_limit_is_refused_before_anything_is_forwarded(
+    proxy_server: ProxyServer, upstream: Any, acme: Org
+) -> None:
+    from proxy.app import MAX_REQUEST_BYTES
+
+    before = len(upstream.bodies)
+    huge = "x" * (MAX_REQUEST_BYTES + 1)
+    answer = chat(proxy_server, [{"role": "user", "content": huge}], headers(acme))
+    assert answer.status_code == 413
+    assert answer.json()["error"]["code"] == "BODY_TOO_LARGE"
+    assert len(upstream.bodies) == before  # nothing reached the upstream
