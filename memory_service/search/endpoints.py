@@ -10,11 +10,15 @@ security: another org's memories are never candidates.
 
 from __future__ import annotations
 
+import uuid
+from typing import Any
+
 import falcon
 
 from memory_service.agents import AgentResolver
 from memory_service.http import Api, authenticate, json_body, respond_json
 from memory_service.memories.endpoints import READ
+from memory_service.scope import ReadScope
 from memory_service.search.service import SearchService
 from memory_service.users.service import UserService
 from schema.search import ContextRequestSchema, SearchRequestSchema
@@ -23,7 +27,10 @@ SEARCH_SCHEMA = SearchRequestSchema()
 CONTEXT_SCHEMA = ContextRequestSchema()
 
 
-class SearchResource:
+class _ReadResource:
+    """A read that names an agent and whose memories: both resolved the same way for search
+    and context."""
+
     def __init__(
         self, api: Api, service: SearchService, users: UserService, agents: AgentResolver
     ) -> None:
@@ -32,26 +39,26 @@ class SearchResource:
         self.users = users
         self.agents = agents
 
-    def on_post(self, req: falcon.Request, resp: falcon.Response) -> None:
+    def _request(
+        self, req: falcon.Request, schema: Any
+    ) -> tuple[uuid.UUID, dict[str, Any], ReadScope]:
+        """The org, the body with its agent resolved to ``agent_id``, and the reader's scope."""
         principal, org_id = authenticate(self.api, req, READ)
-        body = self.agents.resolve_body(org_id, json_body(req, self.api, SEARCH_SCHEMA))
-        hits = self.service.search(org_id, body, self.users.reader_of(principal, org_id, body))
+        body = self.agents.resolve_body(org_id, json_body(req, self.api, schema))
+        return org_id, body, self.users.reader_of(principal, org_id, body)
+
+
+class SearchResource(_ReadResource):
+    def on_post(self, req: falcon.Request, resp: falcon.Response) -> None:
+        org_id, body, scope = self._request(req, SEARCH_SCHEMA)
+        hits = self.service.search(org_id, body, scope)
         respond_json(resp, 200, {"items": [h.as_json() for h in hits]})
 
 
-class ContextResource:
-    def __init__(
-        self, api: Api, service: SearchService, users: UserService, agents: AgentResolver
-    ) -> None:
-        self.api = api
-        self.service = service
-        self.users = users
-        self.agents = agents
-
+class ContextResource(_ReadResource):
     def on_post(self, req: falcon.Request, resp: falcon.Response) -> None:
-        principal, org_id = authenticate(self.api, req, READ)
-        body = self.agents.resolve_body(org_id, json_body(req, self.api, CONTEXT_SCHEMA))
-        found = self.service.context(org_id, body, self.users.reader_of(principal, org_id, body))
+        org_id, body, scope = self._request(req, CONTEXT_SCHEMA)
+        found = self.service.context(org_id, body, scope)
         packed = found.packed
         respond_json(
             resp,
