@@ -134,14 +134,30 @@ class GuardedConsumer(_RedisConsumer):
 
     def close(self) -> None:
         """Ack what is still deferred (worker shutdown, consumer restart); on a connection
-        error the ids stay deferred for the queue's next consumer."""
-        acks = self.broker.take_acks(self.queue_name)
+        error the ids stay deferred for the queue's next consumer. Never raises for Redis
+        being away: Dramatiq's consumer thread calls this while it recovers from a connection
+        error, and an error raised here would end the thread (and the queue's consumption in
+        this process) for good."""
+        try:
+            acks = self.broker.take_acks(self.queue_name)
+        except ConnectionClosed:
+            return
         if not acks:
             return
         try:
             self.broker.flush_acks(self.queue_name, acks)
         except redis.ConnectionError:
             self.broker.defer_acks(self.queue_name, acks, first=True)
+
+    def requeue(self, messages: Any) -> None:
+        """Dramatiq's requeue (of the delayed messages a consumer thread held), with a lost
+        connection raised as the broker's connection error, which the consumer thread's
+        ``close`` expects; the messages stay in this worker's in-flight set, and the broker's
+        maintenance requeues them once this worker's heartbeat is stale."""
+        try:
+            super().requeue(messages)
+        except redis.ConnectionError as exc:
+            raise ConnectionClosed(exc) from None
 
     def _may_hold_messages(self) -> bool:
         """False when an idle consumer's queue is empty: after :data:`IDLE_MISSES` empty polls
@@ -271,6 +287,16 @@ class GuardedRedisBroker(RedisBroker):
             return
         self._beat_at = now
         self.client.zadd(f"{self.namespace}:__heartbeats__", {self.broker_id: now})
+
+    def _max_unpack_size(self) -> int:
+        """Dramatiq's limit on arguments a script may unpack, asked of Redis once per process;
+        a lost connection is raised as the broker's connection error (a consumer thread's
+        ``close`` needs the limit, and must not die of Redis being away when it is first
+        asked: a worker process that boots while Redis restarts)."""
+        try:
+            return int(super()._max_unpack_size())
+        except redis.ConnectionError as exc:
+            raise ConnectionClosed(exc) from None
 
     def maintenance_period(self) -> int:
         """Milliseconds until a consumer's next maintenance: the interval, give or take a

@@ -339,6 +339,73 @@ def test_a_redis_crash_with_appendonly_keeps_every_queued_message(
 
 
 @pytest.mark.timeout(240)
+def test_a_redis_crash_while_the_workers_boot_leaves_every_queue_consumed(
+    make_stack: Callable[[ChaosConfig], ChaosStack],
+    db: Any,
+    store: SessionStore,
+    chaos_seed: int,
+) -> None:
+    """Redis crashes (SIGKILL, no persistence) a moment after the worker group was killed and
+    restarted: the new worker processes meet the refused connection in their first polls,
+    before they have asked Redis anything.
+
+    Crash points simulated: SIGKILL of the worker group mid-run, a restart, then SIGKILL of
+    Redis 0.2-0.6 s later (down 1 s): every consumer thread of both processes recovers from
+    the connection error before its first successful command. A consumer thread that dies
+    there leaves its queue unconsumed in that process for good (the scheduler's scans pile up
+    and the backlog never drains).
+
+    End state: the backlog drains; then every invariant, as in the main run.
+    """
+    rng = random.Random(chaos_seed + 3)
+    print(f"\nCHAOS_SEED={chaos_seed}")
+    data = Dataset(sessions=8, turns=5)
+    _import(store, data, "boot")
+    started = time.monotonic()
+    stack = make_stack(ChaosConfig(seed=chaos_seed))
+    sampler = PointerSampler(db)
+    sampler.start()
+    try:
+        point = rng.uniform(0.15, 0.4)
+        wait_until(
+            lambda: _progress_fraction(stack, data.total) >= point,
+            timeout=60,
+            interval=0.05,
+            tick=stack.check_alive,
+            message=lambda: f"seed {chaos_seed}: no progress\n{stack.diagnostics()}",
+        )
+        stack.kill_workers(pause=0.0)
+        time.sleep(rng.uniform(0.2, 0.6))
+        stack.restart_redis(kill=True, pause=1.0)
+        wait_until(
+            lambda: _drained(stack, data.total),
+            timeout=DRAIN_TIMEOUT_S,
+            interval=0.25,
+            tick=stack.check_alive,
+            message=lambda: f"seed {chaos_seed}: the backlog did not drain\n{stack.diagnostics()}",
+        )
+        run_seconds = time.monotonic() - started
+        second = _second_run_does_nothing(stack, db)
+        state = end_state(
+            db,
+            store,
+            stack.llm_stats(),
+            stack.faults,
+            redis_dead_letters=stack.dead_letters_in_redis(),
+        )
+    finally:
+        sampler.stop()
+    state.violations += sampler.violations
+    state.figures["duration"] = f"{run_seconds:.1f}s to drain"
+    report = _report(
+        "Redis crash while the workers boot", chaos_seed, data, stack, state.figures, second
+    )
+    print(report)
+    assert not state.violations, "\n".join([report, *state.violations])
+    assert not stack.unexpected_exits, report
+
+
+@pytest.mark.timeout(240)
 def test_a_rejected_turn_blocks_only_its_session_until_replayed(
     make_stack: Callable[[ChaosConfig], ChaosStack],
     db: Any,

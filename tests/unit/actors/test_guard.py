@@ -327,3 +327,67 @@ def test_acks_wait_for_the_next_poll_and_survive_a_failed_flush() -> None:
     broker.consume("q", prefetch=2, timeout=10).close()  # the queue's next consumer
     assert client.scard(acks) == 0 and client.hlen("dramatiq:q.msgs") == 0
     assert broker.take_acks("q") == []
+
+
+def test_closing_and_requeueing_while_redis_is_away_raise_only_the_brokers_connection_error(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Crash point: Redis goes away before a freshly booted worker process has asked it for
+    the script unpack limit. Dramatiq's consumer thread then closes its consumer (which takes
+    the deferred acks, needing that limit) and requeues its delayed messages; anything but
+    the broker's connection error raised there ends the thread for good. Both raise at most
+    ``ConnectionClosed``, and the deferred acks stay for the queue's next consumer."""
+    monkeypatch.setattr(GuardedRedisBroker, "_max_unpack_size_val", None)
+    server = fakeredis.FakeServer()
+    client = fakeredis.FakeRedis(server=server)
+    broker = GuardedRedisBroker(client=client, middleware=[])
+    broker.push({"q": [("r0", _message(0).encode())]})
+    consumer = broker.consume("q", prefetch=2, timeout=10)
+    # The first fetch asks for the limit: forget it again, as in a process that never asked.
+    proxy = next(consumer)
+    assert proxy is not None
+    monkeypatch.setattr(GuardedRedisBroker, "_max_unpack_size_val", None)
+    consumer.ack(proxy)
+    server.connected = False
+    consumer.close()  # no error: the ack stays deferred
+    with pytest.raises(ConnectionClosed):
+        consumer.requeue([proxy])
+    with pytest.raises(ConnectionClosed):
+        broker.take_acks("q")
+    server.connected = True
+    broker.consume("q", prefetch=2, timeout=10).close()  # the queue's next consumer acks it
+    assert client.hlen("dramatiq:q.msgs") == 0
+    assert client.scard(f"dramatiq:__acks__.{broker.broker_id}.q") == 0
+
+
+@pytest.mark.timeout(30)
+def test_a_worker_that_boots_while_redis_is_away_consumes_once_it_is_back(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Crash point: the worker process starts (no unpack limit known yet) and Redis is down
+    when its consumer threads first poll. Every consumer thread must survive the connection
+    errors and consume again once Redis answers: a message sent afterwards runs."""
+    import threading
+    import time
+
+    monkeypatch.setattr(GuardedRedisBroker, "_max_unpack_size_val", None)
+    monkeypatch.setattr("dramatiq.worker.CONSUMER_RESTART_DELAY_SECS", 0.1)
+    server = fakeredis.FakeServer()
+    server.connected = False
+    broker = GuardedRedisBroker(client=fakeredis.FakeRedis(server=server), middleware=[])
+    ran = threading.Event()
+
+    @dramatiq.actor(broker=broker, queue_name="q", actor_name="probe")
+    def probe() -> None:
+        ran.set()
+
+    worker = dramatiq.Worker(broker, worker_threads=1, worker_timeout=50)
+    worker.start()
+    try:
+        time.sleep(0.5)  # every consumer thread has met the refused connection
+        server.connected = True
+        probe.send()
+        assert ran.wait(10), "the message sent after Redis came back never ran"
+        assert all(thread.is_alive() for thread in worker.consumers.values())
+    finally:
+        worker.stop(timeout=2000)
