@@ -135,13 +135,17 @@ def test_with_the_database_down_the_call_answers_and_the_turn_lands_later_once(
     assert checkpoints(store, acme, "conv-down") == []
 
     # The worker starts while the database is still away: the turn is retried, not lost.
+    # A retry waits its backoff (1-1.5 s) on the delay queue: its payload stays in the delay
+    # queue's hash until then, even once the delay queue's consumer has fetched its id.
     settings = pipeline_settings(
-        database_url, redis_url, RETRY_MIN_BACKOFF_MS="100", RETRY_MAX_BACKOFF_MS="300"
+        database_url, redis_url, RETRY_MIN_BACKOFF_MS="1000", RETRY_MAX_BACKOFF_MS="1500"
     )
     down = StageDeps(store=SessionStore(dead, bind_models=False), settings=settings)
     client = redis.Redis.from_url(redis_url)
     with redis_worker(down, redis_url):
-        wait_for(lambda: client.llen("dramatiq:chat_turns.DQ") >= 1, "a retry of the turn")
+        wait_for(
+            lambda: client.hlen("dramatiq:chat_turns.DQ.msgs") >= 1, "a retry of the turn", 30
+        )
         from actors.middleware import install_deps
 
         install_deps(StageDeps(store=store, settings=settings))  # the database is back
