@@ -32,13 +32,16 @@ from __future__ import annotations
 
 import logging
 import math
+import time
 import uuid
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, TypeAlias
 
 from marshmallow import ValidationError
 
+from core.embeddings import Embedder
+from core.errors import ConfigError, DatabaseUnavailableError, EmbeddingsUnavailable
 from memory_service.auth import Principal
 from memory_service.canonical import canonical_request, content_hash, fingerprint_digest
 from memory_service.domain_errors import MemoryNotFoundError
@@ -50,7 +53,13 @@ from memory_service.idempotency import (
     IdempotencyStore,
     StoredAnswer,
 )
-from memory_service.memories.store import MemoryRow, MemoryStore, NewMemory, WriteOutcome
+from memory_service.memories.store import (
+    EmbeddingStore,
+    MemoryRow,
+    MemoryStore,
+    NewMemory,
+    WriteOutcome,
+)
 from memory_service.metrics import Metrics
 from memory_service.scope import AGENT_WIDE, ReadScope, UserRef
 from memory_service.users.service import UserService
@@ -59,6 +68,10 @@ from schema import describe_errors
 from schema.memory import MemoryCreateSchema
 
 log = logging.getLogger(__name__)
+
+#: After an embedding failure, writes skip the inline embedding this long (the backfill
+#: round of the scheduler catches up).
+EMBED_PAUSE_SECONDS = 30.0
 
 # Built once: a marshmallow Schema is costly to instantiate and safe to share for load().
 CREATE_SCHEMA = MemoryCreateSchema()
@@ -195,9 +208,21 @@ def stored_answer(outcome: Outcome) -> StoredAnswer | None:
     return None
 
 
+def unit_vector(vector: Sequence[float]) -> tuple[float, ...] | None:
+    """``vector`` scaled to length 1; None for an all-zero vector (nothing to compare)."""
+    norm = math.sqrt(sum(v * v for v in vector))
+    if norm == 0.0 or not math.isfinite(norm):
+        return None
+    return tuple(v / norm for v in vector)
+
+
 def new_memory(validated: dict[str, Any], key: str | None) -> NewMemory:
-    """The write of a validated body, with its content hash and request fingerprint."""
+    """The write of a validated body, with its content hash and request fingerprint. The
+    ``embedding`` is not part of the fingerprint (:func:`canonical_request` leaves it out), so
+    a body with a vector and the same body without one are the same request."""
     canonical = canonical_request(validated)
+    embedding = validated.get("embedding")
+    vector = unit_vector(embedding["vector"]) if embedding else None
     source = canonical["source"] or {}
     return NewMemory(
         agent_id=validated["agent_id"],
@@ -213,6 +238,8 @@ def new_memory(validated: dict[str, Any], key: str | None) -> NewMemory:
         user_id=validated.get("user_id"),
         supersedes=tuple(dict.fromkeys(validated.get("supersedes") or ())),
         skip_stale=validated.get("stale_supersedes") == "skip",
+        embedding_model=embedding["model"] if embedding and vector else None,
+        embedding=vector,
     )
 
 
@@ -226,11 +253,17 @@ class MemoryService:
         idempotency: IdempotencyStore,
         metrics: Metrics,
         users: UserService | None = None,
+        embedder: Embedder | None = None,
+        embeddings: EmbeddingStore | None = None,
     ) -> None:
         self.store = store
         self.idempotency = idempotency
         self.metrics = metrics
         self.users = users
+        #: Embeds a memory created without a vector, after its commit (best effort).
+        self.embedder = embedder
+        self.embeddings = embeddings
+        self._embed_down_until = 0.0
 
     def create(
         self,
@@ -258,9 +291,33 @@ class MemoryService:
                 **validated,
                 "user_id": self.users.writer(principal, org_id, named),
             }
-        outcome = self._create(org_id, new_memory(validated, key))
+        new = new_memory(validated, key)
+        outcome = self._create(org_id, new)
         self._count(outcome)
+        if isinstance(outcome, Created) and new.embedding is None:
+            self._embed_after_commit(org_id, outcome.row)
         return outcome
+
+    def _embed_after_commit(self, org_id: uuid.UUID, row: MemoryRow) -> None:
+        """Embed a memory stored without a vector, now that it is committed: one request to
+        the embedder (bounded by its timeout) and one statement. Never fails the write: on an
+        outage the memory stays lexical until the scheduler's backfill round embeds it, and
+        for :data:`EMBED_PAUSE_SECONDS` after a failure no write waits for the embedder."""
+        if self.embedder is None or self.embeddings is None:
+            return
+        if time.monotonic() < self._embed_down_until:
+            return
+        try:
+            (vector,) = self.embedder.embed([row.content])
+            unit = unit_vector(vector)
+            if unit is not None:
+                self.embeddings.put(
+                    org_id, self.embedder.model, self.embedder.dimension, [(row.id, unit)]
+                )
+        except (EmbeddingsUnavailable, DatabaseUnavailableError, ConfigError) as exc:
+            self._embed_down_until = time.monotonic() + EMBED_PAUSE_SECONDS
+            self.metrics.embeddings_failed.inc()
+            log.warning("memory %s stored without a vector (backfilled later): %s", row.id, exc)
 
     def get(
         self, org_id: uuid.UUID, memory_id: uuid.UUID, scope: ReadScope = AGENT_WIDE

@@ -27,8 +27,22 @@ A query runs in one tenant transaction (:func:`core.db.tenant`) and one statemen
      finds ``Dana``. 0 when ``pg_trgm`` is not installed.
    - ``recency``: ``1 / (1 + age_in_days / 30)``: 1 for a memory written now, 0.5 at 30 days.
 
-3. **Score**: ``0.75 * text + 0.25 * trigram`` with trigram, ``text`` alone without. Ties are
-   broken by recency (newer first), then by id, so the order is total and deterministic.
+   - ``semantic`` (migration 000016, when the search has a query vector): the cosine
+     similarity of the memory's vector of the query's model to the query's, clipped to
+     ``[0, 1]``; None for a memory without such a vector, and for every hit of a search
+     without a query vector (no embedder, or it failed).
+
+3. **Score**: ``lexical = 0.75 * text + 0.25 * trigram`` with trigram, ``text`` alone without;
+   then ``score = lexical + SEMANTIC_WEIGHT * bonus * (1 - lexical)`` where ``bonus =
+   max(0, (semantic - SEMANTIC_FLOOR) / (1 - SEMANTIC_FLOOR))``. Not reciprocal-rank fusion:
+   on conversation data RRF ranked worse than the words alone. This fusion keeps the lexical
+   score as the base: a memory that matches the words well gains little (the room left above
+   its score shrinks), an order decided by the words changes only where the meaning clearly
+   disagrees, and a memory that shares no word with the question can still enter on meaning
+   alone when ``semantic >= SEMANTIC_ENTRY_FLOOR`` (it comes from the semantic branch: the
+   scope's :data:`SEMANTIC_CANDIDATES` nearest vectors). Without a query vector the score
+   is exactly the lexical one. Ties are broken by recency (newer first), then by id, so the
+   order is total and deterministic.
 
 A highlighted snippet (``ts_headline``, matches between :data:`HIGHLIGHT_START` and
 :data:`HIGHLIGHT_STOP`) is made for the returned rows only.
@@ -62,6 +76,16 @@ TRIGRAM_THRESHOLD = 0.6
 RECHECK_SECONDS = 60.0
 TEXT_WEIGHT = 0.75
 TRIGRAM_WEIGHT = 0.25
+#: Semantic search (000016): the nearest vectors of the scope taken as candidates; the
+#: fallback without pgvector compares the query with the scope's newest SEMANTIC_WINDOW.
+SEMANTIC_CANDIDATES = 50
+SEMANTIC_WINDOW = 2000
+#: The fusion (module docstring): the weight of the semantic bonus, the similarity at which
+#: the bonus starts, and the similarity a memory with no matching word needs to be a hit.
+#: Module constants so the quality bench can tune them.
+SEMANTIC_WEIGHT = 0.5
+SEMANTIC_FLOOR = 0.2
+SEMANTIC_ENTRY_FLOOR = 0.4
 HIGHLIGHT_START = "<mark>"
 HIGHLIGHT_STOP = "</mark>"
 HEADLINE_OPTIONS = (
@@ -108,18 +132,39 @@ def trigram_words(words: Sequence[str]) -> list[str]:
     return [w for w in words if len(w) >= 3 and w not in STOP_WORDS][:MAX_TRIGRAM_WORDS]
 
 
-def _search_sql(*, trigram: bool) -> str:
-    """The ranking statement; the trigram signal only where pg_trgm is installed."""
+def _search_sql(*, trigram: bool, semantic: bool) -> str:
+    """The ranking statement; the trigram signal only where pg_trgm is installed, the
+    semantic one only with a query vector."""
     # Ids from the indexes (migration 000006 says why a function), rows read under RLS.
     # Whose memories: the user scope (migration 000013) narrows every branch, so the capped
     # branches hold the reader's memories only. (Not filtered again on the rows: a condition
     # there makes the planner scan the table instead of reading the candidates by id.)
-    candidates = (
-        "SELECT DISTINCT id FROM ibex_memory.search_candidates(%(agent_id)s::uuid,"
+    lexical = (
+        "SELECT DISTINCT id, true AS lexical FROM ibex_memory.search_candidates("
+        "%(agent_id)s::uuid,"
         " %(words)s::text[], %(tri_words)s::text[], %(session_id)s::uuid, %(kinds)s::text[],"
         f" {WORD_CANDIDATES}, {TRIGRAM_CANDIDATES},"
         " %(all_users)s, %(user_id)s::uuid, %(include_shared)s) AS id"
     )
+    candidates = lexical
+    semantic_signal = "NULL::float8"
+    if semantic:
+        # The scope's nearest vectors of the query's model join the lexical candidates
+        # (flagged, so the words' IDF and the trigram test stay those of the lexical ones);
+        # the similarity is then computed exactly for every candidate with such a vector.
+        candidates = (
+            f"SELECT id, bool_or(lexical) AS lexical FROM ({lexical}"
+            " UNION ALL SELECT c.id, false FROM ibex_memory.semantic_candidates("
+            "%(agent_id)s::uuid,"
+            " %(model)s, %(vector)s::real[], %(semantic_limit)s, %(semantic_window)s,"
+            " %(session_id)s::uuid, %(kinds)s::text[], %(include_superseded)s,"
+            " %(all_users)s, %(user_id)s::uuid, %(include_shared)s) AS c) u GROUP BY id"
+        )
+        semantic_signal = (
+            "(SELECT GREATEST(0, LEAST(1, ibex_memory.dot(e.embedding, %(vector)s::real[])))"
+            " FROM ibex_memory.memory_embeddings e"
+            " WHERE e.memory_id = m.id AND e.model = %(model)s)::float8"
+        )
     trigram_signal = "0::float8"
     if trigram:
         trigram_signal = (
@@ -135,7 +180,7 @@ WITH q AS (
 ),
 ids AS MATERIALIZED ({candidates}),
 cand AS (
-    SELECT m.*, ({trigram_signal}) AS trigram,
+    SELECT m.*, ids.lexical, ({trigram_signal}) AS trigram, ({semantic_signal}) AS semantic,
            ts_rank_cd(m.content_tsv, q.tsq, 2) AS rank_cd,
            ARRAY(SELECT l FROM unnest(tsvector_to_array(m.content_tsv)) l
                   WHERE l = ANY(q.lexemes)) AS hits
@@ -146,11 +191,13 @@ cand AS (
 ),
 df AS (
     SELECT l AS lexeme, count(c.id) AS n
-      FROM q, unnest(q.lexemes) l LEFT JOIN cand c ON l = ANY(c.hits)
+      FROM q, unnest(q.lexemes) l LEFT JOIN cand c ON c.lexical AND l = ANY(c.hits)
      GROUP BY l
 ),
 idf AS (
-    SELECT lexeme, ln(1 + ((SELECT count(*) FROM cand) + 1)::float8 / (n + 0.5)) AS w FROM df
+    SELECT lexeme, ln(1 + ((SELECT count(*) FROM cand WHERE lexical) + 1)::float8 / (n + 0.5))
+           AS w
+      FROM df
 ),
 scored AS (
     SELECT c.*,
@@ -161,20 +208,41 @@ scored AS (
                 ELSE 0 END AS text_score,
            1 / (1 + extract(epoch FROM now() - c.created_at) / 86400.0 / 30) AS recency
       FROM cand c
+),
+fused AS (
+    SELECT s.*, ({text_weight} * s.text_score + {trigram_weight} * s.trigram)::float8
+           AS lexical_score,
+           GREATEST(0, (COALESCE(s.semantic, 0) - %(semantic_floor)s::float8)
+                       / (1 - %(semantic_floor)s::float8))::float8 AS bonus
+      FROM scored s
 )
 SELECT {columns},
-       s.text_score::float8, s.trigram::float8, s.recency::float8,
-       ({text_weight} * s.text_score + {trigram_weight} * s.trigram)::float8 AS score,
+       s.text_score::float8, s.trigram::float8, s.recency::float8, s.semantic::float8,
+       (s.lexical_score
+        + %(semantic_weight)s::float8 * s.bonus * (1 - s.lexical_score))::float8 AS score,
        ts_headline('english', s.content, q.tsq, %(headline)s) AS snippet
-  FROM scored s, q
- WHERE s.text_score > 0 OR s.trigram > 0
+  FROM fused s, q
+ WHERE s.text_score > 0 OR (s.lexical AND s.trigram > 0)
+    OR s.semantic >= %(semantic_entry)s::float8
  ORDER BY score DESC, s.created_at DESC, s.id
  LIMIT %(limit)s
 """
 
 
-#: The two forms of the statement, built once.
-_SEARCH_SQL = {trigram: _search_sql(trigram=trigram) for trigram in (False, True)}
+#: The four forms of the statement, built once.
+_SEARCH_SQL = {
+    (trigram, semantic): _search_sql(trigram=trigram, semantic=semantic)
+    for trigram in (False, True)
+    for semantic in (False, True)
+}
+
+
+@dataclass(frozen=True)
+class SemanticQuery:
+    """The query's vector and the model that made it: only vectors of that model compete."""
+
+    model: str
+    vector: Sequence[float]
 
 
 def _prepare(
@@ -187,6 +255,7 @@ def _prepare(
     kinds: Sequence[str] | None = None,
     include_superseded: bool = False,
     scope: ReadScope = AGENT_WIDE,
+    semantic: SemanticQuery | None = None,
 ) -> tuple[str, dict[str, Any]] | None:
     """The statement and its parameters; None when the query has no word worth looking up."""
     words = query_words(query)
@@ -208,7 +277,16 @@ def _prepare(
     params["kinds"] = list(kinds) if kinds else None
     params["include_superseded"] = include_superseded
     params.update(scope_params(scope))
-    return _SEARCH_SQL[trigram], params
+    if semantic is not None:
+        params["model"] = semantic.model
+        params["vector"] = [float(v) for v in semantic.vector]
+        params["semantic_limit"] = SEMANTIC_CANDIDATES
+        params["semantic_window"] = SEMANTIC_WINDOW
+    # Read at each call, so a bench may tune the module's constants between runs.
+    params["semantic_weight"] = SEMANTIC_WEIGHT
+    params["semantic_floor"] = SEMANTIC_FLOOR
+    params["semantic_entry"] = SEMANTIC_ENTRY_FLOOR
+    return _SEARCH_SQL[trigram, semantic is not None], params
 
 
 def scope_params(scope: ReadScope) -> dict[str, Any]:
@@ -230,6 +308,9 @@ class SearchHit:
     trigram: float
     recency: float
     snippet: str
+    #: Cosine similarity to the query in [0, 1]; None: not available (no query vector, or
+    #: no vector of the query's model for this memory).
+    semantic: float | None = None
 
     def as_json(self) -> dict[str, Any]:
         return {
@@ -239,6 +320,7 @@ class SearchHit:
                 "text": round(self.text, 6),
                 "trigram": round(self.trigram, 6),
                 "recency": round(self.recency, 6),
+                "semantic": None if self.semantic is None else round(self.semantic, 6),
             },
             "snippet": self.snippet,
         }
@@ -262,9 +344,11 @@ class SearchStore:
             self._trigram = (bool(row[0]), now)
         return self._trigram[0]
 
-    def search_mode(self) -> str:
-        """What ``/readyz`` says: ``full-text+trigram``, or ``full-text`` without pg_trgm."""
-        return "full-text+trigram" if self.trigram_available() else "full-text"
+    def search_mode(self, semantic: bool = False) -> str:
+        """What ``/readyz`` says: ``full-text+trigram``, or ``full-text`` without pg_trgm, and
+        ``+semantic`` when an embedder is configured."""
+        mode = "full-text+trigram" if self.trigram_available() else "full-text"
+        return mode + "+semantic" if semantic else mode
 
     def search(
         self,
@@ -277,9 +361,11 @@ class SearchStore:
         kinds: Sequence[str] | None = None,
         include_superseded: bool = False,
         scope: ReadScope = AGENT_WIDE,
+        semantic: SemanticQuery | None = None,
     ) -> list[SearchHit]:
         """The best ``limit`` memories for ``query`` among the reader's ``scope``, best first;
-        none for a query of no words."""
+        none for a query of no words. With ``semantic`` (the query's vector), fused with the
+        semantic signal and branch (module docstring)."""
         trigram = self.trigram_available()
         prepared = _prepare(
             agent_id,
@@ -290,6 +376,7 @@ class SearchStore:
             kinds=kinds,
             include_superseded=include_superseded,
             scope=scope,
+            semantic=semantic,
         )
         if prepared is None:
             return []
@@ -302,8 +389,9 @@ class SearchStore:
                 text=float(r[width]),
                 trigram=float(r[width + 1]),
                 recency=float(r[width + 2]),
-                score=float(r[width + 3]),
-                snippet=r[width + 4],
+                semantic=float(r[width + 3]) if r[width + 3] is not None else None,
+                score=float(r[width + 4]),
+                snippet=r[width + 5],
             )
             for r in rows
         ]
@@ -316,12 +404,15 @@ class SearchStore:
         *,
         limit: int = 10,
         scope: ReadScope = AGENT_WIDE,
+        semantic: SemanticQuery | None = None,
     ) -> str:
         """``EXPLAIN (ANALYZE, BUFFERS)`` of :meth:`search` as the tenant runs it, followed by
         the plan of each candidate branch as ``search_candidates`` runs it (as the connection's
         own role, which should be the role that migrated: the function's owner)."""
         trigram = self.trigram_available()
-        prepared = _prepare(agent_id, query, trigram=trigram, limit=limit, scope=scope)
+        prepared = _prepare(
+            agent_id, query, trigram=trigram, limit=limit, scope=scope, semantic=semantic
+        )
         if prepared is None:
             return ""
         sql, params = prepared
