@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import re
 import uuid
 from typing import Any
@@ -148,7 +149,7 @@ def test_limit_and_order(http: httpx.Client, acme: Tenant, session_id: uuid.UUID
     assert {h["signals"]["text"] for h in hits} == {hits[0]["signals"]["text"]}
     order = [(-h["score"], h["created_at"]) for h in hits]
     assert [h["score"] for h in hits] == sorted((h["score"] for h in hits), reverse=True)
-    for (s1, c1), (s2, c2) in zip(order, order[1:], strict=False):
+    for (s1, c1), (s2, c2) in itertools.pairwise(order):
         assert s1 < s2 or (s1 == s2 and c1 >= c2)
     assert search(http, acme, "walrus", limit=4) == hits  # deterministic
 
