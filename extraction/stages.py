@@ -374,8 +374,8 @@ VECTOR_DIGITS = 7
 def _embedded(deps: StageDeps, ref: TurnRef, answer: Answer) -> Answer:
     """The answer with each memory's vector, from ONE embedding request for the turn, so the
     vectors are persisted with the result (the same statement) and no retry, redelivery or
-    replay pays for them again. An answer whose memories all carry a vector of the current
-    model (a kept answer, a reused result) is left as it is. An embedder outage never fails
+    replay pays for them again. An answer already embedded with the current model (a kept
+    answer, a reused result) is left as it is. An embedder outage never fails
     the turn: the result is persisted without vectors, and the memory service's backfill
     embeds the memories later."""
     embedder = deps.embedder
@@ -383,7 +383,10 @@ def _embedded(deps: StageDeps, ref: TurnRef, answer: Answer) -> Answer:
     if embedder is None or not memories:
         return answer
     model = embedder.model
-    if all((m.get("embedding") or {}).get("model") == model for m in memories):
+    # One request embeds every memory of the turn, so one vector of the model means the
+    # answer was embedded already (a memory without one had a text the model knows nothing
+    # of).
+    if any((m.get("embedding") or {}).get("model") == model for m in memories):
         return answer
     try:
         vectors = embedder.embed([m["content"] for m in memories])
