@@ -132,9 +132,10 @@ class SearchHitSchema(MemorySchema):
     score = fields.Float(
         required=True,
         metadata={
-            "description": "lexical + 0.5 x bonus x (1 - lexical), in [0, 1], higher is "
+            "description": "lexical + w x bonus x (1 - lexical), in [0, 1], higher is "
             "better; lexical = 0.75 x text + 0.25 x trigram (text alone without pg_trgm), "
-            "bonus = max(0, (semantic - 0.2) / 0.8); exactly lexical when semantic is null."
+            "bonus = max(0, (semantic - floor) / (1 - floor)), w and floor as documented "
+            "(docs/search.md); exactly lexical when semantic is null."
         },
     )
     signals = fields.Nested(SignalsSchema, required=True)

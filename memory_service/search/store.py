@@ -84,8 +84,8 @@ SEMANTIC_WINDOW = 2000
 #: the bonus starts, and the similarity a memory with no matching word needs to be a hit.
 #: Module constants so the quality bench can tune them.
 SEMANTIC_WEIGHT = 0.5
-SEMANTIC_FLOOR = 0.2
-SEMANTIC_ENTRY_FLOOR = 0.4
+SEMANTIC_FLOOR = 0.15
+SEMANTIC_ENTRY_FLOOR = 0.3
 HIGHLIGHT_START = "<mark>"
 HIGHLIGHT_STOP = "</mark>"
 HEADLINE_OPTIONS = (
