@@ -166,7 +166,7 @@ class SearchResultSchema(Schema):
         unknown = RAISE
 
     items = fields.List(fields.Nested(SearchHitSchema), required=True)
-    details = fields.Nested(lambda: AnswerDetailsSchema())
+    details = fields.Nested(AnswerDetailsSchema)
 
 
 class ContextMessageSchema(Schema):

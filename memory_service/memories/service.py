@@ -208,12 +208,20 @@ def stored_answer(outcome: Outcome) -> StoredAnswer | None:
     return None
 
 
+#: Components below this (after scaling to length 1) are stored as 0: a ``real`` (float32)
+#: cannot hold them, and they weigh nothing in a cosine.
+TINY_COMPONENT = 1e-30
+
+
 def unit_vector(vector: Sequence[float]) -> tuple[float, ...] | None:
-    """``vector`` scaled to length 1; None for an all-zero vector (nothing to compare)."""
-    norm = math.sqrt(sum(v * v for v in vector))
-    if norm == 0.0 or not math.isfinite(norm):
+    """``vector`` scaled to length 1 (scaled by its largest component first, so huge
+    components do not overflow); None for an all-zero vector (nothing to compare)."""
+    largest = max((abs(v) for v in vector), default=0.0)
+    if largest == 0.0 or not math.isfinite(largest):
         return None
-    return tuple(v / norm for v in vector)
+    scaled = [v / largest for v in vector]
+    norm = math.sqrt(sum(v * v for v in scaled))
+    return tuple(0.0 if abs(u) < TINY_COMPONENT else u for u in (v / norm for v in scaled))
 
 
 def new_memory(validated: dict[str, Any], key: str | None) -> NewMemory:

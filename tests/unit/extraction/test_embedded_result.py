@@ -9,6 +9,8 @@ import uuid
 from collections.abc import Sequence
 from types import SimpleNamespace
 
+import pytest
+
 from core.errors import EmbeddingsUnavailable
 from extraction.metrics import PipelineMetrics
 from extraction.stages import _embedded, memory_body
@@ -98,5 +100,15 @@ def test_the_write_body_carries_the_vector_outside_the_fingerprint() -> None:
     assert with_vector is not None and without is not None
     a, b = new_memory(with_vector, "key"), new_memory(without, "key")
     assert a.fingerprint == b.fingerprint
-    assert a.embedding == (0.6, 0.8, 0.0) and a.embedding_model == "test:fake"
+    assert a.embedding == pytest.approx((0.6, 0.8, 0.0)) and a.embedding_model == "test:fake"
     assert b.embedding is None
+
+
+def test_a_stored_vector_is_unit_and_fits_a_real() -> None:
+    from memory_service.memories.service import unit_vector
+
+    assert unit_vector([0.0, 0.0]) is None
+    huge = unit_vector([3e200, 4e200, 1e-300])
+    assert huge == pytest.approx((0.6, 0.8, 0.0)) and huge[2] == 0.0
+    tiny = unit_vector([1.0, 7.5e-156, -1e-45])
+    assert tiny == (1.0, 0.0, 0.0)
