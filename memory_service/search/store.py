@@ -50,6 +50,7 @@ A highlighted snippet (``ts_headline``, matches between :data:`HIGHLIGHT_START` 
 
 from __future__ import annotations
 
+import functools
 import re
 import time
 import uuid
@@ -79,7 +80,7 @@ TRIGRAM_WEIGHT = 0.25
 #: Semantic search (000016): the nearest vectors of the scope taken as candidates; the
 #: fallback without pgvector compares the query with the scope's newest SEMANTIC_WINDOW.
 SEMANTIC_CANDIDATES = 50
-SEMANTIC_WINDOW = 2000
+SEMANTIC_WINDOW = 500
 #: The fusion (module docstring): the weight of the semantic bonus, the similarity at which
 #: the bonus starts, and the similarity a memory with no matching word needs to be a hit.
 #: Module constants so the quality bench can tune them.
@@ -117,6 +118,13 @@ SELECT to_regprocedure('word_similarity(text,text)') IS NOT NULL
 """
 
 
+#: The HNSW index of a dimension (000016's ensure_vector_index names it so).
+VECTOR_INDEX_SQL = (
+    "SELECT to_regtype('vector') IS NOT NULL"
+    " AND to_regclass('ibex_memory.idx_memory_embeddings_hnsw_' || %s::text) IS NOT NULL"
+)
+
+
 def query_words(query: str) -> list[str]:
     """The query's words (letters and digits), lower-cased, in order, without repeats."""
     seen: dict[str, None] = {}
@@ -132,9 +140,10 @@ def trigram_words(words: Sequence[str]) -> list[str]:
     return [w for w in words if len(w) >= 3 and w not in STOP_WORDS][:MAX_TRIGRAM_WORDS]
 
 
-def _search_sql(*, trigram: bool, semantic: bool) -> str:
+def _search_sql(*, trigram: bool, semantic: bool, vector_dimension: int | None = None) -> str:
     """The ranking statement; the trigram signal only where pg_trgm is installed, the
-    semantic one only with a query vector."""
+    semantic one only with a query vector (computed with pgvector's operator where the
+    server has it and the query's dimension has its index, else with ``ibex_memory.dot``)."""
     # Ids from the indexes (migration 000006 says why a function), rows read under RLS.
     # Whose memories: the user scope (migration 000013) narrows every branch, so the capped
     # branches hold the reader's memories only. (Not filtered again on the rows: a condition
@@ -160,10 +169,15 @@ def _search_sql(*, trigram: bool, semantic: bool) -> str:
             " %(session_id)s::uuid, %(kinds)s::text[], %(include_superseded)s,"
             " %(all_users)s, %(user_id)s::uuid, %(include_shared)s) AS c) u GROUP BY id"
         )
+        cosine = "ibex_memory.dot(e.embedding, %(vector)s::real[])"
+        if vector_dimension is not None:
+            dim = int(vector_dimension)
+            cosine = f"1 - (e.embedding::vector({dim}) <=> %(vector)s::real[]::vector({dim}))"
         semantic_signal = (
-            "(SELECT GREATEST(0, LEAST(1, ibex_memory.dot(e.embedding, %(vector)s::real[])))"
+            f"(SELECT GREATEST(0, LEAST(1, {cosine}))"
             " FROM ibex_memory.memory_embeddings e"
-            " WHERE e.memory_id = m.id AND e.model = %(model)s)::float8"
+            " WHERE e.memory_id = m.id AND e.model = %(model)s"
+            " AND e.dimension = cardinality(%(vector)s::real[]))::float8"
         )
     trigram_signal = "0::float8"
     if trigram:
@@ -229,12 +243,10 @@ SELECT {columns},
 """
 
 
-#: The four forms of the statement, built once.
-_SEARCH_SQL = {
-    (trigram, semantic): _search_sql(trigram=trigram, semantic=semantic)
-    for trigram in (False, True)
-    for semantic in (False, True)
-}
+@functools.lru_cache(maxsize=32)
+def _statement(trigram: bool, semantic: bool, vector_dimension: int | None) -> str:
+    """The forms of the statement, each built once."""
+    return _search_sql(trigram=trigram, semantic=semantic, vector_dimension=vector_dimension)
 
 
 @dataclass(frozen=True)
@@ -256,8 +268,11 @@ def _prepare(
     include_superseded: bool = False,
     scope: ReadScope = AGENT_WIDE,
     semantic: SemanticQuery | None = None,
+    vector_index: bool = False,
 ) -> tuple[str, dict[str, Any]] | None:
-    """The statement and its parameters; None when the query has no word worth looking up."""
+    """The statement and its parameters; None when the query has no word worth looking up.
+    ``vector_index``: pgvector serves the query's dimension (its operator computes the
+    signal)."""
     words = query_words(query)
     significant = [w for w in words if w not in STOP_WORDS][:MAX_BRANCH_WORDS]
     tri = trigram_words(words) if trigram else []
@@ -286,7 +301,8 @@ def _prepare(
     params["semantic_weight"] = SEMANTIC_WEIGHT
     params["semantic_floor"] = SEMANTIC_FLOOR
     params["semantic_entry"] = SEMANTIC_ENTRY_FLOOR
-    return _SEARCH_SQL[trigram, semantic is not None], params
+    dimension = len(semantic.vector) if semantic is not None and vector_index else None
+    return _statement(trigram, semantic is not None, dimension), params
 
 
 def scope_params(scope: ReadScope) -> dict[str, Any]:
@@ -332,6 +348,19 @@ class SearchStore:
     def __init__(self, db: peewee.Database) -> None:
         self.db = db
         self._trigram: tuple[bool, float] | None = None
+        self._vector_index: dict[int, tuple[bool, float]] = {}
+
+    def vector_index(self, dimension: int) -> bool:
+        """Whether pgvector and the HNSW index of ``dimension`` (migration 000016) exist;
+        checked again at most every :data:`RECHECK_SECONDS`."""
+        now = time.monotonic()
+        known = self._vector_index.get(dimension)
+        if known is None or now - known[1] > RECHECK_SECONDS:
+            with db_errors():
+                row = self.db.execute_sql(VECTOR_INDEX_SQL, (dimension,)).fetchone()
+            known = (bool(row[0]), now)
+            self._vector_index[dimension] = known
+        return known[0]
 
     def trigram_available(self) -> bool:
         """Whether ``pg_trgm`` and the trigram index are installed. Checked again at most every
@@ -377,6 +406,7 @@ class SearchStore:
             include_superseded=include_superseded,
             scope=scope,
             semantic=semantic,
+            vector_index=semantic is not None and self.vector_index(len(semantic.vector)),
         )
         if prepared is None:
             return []
@@ -411,7 +441,13 @@ class SearchStore:
         own role, which should be the role that migrated: the function's owner)."""
         trigram = self.trigram_available()
         prepared = _prepare(
-            agent_id, query, trigram=trigram, limit=limit, scope=scope, semantic=semantic
+            agent_id,
+            query,
+            trigram=trigram,
+            limit=limit,
+            scope=scope,
+            semantic=semantic,
+            vector_index=semantic is not None and self.vector_index(len(semantic.vector)),
         )
         if prepared is None:
             return ""
