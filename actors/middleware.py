@@ -40,7 +40,7 @@ from playhouse.postgres_ext import PooledPostgresqlExtDatabase
 from actors.envelope import MALFORMED, decode_problem, salvage
 from core.config import Settings
 from core.db import make_pool, transaction
-from core.errors import ConfigError, InvalidMessageError, PermanentError
+from core.errors import ConfigError, DatabaseUnavailableError, InvalidMessageError, PermanentError
 from extraction import deadletter_rows
 from extraction.deadletter_rows import DeadLetterRecord
 from extraction.dispatch import ROUTES
@@ -109,14 +109,24 @@ def build_worker_deps(settings: Settings) -> StageDeps:
         settings.memory_service_token,
         timeout=float(settings.http_timeout_seconds),
     )
+    from core.embeddings import embedder_from_settings
     from extraction.metrics import PipelineMetrics, PrometheusMetrics
+    from memory_service.memories.store import EmbeddingStore
 
+    embedder = embedder_from_settings(settings)
+    if embedder is not None:
+        # A dimension that differs from the stored vectors of the same model: refuse to start.
+        try:
+            EmbeddingStore(db).check_dimension(embedder.model, embedder.dimension)
+        except DatabaseUnavailableError:
+            log.warning("could not check the stored embedding dimension at start")
     return StageDeps(
         store=SessionStore(db),
         settings=settings,
         provider=make_provider(settings),
         memory=memory,
         metrics=PrometheusMetrics() if settings.metrics_port else PipelineMetrics(),
+        embedder=embedder,
     )
 
 

@@ -3,7 +3,10 @@
 Before each send it closes the sessions idle for ``SESSION_IDLE_SECONDS``. With
 ``PRUNE_DONE_AFTER_DAYS`` it also prunes, once an hour and in a thread of its own (a long prune
 must not delay the scans), what ``ibex prune --done-older-than <N>d --yes`` would; with
-``PRUNE_DELETED_AFTER_DAYS``, what ``ibex prune --deleted-older-than <N>d --yes`` would."""
+``PRUNE_DELETED_AFTER_DAYS``, what ``ibex prune --deleted-older-than <N>d --yes`` would. With
+an embedder (``EMBEDDINGS_PROVIDER`` not ``none``), a thread embeds, every interval, a bounded
+number of the memories lacking a vector of the configured model (what ``ibex reembed`` does,
+in small rounds)."""
 
 from __future__ import annotations
 
@@ -44,6 +47,12 @@ def run(args: argparse.Namespace, settings: Settings) -> int:
             target=prune_hourly, args=(settings, stop), name="prune", daemon=True
         )
         pruner.start()
+    backfiller = None
+    if settings.embeddings_provider != "none" and settings.database_url:
+        backfiller = threading.Thread(
+            target=backfill_rounds, args=(settings, stop), name="backfill", daemon=True
+        )
+        backfiller.start()
     while not stop.is_set():
         closed: int | None = None
         sent = False
@@ -58,6 +67,8 @@ def run(args: argparse.Namespace, settings: Settings) -> int:
             print(f"ibex scheduler: could not send scan_sessions: {exc}", file=sys.stderr)
         print(round_line(closed, sent), flush=True)
         stop.wait(interval)
+    if backfiller is not None:
+        backfiller.join(timeout=5)
     if pruner is not None:
         pruner.join(timeout=5)  # stops between batches; a batch is a short transaction
     print("ibex scheduler: stopped", flush=True)
@@ -109,3 +120,46 @@ def prune_hourly(settings: Settings, stop: threading.Event) -> None:
         except Exception as exc:  # a database blip must not end the schedule
             print(f"ibex scheduler: could not prune: {exc}", file=sys.stderr)
         stop.wait(PRUNE_EVERY_SECONDS)
+
+
+#: The backfill round: at most this many batches of BACKFILL_BATCH memories per org a round
+#: (bounded work however large the backlog; the next round continues).
+BACKFILL_BATCH = 100
+BACKFILL_BATCHES = 10
+
+
+def backfill_rounds(settings: Settings, stop: threading.Event) -> None:
+    """Every ``SCAN_INTERVAL_SECONDS``: embed the memories that lack a vector of the
+    configured model (API writes during an embedder outage, turns extracted during one, rows
+    from before semantic search), a bounded number per org, until ``stop`` is set. An outage
+    or a database blip skips the round; the next one tries again."""
+    from cli.reembed import _orgs
+    from cli.status import database
+    from core.embeddings import embedder_from_settings
+    from memory_service.memories.service import backfill
+    from memory_service.memories.store import EmbeddingStore
+
+    embedder = embedder_from_settings(settings)
+    if embedder is None:
+        return
+    db = None
+    while not stop.is_set():
+        try:
+            db = db or database(settings)
+            embeddings = EmbeddingStore(db)
+            embedded = 0
+            for org_id, _ in _orgs(db, None) or []:
+                if stop.is_set():
+                    break
+                embedded += backfill(
+                    embeddings,
+                    embedder,
+                    org_id,
+                    batch_size=BACKFILL_BATCH,
+                    max_batches=BACKFILL_BATCHES,
+                ).embedded
+            if embedded:
+                print(f"ibex scheduler: embedded {embedded} memories", flush=True)
+        except Exception as exc:  # an embedder outage or a database blip: next round
+            print(f"ibex scheduler: could not backfill vectors: {exc}", file=sys.stderr)
+        stop.wait(settings.scan_interval_seconds)

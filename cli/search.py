@@ -71,7 +71,9 @@ def run(args: argparse.Namespace, settings: Settings) -> int:
     import peewee
 
     from core.db import make_database
+    from core.embeddings import QueryCache, embedder_from_settings
     from memory_service.scope import ReadScope
+    from memory_service.search.service import SearchService
     from memory_service.search.store import SearchStore
     from models.store import SessionStore
 
@@ -100,37 +102,43 @@ def run(args: argparse.Namespace, settings: Settings) -> int:
             if user_id is None:
                 user_id = _live_user_id(db, org_id, args.user)
             scope = ReadScope(user_id=user_id, include_shared=not args.no_shared, named=True)
-        hits = (
-            []
-            if scope.empty
-            else searches.search(
-                org_id,
-                agent_id,
-                args.query,
-                limit=args.limit,
-                session_id=session_id,
-                kinds=args.kind,
-                scope=scope,
-            )
+        embedder = embedder_from_settings(settings)
+        found = SearchService(
+            searches, QueryCache(embedder) if embedder is not None else None
+        ).find(
+            org_id,
+            agent_id,
+            args.query,
+            limit=args.limit,
+            session_id=session_id,
+            kinds=args.kind,
+            scope=scope,
         )
+        hits = found.hits
     except peewee.ProgrammingError as exc:
         return _fail(f"the database schema is not current ({exc}); run: ibex migrate")
     finally:
         db.close()
     if args.json:
-        print(json.dumps({"items": [h.as_json() for h in hits]}, indent=2, sort_keys=True))
+        answer: dict[str, Any] = {"items": [h.as_json() for h in hits]}
+        if found.details:
+            answer["details"] = found.details
+        print(json.dumps(answer, indent=2, sort_keys=True))
         return EXIT_OK
     if not hits:
         print("no memories match")
         return EXIT_OK
-    width = max(40, shutil.get_terminal_size((120, 24)).columns - 36)
-    print(f"{'#':>2}  {'SCORE':>5}  {'TEXT':>5}  {'TRGM':>5}  {'KIND':10}  CONTENT")
+    width = max(40, shutil.get_terminal_size((120, 24)).columns - 43)
+    for note in found.details.values():
+        print(f"note: {note}", file=sys.stderr)
+    print(f"{'#':>2}  {'SCORE':>5}  {'TEXT':>5}  {'TRGM':>5}  {'SEM':>5}  {'KIND':10}  CONTENT")
     for rank, hit in enumerate(hits, 1):
         content = " ".join(hit.row.content.split())
         if len(content) > width:
             content = content[: width - 1] + "…"
         print(
             f"{rank:>2}  {hit.score:5.3f}  {hit.text:5.3f}  {hit.trigram:5.3f}"
+            f"  {'  -  ' if hit.semantic is None else format(hit.semantic, '5.3f')}"
             f"  {hit.row.kind:10}  {content}"
         )
     return EXIT_OK

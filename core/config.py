@@ -57,11 +57,21 @@ DEFAULTS: dict[str, str | None] = {
     "UPSTREAM_LLM_BASE_URL": None,  # the chat path's upstream; unset: the proxy refuses to start
     "UPSTREAM_LLM_API_KEY": None,  # unset: the caller's Authorization is passed on
     "UPSTREAM_TIMEOUT_SECONDS": "600",
+    # Semantic search (core.embeddings): which embedder, and for "openai" where and which.
+    "EMBEDDINGS_PROVIDER": "local",
+    "EMBEDDINGS_BASE_URL": None,
+    "EMBEDDINGS_MODEL": None,  # openai: required; local: the packaged model
+    "EMBEDDINGS_API_KEY": None,
+    "EMBEDDINGS_DIMENSION": None,  # openai: required; local: 256
+    "EMBEDDINGS_TIMEOUT_SECONDS": "5",
 }
 
 LLM_PROVIDERS = ("openai", "rules")
 #: What the scheduler does with a session idle for SESSION_IDLE_SECONDS.
 SESSION_IDLE_ACTIONS = ("complete", "abandon")
+EMBEDDINGS_PROVIDERS = ("local", "openai", "none")
+#: The widest vector stored (and accepted on ``POST /v1/memories``).
+MAX_EMBEDDING_DIMENSION = 4096
 
 
 def _redis_url(env: Mapping[str, str], name: str) -> str | None:
@@ -101,6 +111,47 @@ def _str(env: Mapping[str, str], name: str) -> str | None:
     if value is None or value.strip() == "":
         return DEFAULTS[name]
     return value.strip()
+
+
+def _embeddings(env: Mapping[str, str]) -> dict[str, Any]:
+    """The EMBEDDINGS_* settings, checked together (``openai`` needs its URL, model and
+    dimension; the others take none of them)."""
+    provider = (_str(env, "EMBEDDINGS_PROVIDER") or "local").lower()
+    if provider not in EMBEDDINGS_PROVIDERS:
+        raise ConfigError(
+            f"EMBEDDINGS_PROVIDER must be one of {', '.join(EMBEDDINGS_PROVIDERS)},"
+            f" got {provider!r}",
+            variable="EMBEDDINGS_PROVIDER",
+        )
+    base_url = _str(env, "EMBEDDINGS_BASE_URL")
+    model = _str(env, "EMBEDDINGS_MODEL")
+    dimension = _int(env, "EMBEDDINGS_DIMENSION", 1) if _str(env, "EMBEDDINGS_DIMENSION") else None
+    if dimension is not None and dimension > MAX_EMBEDDING_DIMENSION:
+        raise ConfigError(
+            f"EMBEDDINGS_DIMENSION must be at most {MAX_EMBEDDING_DIMENSION}, got {dimension}",
+            variable="EMBEDDINGS_DIMENSION",
+        )
+    if provider == "openai":
+        for name, value in (
+            ("EMBEDDINGS_BASE_URL", base_url),
+            ("EMBEDDINGS_MODEL", model),
+            ("EMBEDDINGS_DIMENSION", dimension),
+        ):
+            if value is None:
+                raise ConfigError(f"EMBEDDINGS_PROVIDER=openai needs {name}", variable=name)
+        assert base_url is not None
+        if not base_url.startswith(("http://", "https://")):
+            raise ConfigError(
+                "EMBEDDINGS_BASE_URL must be an http(s):// URL", variable="EMBEDDINGS_BASE_URL"
+            )
+    return {
+        "embeddings_provider": provider,
+        "embeddings_base_url": base_url.rstrip("/") if base_url else None,
+        "embeddings_model": model,
+        "embeddings_api_key": _str(env, "EMBEDDINGS_API_KEY"),
+        "embeddings_dimension": dimension,
+        "embeddings_timeout_seconds": _int(env, "EMBEDDINGS_TIMEOUT_SECONDS", 1),
+    }
 
 
 @dataclass(frozen=True)
@@ -154,6 +205,14 @@ class Settings:
     upstream_llm_base_url: str | None = None
     upstream_llm_api_key: str | None = None
     upstream_timeout_seconds: int = 600
+    #: Semantic search: ``local`` (the packaged offline model), ``openai`` (an
+    #: OpenAI-compatible ``/v1/embeddings``) or ``none``; see :mod:`core.embeddings`.
+    embeddings_provider: str = "none"
+    embeddings_base_url: str | None = None
+    embeddings_model: str | None = None
+    embeddings_api_key: str | None = None
+    embeddings_dimension: int | None = None
+    embeddings_timeout_seconds: int = 5
     #: The variables that were set (non-empty) in the environment, defaults aside.
     explicit: frozenset[str] = frozenset()
 
@@ -176,6 +235,7 @@ class Settings:
                 f" got {idle_action!r}",
                 variable="SESSION_IDLE_ACTION",
             )
+        embeddings = _embeddings(env)
         database_url = _str(env, "DATABASE_URL")
         if database_url is not None and not database_url.startswith(
             ("postgres://", "postgresql://")
@@ -227,6 +287,7 @@ class Settings:
             upstream_llm_base_url=(_str(env, "UPSTREAM_LLM_BASE_URL") or "").rstrip("/") or None,
             upstream_llm_api_key=_str(env, "UPSTREAM_LLM_API_KEY"),
             upstream_timeout_seconds=_int(env, "UPSTREAM_TIMEOUT_SECONDS", 1),
+            **embeddings,
             explicit=frozenset(name for name in DEFAULTS if (env.get(name) or "").strip()),
         )
         if settings.retry_max_backoff_ms < settings.retry_min_backoff_ms:
@@ -249,7 +310,7 @@ class Settings:
         out: dict[str, Any] = {}
         for f in fields(self):
             value = getattr(self, f.name)
-            if f.name in ("memory_service_token", "llm_api_key") and value:
+            if f.name in ("memory_service_token", "llm_api_key", "embeddings_api_key") and value:
                 value = "***"
             elif f.name.endswith("_url") and isinstance(value, str):
                 value = redact_url(value)

@@ -116,6 +116,12 @@ class MemoryUnavailableError(TransientError):
         self.server_message = server_message
 
 
+class EmbeddingsUnavailable(TransientError):
+    """The embeddings endpoint (or the local model) could not embed now: down, slow, or an
+    answer that is not the vectors asked for. Callers fall back (lexical search, a vector
+    backfilled later); it never fails a write or a turn."""
+
+
 class LLMUnavailableError(TransientError):
     """The LLM timed out, was rate limited, failed with 5xx, or answered unparseably."""
 

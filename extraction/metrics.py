@@ -46,6 +46,9 @@ class PipelineMetrics:
     def repeated_turn(self) -> None:
         """A turn reused the result persisted for an identical input: no LLM call."""
 
+    def embedding_request(self, *, ok: bool, texts: int = 0) -> None:
+        """One request to the embedder for a turn's memories (``texts`` of them)."""
+
     def refs(self, *, resolved: int, unknown: int) -> None:
         """An answer's ``replaces`` refs: resolved to memory ids, or unknown and dropped."""
 
@@ -83,6 +86,11 @@ class PrometheusMetrics(PipelineMetrics):
             "repeated_turns": prom.Counter(
                 "ibex_repeated_turns_total",
                 "Turns that reused the result of an identical LLM input (no LLM call).",
+            ),
+            "embedding_requests": prom.Counter(
+                "ibex_embedding_requests_total",
+                "Embedding requests for a turn's memories (one per extracted turn).",
+                ["result"],
             ),
             "unknown_refs": prom.Counter(
                 "ibex_unknown_refs_total", "replaces refs of an answer the prompt did not list."
@@ -127,6 +135,9 @@ class PrometheusMetrics(PipelineMetrics):
 
     def repeated_turn(self) -> None:
         self._metrics()["repeated_turns"].inc()
+
+    def embedding_request(self, *, ok: bool, texts: int = 0) -> None:
+        self._metrics()["embedding_requests"].labels("ok" if ok else "error").inc()
 
     def refs(self, *, resolved: int, unknown: int) -> None:
         m = self._metrics()

@@ -36,15 +36,19 @@ class ExtractedMemory:
     kind: str
     replaces: tuple[str, ...] = ()
     supersedes: tuple[str, ...] = ()
+    #: ``{"model", "vector"}``: the vector the extract stage computed, persisted with it.
+    embedding: dict[str, Any] | None = None
 
     def to_json(self) -> dict[str, Any]:
         data: dict[str, Any] = {"content": self.content, "kind": self.kind}
         if self.supersedes:  # absent otherwise: results stored before stay byte-identical
             data["supersedes"] = list(self.supersedes)
+        if self.embedding is not None:
+            data["embedding"] = self.embedding
         return data
 
     def resolved(self, ids: tuple[str, ...]) -> ExtractedMemory:
-        return ExtractedMemory(self.content, self.kind, (), ids)
+        return ExtractedMemory(self.content, self.kind, (), ids, self.embedding)
 
 
 @dataclass(frozen=True)
@@ -79,6 +83,7 @@ def _memories(items: Iterable[dict[str, Any]]) -> list[ExtractedMemory]:
             kind=item["kind"],
             replaces=tuple(item.get("replaces") or ()),
             supersedes=tuple(dict.fromkeys(str(i) for i in item.get("supersedes") or ())),
+            embedding=item.get("embedding"),
         )
         for item in items
     ]
@@ -128,12 +133,15 @@ def parse_llm_content(text: str) -> list[ExtractedMemory]:
         )
     memories = data.get("memories")
     if isinstance(memories, list):
-        # Ids are never taken from a model (only refs, in "replaces"): a stray "supersedes"
-        # is ignored rather than validated, so it cannot make the answer invalid either.
+        # Ids are never taken from a model (only refs, in "replaces"), nor vectors: a stray
+        # "supersedes" or "embedding" is ignored rather than validated, so it cannot make the
+        # answer invalid either.
         data = {
             **data,
             "memories": [
-                {k: v for k, v in m.items() if k != "supersedes"} if isinstance(m, dict) else m
+                {k: v for k, v in m.items() if k not in ("supersedes", "embedding")}
+                if isinstance(m, dict)
+                else m
                 for m in memories
             ],
         }

@@ -31,6 +31,7 @@ the next one may assume (the persisted result, the slot identity, the pointer ru
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import time
 import uuid
@@ -40,9 +41,11 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from core.config import Settings
+from core.embeddings import Embedder
 from core.errors import (
     ConfigError,
     DatabaseUnavailableError,
+    EmbeddingsUnavailable,
     InvalidMessageError,
     LLMUnavailableError,
     MemoryRejectedError,
@@ -145,6 +148,9 @@ class StageDeps:
     memory: MemoryWriter | None = None
     fault: Callable[[str], None] | None = None
     metrics: PipelineMetrics = field(default_factory=PipelineMetrics)
+    #: Embeds a turn's memories (one request per turn) before the result is persisted;
+    #: None: results are persisted without vectors.
+    embedder: Embedder | None = None
     persist_retry_seconds: float = PERSIST_RETRY_SECONDS
     turns: TurnStore = field(init=False)
     scan_queries: ScanQueries = field(init=False)
@@ -305,6 +311,7 @@ def extract_turn(
         delivery.abandoned_claim = None  # taken over, or a claim of our own from here on
     answer = kept if kept is not None else _call_llm(deps, ref, begun, delivery)
     deps.crash_point("after_llm_call")
+    answer = _embedded(deps, ref, answer)
     stored = _persist(deps, ref, begun.token, answer, delivery, claim_ends)
     deps.crash_point("after_persist")
     return _fan_out(ref, stored)
@@ -357,6 +364,47 @@ def _call_llm(deps: StageDeps, ref: TurnRef, begun: Claimed, delivery: Delivery 
             if delivery is not None:
                 delivery.abandoned_claim = begun.token
         raise
+
+
+#: Significant digits kept of each vector component (a float32's): the persisted result and
+#: the POST bodies stay compact, and the vector is the same on every read.
+VECTOR_DIGITS = 7
+
+
+def _embedded(deps: StageDeps, ref: TurnRef, answer: Answer) -> Answer:
+    """The answer with each memory's vector, from ONE embedding request for the turn, so the
+    vectors are persisted with the result (the same statement) and no retry, redelivery or
+    replay pays for them again. An answer already embedded with the current model (a kept
+    answer, a reused result) is left as it is. An embedder outage never fails
+    the turn: the result is persisted without vectors, and the memory service's backfill
+    embeds the memories later."""
+    embedder = deps.embedder
+    memories = answer.result.get("memories") or []
+    if embedder is None or not memories:
+        return answer
+    model = embedder.model
+    # One request embeds every memory of the turn, so one vector of the model means the
+    # answer was embedded already (a memory without one had a text the model knows nothing
+    # of).
+    if any((m.get("embedding") or {}).get("model") == model for m in memories):
+        return answer
+    try:
+        vectors = embedder.embed([m["content"] for m in memories])
+    except EmbeddingsUnavailable as exc:
+        deps.metrics.embedding_request(ok=False, texts=len(memories))
+        log.warning("turn %s: persisted without vectors (backfilled later): %s", ref, exc)
+        return answer
+    deps.metrics.embedding_request(ok=True, texts=len(memories))
+    embedded = []
+    for memory, vector in zip(memories, vectors, strict=True):
+        item = {k: v for k, v in memory.items() if k != "embedding"}
+        if any(vector):  # a text the model knows nothing of has no vector
+            item["embedding"] = {
+                "model": model,
+                "vector": [float(f"{v:.{VECTOR_DIGITS}g}") for v in vector],
+            }
+        embedded.append(item)
+    return dataclasses.replace(answer, result={**answer.result, "memories": embedded})
 
 
 def _resolve_refs(
@@ -471,6 +519,10 @@ def memory_body(
     }
     if user_id is not None:
         body["user_id"] = str(user_id)
+    if memory.embedding is not None:
+        # Computed in the extract stage and persisted with the result: the same vector on
+        # every attempt, and outside the idempotency fingerprint.
+        body["embedding"] = memory.embedding
     if memory.supersedes:
         # Decided when the result was persisted; a memory superseded or deleted since is left
         # as it is (skip), and this memory is stored all the same.

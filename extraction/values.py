@@ -59,6 +59,10 @@ class StoredMemory:
     #: Ids of the memories this one replaces, resolved from the answer's refs before the
     #: result was persisted (empty for most memories, and for results stored before).
     supersedes: tuple[str, ...] = ()
+    #: The memory's vector, computed in the extract stage and persisted with the result:
+    #: ``{"model": ..., "vector": [...]}``; None for a result extracted without an embedder
+    #: (or during its outage), and for results stored before.
+    embedding: dict[str, Any] | None = None
 
 
 @dataclass(frozen=True)
@@ -83,7 +87,10 @@ class PersistedResult:
         data = result if isinstance(result, dict) else json.loads(result)
         memories = tuple(
             StoredMemory(
-                str(m["content"]), str(m["kind"]), tuple(str(i) for i in m.get("supersedes", ()))
+                str(m["content"]),
+                str(m["kind"]),
+                tuple(str(i) for i in m.get("supersedes", ())),
+                m.get("embedding"),
             )
             for m in data["memories"]
         )

@@ -14,7 +14,7 @@ holds at most one connection per thread that is serving a request, whatever the 
 from __future__ import annotations
 
 import logging
-from typing import Any
+from typing import Any, Literal
 
 import falcon
 import peewee
@@ -25,6 +25,8 @@ from redis.retry import Retry
 
 from core.config import Settings
 from core.db import make_pool as db_pool
+from core.embeddings import Embedder, QueryCache, embedder_from_settings
+from core.errors import DatabaseUnavailableError
 from memory_service import docs_page, errors
 from memory_service.agents import AgentResolver, AgentResource
 from memory_service.auth import Authenticator
@@ -37,7 +39,7 @@ from memory_service.memories.endpoints import (
     MemoryResource,
 )
 from memory_service.memories.service import MemoryService
-from memory_service.memories.store import MemoryStore
+from memory_service.memories.store import EmbeddingStore, MemoryStore
 from memory_service.metrics import Metrics, MetricsResource, RequestMetrics
 from memory_service.openapi.document import build_spec
 from memory_service.openapi.endpoints import OpenApiResource
@@ -104,10 +106,21 @@ def create_app(
     db: peewee.Database | None = None,
     redis_client: redis.Redis | None = None,
     token_cache_seconds: float = 2.0,
+    embedder: Embedder | Literal["settings"] | None = "settings",
 ) -> falcon.App:
-    """The WSGI app. ``db`` and ``redis_client`` default to ones built from ``settings``."""
+    """The WSGI app. ``db``, ``redis_client`` and ``embedder`` default to ones built from
+    ``settings`` (``EMBEDDINGS_PROVIDER``; None: lexical search only). A configured dimension
+    that differs from the stored vectors of the same model is a ConfigError here."""
+    if embedder == "settings":
+        embedder = embedder_from_settings(settings)
     if db is None:
         db = make_pool(settings.database_url)
+    embeddings = EmbeddingStore(db)
+    if embedder is not None:
+        try:
+            embeddings.check_dimension(embedder.model, embedder.dimension)
+        except DatabaseUnavailableError:
+            log.warning("could not check the stored embedding dimension; /readyz will")
     if redis_client is None:
         redis_client = make_redis(settings.idempotency_redis_url or settings.redis_url)
     store = MemoryStore(db, settings.memory_near_duplicate_threshold)
@@ -122,7 +135,9 @@ def create_app(
         max_body_bytes=settings.memory_max_body_bytes,
     )
     users = UserService(UserStore(db))
-    memories = MemoryService(store, idempotency, metrics, users)
+    memories = MemoryService(
+        store, idempotency, metrics, users, embedder=embedder, embeddings=embeddings
+    )
     # Metrics first: its process_response runs last, so it sees the final status and time.
     # The schema gate after ReturnConnection: the connection its check borrows goes back too.
     middleware: list[Any] = [RequestMetrics(metrics), ReturnConnection(db), SchemaGate(db)]
@@ -139,12 +154,21 @@ def create_app(
     )
     app.add_route("/healthz", HealthResource())
     searches = SearchStore(db)
-    reads = SearchService(searches)
+    reads = SearchService(
+        searches, QueryCache(embedder) if embedder is not None else None, metrics=metrics
+    )
     app.add_route("/v1/memories/search", SearchResource(api, reads, users, agents))
     app.add_route("/v1/context", ContextResource(api, reads, users, agents))
     add_session_routes(app, api, db, store, users)
     app.add_route("/v1/users/{user}", UserResource(api, users))
-    app.add_route("/readyz", ReadyResource(store, redis_client, searches.search_mode))
+    check = None
+    if embedder is not None:
+        model, dimension = embedder.model, embedder.dimension
+
+        def check() -> None:
+            embeddings.check_dimension(model, dimension)
+
+    app.add_route("/readyz", ReadyResource(store, redis_client, reads.search_mode, check))
     spec = docs_page.document(build_spec(settings.memory_max_body_bytes))
     app.add_route("/openapi.json", OpenApiResource(spec))
     app.add_route("/metrics", MetricsResource(metrics))

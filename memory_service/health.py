@@ -66,10 +66,13 @@ class ReadyResource:
         store: MemoryStore,
         redis_client: redis.Redis,
         search_mode: Callable[[], str] | None = None,
+        embeddings_check: Callable[[], None] | None = None,
     ) -> None:
         self.store = store
         self.redis = redis_client
         self.search_mode = search_mode
+        #: Raises when the embedder's dimension differs from its model's stored vectors.
+        self.embeddings_check = embeddings_check
 
     def on_get(self, req: falcon.Request, resp: falcon.Response) -> None:
         checks: dict[str, str] = {}
@@ -89,6 +92,13 @@ class ReadyResource:
                 checks["schema"] = f"error: {type(exc).__name__}"
                 if isinstance(exc, SchemaNotReadyError):
                     details["schema"] = str(exc)
+            if self.embeddings_check is not None and checks["schema"] == "ok":
+                try:
+                    self.embeddings_check()
+                    checks["embeddings"] = "ok"
+                except Exception as exc:
+                    checks["embeddings"] = f"error: {type(exc).__name__}"
+                    details["embeddings"] = str(exc)
         try:
             self.redis.ping()
             checks["redis"] = "ok"

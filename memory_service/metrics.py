@@ -20,6 +20,10 @@ The series (docs/operations.md, "Metrics"):
 - ``ibex_memory_idempotency_unavailable_total``: POSTs with a key run without Redis
 - ``ibex_memory_near_duplicates_total``: POSTs refused as near-duplicates (trigram)
 - ``ibex_memory_superseded_total``: memories marked superseded by a new memory
+- ``ibex_memory_embeddings_failed_total``: memories stored without a vector because the
+  embedder failed (the scheduler's backfill embeds them later)
+- ``ibex_memory_search_semantic_unavailable_total``: searches and contexts answered lexically
+  because the query could not be embedded
 """
 
 from __future__ import annotations
@@ -104,6 +108,17 @@ class Metrics:
         self.near_duplicates = Counter(
             "ibex_memory_near_duplicates_total",
             "POSTs refused as near-duplicates of a current memory of their scope (trigram).",
+            registry=registry,
+        )
+        # Semantic search (migration 000016).
+        self.embeddings_failed = Counter(
+            "ibex_memory_embeddings_failed_total",
+            "Memories stored without a vector: the embedder failed (backfilled later).",
+            registry=registry,
+        )
+        self.semantic_unavailable = Counter(
+            "ibex_memory_search_semantic_unavailable_total",
+            "Searches answered lexically: the query could not be embedded.",
             registry=registry,
         )
         self.supersessions = Counter(

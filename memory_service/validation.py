@@ -11,6 +11,7 @@ marshmallow accepts with the same result.
 
 from __future__ import annotations
 
+import math
 import uuid
 from typing import Any
 
@@ -18,12 +19,16 @@ from marshmallow import ValidationError
 
 from schema.memory import (
     MAX_CONTENT_CHARS,
+    MAX_EMBEDDING_DIMENSION,
+    MAX_EMBEDDING_MODEL_CHARS,
     MEMORY_KINDS,
     _content_valid,
     _metadata_valid,
 )
 
-CREATE_FIELDS = frozenset({"agent_id", "content", "kind", "source", "metadata", "user_id"})
+CREATE_FIELDS = frozenset(
+    {"agent_id", "content", "kind", "source", "metadata", "user_id", "embedding"}
+)
 SOURCE_FIELDS = frozenset({"session_id", "turn_index", "ordinal"})
 MAX_INT32 = 2**31 - 1
 _MISSING = object()
@@ -41,6 +46,28 @@ def _uuid(value: Any) -> uuid.UUID | None:
 def _small_int(value: Any, minimum: int) -> bool:
     """An int (not a bool) in ``minimum .. 2**31-1``, or null: what StrictInteger takes here."""
     return value is None or (type(value) is int and minimum <= value <= MAX_INT32)
+
+
+def _embedding(value: Any) -> Any:
+    if type(value) is not dict or value.keys() != {"model", "vector"}:
+        return _MISSING
+    model, vector = value["model"], value["vector"]
+    if (
+        type(model) is not str
+        or not 1 <= len(model) <= MAX_EMBEDDING_MODEL_CHARS
+        or type(vector) is not list
+        or not 1 <= len(vector) <= MAX_EMBEDDING_DIMENSION
+    ):
+        return _MISSING
+    floats = []
+    for v in vector:
+        if type(v) is not float and type(v) is not int:
+            return _MISSING
+        f = float(v)
+        if not math.isfinite(f):
+            return _MISSING
+        floats.append(f)
+    return {"model": model, "vector": floats}
 
 
 def _source(value: Any) -> Any:
@@ -101,4 +128,9 @@ def quick_load_create(data: Any) -> dict[str, Any] | None:
             if user_id is None:
                 return None
         loaded["user_id"] = user_id
+    if "embedding" in data:
+        embedding = _embedding(data["embedding"])
+        if embedding is _MISSING:
+            return None
+        loaded["embedding"] = embedding
     return loaded

@@ -26,6 +26,7 @@ from typing import Any
 from marshmallow import EXCLUDE, Schema, ValidationError, fields, validate
 
 from schema.memory import MEMORY_KINDS as KINDS
+from schema.memory import MemoryEmbeddingSchema
 
 DEFAULT_KIND = "other"
 MAX_CONTENT_CHARS = 2000
@@ -96,6 +97,8 @@ class ExtractedMemorySchema(Schema):
     kind = Kind()
     replaces = Refs()
     supersedes = fields.List(fields.UUID(), load_default=list, validate=validate.Length(max=20))
+    #: The persisted form only (the extract stage embeds a turn's memories once).
+    embedding = fields.Nested(MemoryEmbeddingSchema, load_default=None, allow_none=True)
 
 
 class ExtractionResultSchema(Schema):

@@ -7,6 +7,7 @@ document cannot drift from what the code accepts. No I/O here.
 from __future__ import annotations
 
 import json
+import math
 from typing import Any
 
 from marshmallow import RAISE, Schema, ValidationError, fields, validate, validates_schema
@@ -175,6 +176,51 @@ class MemorySourceSchema(Schema):
     )
 
 
+#: The widest vector accepted with a memory (core.config.MAX_EMBEDDING_DIMENSION).
+MAX_EMBEDDING_DIMENSION = 4096
+MAX_EMBEDDING_MODEL_CHARS = 200
+
+
+def embedding_vector_valid(vector: list[float]) -> None:
+    """Finite numbers only (JSON has no NaN, but Python's parser takes one)."""
+    if not all(math.isfinite(v) for v in vector):
+        raise ValidationError("must hold finite numbers only")
+
+
+class FiniteFloat(fields.Float):
+    """A JSON number, never a boolean or a string of digits."""
+
+    def _deserialize(self, value: Any, attr: str | None, data: Any, **kwargs: Any) -> float:
+        if isinstance(value, bool) or not isinstance(value, int | float):
+            raise ValidationError("Not a valid number.")
+        return float(value)
+
+
+class MemoryEmbeddingSchema(Schema):
+    """A memory's vector, computed by the writer (the pipeline embeds a turn's memories once)."""
+
+    class Meta:
+        unknown = RAISE
+
+    model = fields.String(
+        required=True,
+        validate=validate.Length(min=1, max=MAX_EMBEDDING_MODEL_CHARS),
+        metadata={
+            "description": "The embedder that made the vector, e.g."
+            " local:wordllama-l2_supercat-256; search compares only vectors of its own model."
+        },
+    )
+    vector = fields.List(
+        FiniteFloat(),
+        required=True,
+        validate=[
+            validate.Length(min=1, max=MAX_EMBEDDING_DIMENSION),
+            embedding_vector_valid,
+        ],
+        metadata={"description": "The vector (normalised to unit length when stored)."},
+    )
+
+
 class MemoryCreateSchema(Schema):
     """Body of ``POST /v1/memories``."""
 
@@ -230,6 +276,15 @@ class MemoryCreateSchema(Schema):
             " `skip`: that mark is skipped and the memory is stored (what the pipeline sends:"
             " its decision was taken earlier). An id of another agent or user is 422 either"
             " way."
+        },
+    )
+
+    embedding = fields.Nested(
+        MemoryEmbeddingSchema,
+        metadata={
+            "description": "Optional: the memory's vector, stored with it in the same"
+            " transaction. Not part of the idempotency fingerprint. Without it the service"
+            " embeds the memory itself after storing it (when an embedder is configured)."
         },
     )
 

@@ -115,6 +115,15 @@ class SignalsSchema(Schema):
         required=True,
         metadata={"description": "1 / (1 + age in days / 30); breaks ties of score."},
     )
+    semantic = fields.Float(
+        required=True,
+        allow_none=True,
+        metadata={
+            "description": "Cosine similarity of the memory's vector to the query's (same "
+            "embedding model), clipped to [0, 1]; null when not available: no embedder, the "
+            "embedder failed for this search (see details), or the memory has no vector yet."
+        },
+    )
 
 
 class SearchHitSchema(MemorySchema):
@@ -123,14 +132,30 @@ class SearchHitSchema(MemorySchema):
     score = fields.Float(
         required=True,
         metadata={
-            "description": "0.75 x text + 0.25 x trigram (text alone without pg_trgm), "
-            "in [0, 1]; higher is better."
+            "description": "lexical + w x bonus x (1 - lexical), in [0, 1], higher is "
+            "better; lexical = 0.75 x text + 0.25 x trigram (text alone without pg_trgm), "
+            "bonus = max(0, (semantic - floor) / (1 - floor)), w and floor as documented "
+            "(docs/search.md); exactly lexical when semantic is null."
         },
     )
     signals = fields.Nested(SignalsSchema, required=True)
     snippet = fields.String(
         required=True,
         metadata={"description": "The content with the matched words between <mark> and </mark>."},
+    )
+
+
+class AnswerDetailsSchema(Schema):
+    """Present only when the answer was ranked with less than usual."""
+
+    class Meta:
+        unknown = RAISE
+
+    semantic = fields.String(
+        metadata={
+            "description": "Why the semantic signal is missing from this answer (the embedder "
+            "down, slow or answering badly): the ranking is full-text and trigram alone."
+        }
     )
 
 
@@ -141,6 +166,7 @@ class SearchResultSchema(Schema):
         unknown = RAISE
 
     items = fields.List(fields.Nested(SearchHitSchema), required=True)
+    details = fields.Nested(AnswerDetailsSchema)
 
 
 class ContextMessageSchema(Schema):
@@ -260,3 +286,4 @@ class ContextResultSchema(Schema):
             "of one packed."
         },
     )
+    details = fields.Nested(AnswerDetailsSchema)

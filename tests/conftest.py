@@ -21,6 +21,8 @@ from tests.servers import RunPostgres, RunRedis, ServerUnavailable, temp_folder
 
 # Every table, children first; TRUNCATE ... CASCADE takes care of the order anyway.
 TABLES = (
+    "ibex_memory.memory_embeddings",
+    "ibex_memory.embedding_models",
     "ibex_memory.memories",
     "ibex_memory.api_tokens",
     "ibex_core.dead_letters",

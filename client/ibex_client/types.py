@@ -162,11 +162,14 @@ class Memory:
 class Signals:
     """The per-signal scores behind a hit's ``score``, each in [0, 1], higher is better:
     full-text rank (``text``), trigram similarity (``trigram``, 0 where the server has no
-    pg_trgm) and ``recency`` (1 / (1 + age in days / 30), which breaks ties)."""
+    pg_trgm), ``recency`` (1 / (1 + age in days / 30), which breaks ties) and ``semantic``
+    (cosine similarity to the query, clipped to [0, 1]; None when the server had no vector
+    for the query or the memory)."""
 
     text: float
     trigram: float
     recency: float
+    semantic: float | None = None
 
 
 @dataclass(frozen=True)
@@ -190,6 +193,9 @@ class SearchHit:
                 text=_float(_req(signals, "text", "signals"), "signals.text"),
                 trigram=_float(_req(signals, "trigram", "signals"), "signals.trigram"),
                 recency=_float(_req(signals, "recency", "signals"), "signals.recency"),
+                semantic=None
+                if signals.get("semantic") is None
+                else _float(signals["semantic"], "signals.semantic"),
             ),
             snippet=_str(_req(data, "snippet", "search hit"), "snippet"),
         )

@@ -32,13 +32,16 @@ from __future__ import annotations
 
 import logging
 import math
+import time
 import uuid
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, TypeAlias
 
 from marshmallow import ValidationError
 
+from core.embeddings import Embedder
+from core.errors import ConfigError, DatabaseUnavailableError, EmbeddingsUnavailable
 from memory_service.auth import Principal
 from memory_service.canonical import canonical_request, content_hash, fingerprint_digest
 from memory_service.domain_errors import MemoryNotFoundError
@@ -50,7 +53,13 @@ from memory_service.idempotency import (
     IdempotencyStore,
     StoredAnswer,
 )
-from memory_service.memories.store import MemoryRow, MemoryStore, NewMemory, WriteOutcome
+from memory_service.memories.store import (
+    EmbeddingStore,
+    MemoryRow,
+    MemoryStore,
+    NewMemory,
+    WriteOutcome,
+)
 from memory_service.metrics import Metrics
 from memory_service.scope import AGENT_WIDE, ReadScope, UserRef
 from memory_service.users.service import UserService
@@ -59,6 +68,10 @@ from schema import describe_errors
 from schema.memory import MemoryCreateSchema
 
 log = logging.getLogger(__name__)
+
+#: After an embedding failure, writes skip the inline embedding this long (the backfill
+#: round of the scheduler catches up).
+EMBED_PAUSE_SECONDS = 30.0
 
 # Built once: a marshmallow Schema is costly to instantiate and safe to share for load().
 CREATE_SCHEMA = MemoryCreateSchema()
@@ -195,9 +208,29 @@ def stored_answer(outcome: Outcome) -> StoredAnswer | None:
     return None
 
 
+#: Components below this (after scaling to length 1) are stored as 0: a ``real`` (float32)
+#: cannot hold them, and they weigh nothing in a cosine.
+TINY_COMPONENT = 1e-30
+
+
+def unit_vector(vector: Sequence[float]) -> tuple[float, ...] | None:
+    """``vector`` scaled to length 1 (scaled by its largest component first, so huge
+    components do not overflow); None for an all-zero vector (nothing to compare)."""
+    largest = max((abs(v) for v in vector), default=0.0)
+    if largest == 0.0 or not math.isfinite(largest):
+        return None
+    scaled = [v / largest for v in vector]
+    norm = math.sqrt(sum(v * v for v in scaled))
+    return tuple(0.0 if abs(u) < TINY_COMPONENT else u for u in (v / norm for v in scaled))
+
+
 def new_memory(validated: dict[str, Any], key: str | None) -> NewMemory:
-    """The write of a validated body, with its content hash and request fingerprint."""
+    """The write of a validated body, with its content hash and request fingerprint. The
+    ``embedding`` is not part of the fingerprint (:func:`canonical_request` leaves it out), so
+    a body with a vector and the same body without one are the same request."""
     canonical = canonical_request(validated)
+    embedding = validated.get("embedding")
+    vector = unit_vector(embedding["vector"]) if embedding else None
     source = canonical["source"] or {}
     return NewMemory(
         agent_id=validated["agent_id"],
@@ -213,6 +246,8 @@ def new_memory(validated: dict[str, Any], key: str | None) -> NewMemory:
         user_id=validated.get("user_id"),
         supersedes=tuple(dict.fromkeys(validated.get("supersedes") or ())),
         skip_stale=validated.get("stale_supersedes") == "skip",
+        embedding_model=embedding["model"] if embedding and vector else None,
+        embedding=vector,
     )
 
 
@@ -226,11 +261,17 @@ class MemoryService:
         idempotency: IdempotencyStore,
         metrics: Metrics,
         users: UserService | None = None,
+        embedder: Embedder | None = None,
+        embeddings: EmbeddingStore | None = None,
     ) -> None:
         self.store = store
         self.idempotency = idempotency
         self.metrics = metrics
         self.users = users
+        #: Embeds a memory created without a vector, after its commit (best effort).
+        self.embedder = embedder
+        self.embeddings = embeddings
+        self._embed_down_until = 0.0
 
     def create(
         self,
@@ -258,9 +299,33 @@ class MemoryService:
                 **validated,
                 "user_id": self.users.writer(principal, org_id, named),
             }
-        outcome = self._create(org_id, new_memory(validated, key))
+        new = new_memory(validated, key)
+        outcome = self._create(org_id, new)
         self._count(outcome)
+        if isinstance(outcome, Created) and new.embedding is None:
+            self._embed_after_commit(org_id, outcome.row)
         return outcome
+
+    def _embed_after_commit(self, org_id: uuid.UUID, row: MemoryRow) -> None:
+        """Embed a memory stored without a vector, now that it is committed: one request to
+        the embedder (bounded by its timeout) and one statement. Never fails the write: on an
+        outage the memory stays lexical until the scheduler's backfill round embeds it, and
+        for :data:`EMBED_PAUSE_SECONDS` after a failure no write waits for the embedder."""
+        if self.embedder is None or self.embeddings is None:
+            return
+        if time.monotonic() < self._embed_down_until:
+            return
+        try:
+            (vector,) = self.embedder.embed([row.content])
+            unit = unit_vector(vector)
+            if unit is not None:
+                self.embeddings.put(
+                    org_id, self.embedder.model, self.embedder.dimension, [(row.id, unit)]
+                )
+        except (EmbeddingsUnavailable, DatabaseUnavailableError, ConfigError) as exc:
+            self._embed_down_until = time.monotonic() + EMBED_PAUSE_SECONDS
+            self.metrics.embeddings_failed.inc()
+            log.warning("memory %s stored without a vector (backfilled later): %s", row.id, exc)
 
     def get(
         self, org_id: uuid.UUID, memory_id: uuid.UUID, scope: ReadScope = AGENT_WIDE
@@ -389,3 +454,66 @@ class MemoryService:
             metrics.conflicts.labels("DUPLICATE_CONTENT").inc()
             if outcome.near:
                 metrics.near_duplicates.inc()
+
+
+@dataclass
+class BackfillReport:
+    """What one backfill did for one org."""
+
+    #: Memories read that lacked a vector of the model (all of them with ``replace``).
+    memories: int = 0
+    #: Vectors stored.
+    embedded: int = 0
+    #: Requests made to the embedder (one per batch).
+    requests: int = 0
+
+
+def backfill(
+    embeddings: EmbeddingStore,
+    embedder: Embedder,
+    org_id: uuid.UUID,
+    *,
+    agent_id: uuid.UUID | None = None,
+    batch_size: int = 100,
+    replace: bool = False,
+    max_batches: int | None = None,
+    on_batch: Callable[[BackfillReport], None] | None = None,
+) -> BackfillReport:
+    """Embed the org's live memories lacking a vector of ``embedder``'s model (every live
+    memory with ``replace``), ``batch_size`` texts per request, in id order, each batch
+    stored in its own statement: an interrupted run loses at most a batch, and a rerun
+    continues with what is still missing. Raises
+    :class:`~core.errors.EmbeddingsUnavailable` when the embedder fails (what was stored
+    stays) and :class:`~memory_service.memories.store.EmbeddingDimensionError` when the model
+    was stored with another dimension."""
+    embeddings.check_dimension(embedder.model, embedder.dimension)
+    report = BackfillReport()
+    after: uuid.UUID | None = None
+    batches = 0
+    while max_batches is None or batches < max_batches:
+        rows = embeddings.missing(
+            org_id,
+            embedder.model,
+            agent_id=agent_id,
+            after=after,
+            limit=batch_size,
+            replace=replace,
+        )
+        if not rows:
+            break
+        batches += 1
+        vectors = embedder.embed([content for _, content in rows])
+        report.requests += 1
+        pairs = []
+        for (memory_id, _), vector in zip(rows, vectors, strict=True):
+            unit = unit_vector(vector)
+            if unit is not None:
+                pairs.append((memory_id, unit))
+        report.memories += len(rows)
+        report.embedded += embeddings.put(org_id, embedder.model, embedder.dimension, pairs)
+        after = rows[-1][0]
+        if on_batch is not None:
+            on_batch(report)
+        if len(rows) < batch_size:
+            break
+    return report

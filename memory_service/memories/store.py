@@ -38,7 +38,7 @@ from core.db import (
     transaction,
     uuid_column,
 )
-from core.errors import DatabaseUnavailableError
+from core.errors import ConfigError, DatabaseUnavailableError
 from memory_service.scope import AGENT_WIDE, ReadScope
 
 COLUMNS = (
@@ -50,12 +50,14 @@ COLUMNS = (
     ", user_id"
 )
 
-#: The write, with its 15 parameters in the order of :func:`create_params` (000014 added
-#: supersedes, the skip-stale flag and the near-duplicate threshold).
+#: The write, with its 17 parameters in the order of :func:`create_params` (000014 added
+#: supersedes, the skip-stale flag and the near-duplicate threshold; 000016 the vector and its
+#: model, stored in the same statement).
 CREATE_SQL = """
 SELECT * FROM ibex_memory.create_memory(
     %s::uuid, %s::uuid, %s::uuid, %s::integer, %s::integer, %s::text, %s::text, %s::text,
-    %s::jsonb, %s::text, %s::text, %s::uuid, %s::uuid[], %s::boolean, %s::real)
+    %s::jsonb, %s::text, %s::text, %s::uuid, %s::uuid[], %s::boolean, %s::real, %s::text,
+    %s::real[])
 """
 
 #: The same write as a prepared statement of the connection, prepared once per connection
@@ -64,11 +66,13 @@ SELECT * FROM ibex_memory.create_memory(
 PREPARED_NAME = "ibex_create_memory"
 PREPARE_SQL = f"""
 PREPARE {PREPARED_NAME} (uuid, uuid, uuid, integer, integer, text, text, text, jsonb, text, text,
-                         uuid, uuid[], boolean, real)
+                         uuid, uuid[], boolean, real, text, real[])
 AS SELECT * FROM ibex_memory.create_memory($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12,
-                                           $13, $14, $15)
+                                           $13, $14, $15, $16, $17)
 """
-_EXECUTE_PARAMS = "%s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s::uuid[], %s, %s"
+_EXECUTE_PARAMS = (
+    "%s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s::uuid[], %s, %s, %s, %s::real[]"
+)
 EXECUTE_SQL = f"EXECUTE {PREPARED_NAME} ({_EXECUTE_PARAMS})"
 #: The connections that hold the prepared write, whichever store prepared it (a connection
 #: that is closed and dropped is forgotten with it).
@@ -129,6 +133,10 @@ class NewMemory:
     supersedes: tuple[uuid.UUID, ...] = ()
     #: True: an id of ``supersedes`` no longer current is skipped, not refused (the pipeline).
     skip_stale: bool = False
+    #: The memory's unit vector and the model that made it, stored with it (000016); None:
+    #: the service embeds it after the insert, if it can.
+    embedding_model: str | None = None
+    embedding: tuple[float, ...] | None = None
 
 
 @dataclass(frozen=True)
@@ -413,6 +421,8 @@ def create_params(
         [str(i) for i in new.supersedes] if new.supersedes else None,
         new.skip_stale,
         near_duplicate_threshold or None,
+        new.embedding_model if new.embedding else None,
+        list(new.embedding) if new.embedding else None,
     )
 
 
@@ -434,3 +444,158 @@ def _foreign_key_outcome(exc: Exception) -> WriteOutcome:
     if constraint == USER_FK:
         return WriteOutcome.UNKNOWN_USER
     return WriteOutcome.UNKNOWN_AGENT
+
+
+#: Live memories of the transaction's org lacking a vector of a model, in id order after a
+#: given id (keyset pages: a rerun or a resumed run continues where it stopped). The scope
+#: filters are optional (NULL: every agent).
+MISSING_EMBEDDINGS_SQL = """
+SELECT m.id, m.content FROM ibex_memory.memories m
+ WHERE m.org_id = %(org_id)s AND m.deleted_at IS NULL
+   AND (%(agent_id)s::uuid IS NULL OR m.agent_id = %(agent_id)s::uuid)
+   AND m.id > %(after)s::uuid
+   AND (%(replace)s OR NOT EXISTS (
+        SELECT 1 FROM ibex_memory.memory_embeddings e
+         WHERE e.memory_id = m.id AND e.model = %(model)s))
+ ORDER BY m.id
+ LIMIT %(limit)s
+"""
+
+COUNT_MISSING_SQL = """
+SELECT count(*) FROM ibex_memory.memories m
+ WHERE m.org_id = %(org_id)s AND m.deleted_at IS NULL
+   AND (%(agent_id)s::uuid IS NULL OR m.agent_id = %(agent_id)s::uuid)
+   AND (%(replace)s OR NOT EXISTS (
+        SELECT 1 FROM ibex_memory.memory_embeddings e
+         WHERE e.memory_id = m.id AND e.model = %(model)s))
+"""
+
+PUT_EMBEDDINGS_SQL = (
+    "SELECT ibex_memory.put_embeddings(%s::uuid[], %s::text, %s::integer, %s::jsonb)"
+)
+
+#: The dimension a model's vectors were stored with (000016's registry: not tenant data).
+MODEL_DIMENSION_SQL = "SELECT dimension FROM ibex_memory.embedding_models WHERE model = %s"
+VECTOR_INDEX_SQL = "SELECT ibex_memory.ensure_vector_index(%s)"
+#: Whether pgvector serves the model's dimension (the HNSW index of 000016 exists).
+HAS_VECTOR_INDEX_SQL = (
+    "SELECT to_regclass('ibex_memory.idx_memory_embeddings_hnsw_' || %s::text) IS NOT NULL"
+)
+ZERO_UUID = "00000000-0000-0000-0000-000000000000"
+
+
+class EmbeddingStore:
+    """The vectors of ``ibex_memory.memory_embeddings`` (migration 000016): the backfill and
+    ``ibex reembed`` reads and writes, and the model registry. (The write of a memory with its
+    vector is ``create_memory``'s, :class:`MemoryStore`.)"""
+
+    def __init__(self, db: peewee.Database) -> None:
+        self.db = db
+
+    def missing(
+        self,
+        org_id: uuid.UUID,
+        model: str,
+        *,
+        agent_id: uuid.UUID | None = None,
+        after: uuid.UUID | None = None,
+        limit: int = 100,
+        replace: bool = False,
+    ) -> list[tuple[uuid.UUID, str]]:
+        """Live memories (id, content) lacking a vector of ``model`` (every one with
+        ``replace``), in id order after ``after``."""
+        params = {
+            "org_id": str(org_id),
+            "agent_id": str(agent_id) if agent_id else None,
+            "after": str(after) if after else ZERO_UUID,
+            "model": model,
+            "limit": limit,
+            "replace": replace,
+        }
+        with tenant(self.db, org_id):
+            rows = self.db.execute_sql(MISSING_EMBEDDINGS_SQL, params).fetchall()
+        return [(uuid_column(r[0]), r[1]) for r in rows]
+
+    def count_missing(
+        self,
+        org_id: uuid.UUID,
+        model: str,
+        *,
+        agent_id: uuid.UUID | None = None,
+        replace: bool = False,
+    ) -> int:
+        params = {
+            "org_id": str(org_id),
+            "agent_id": str(agent_id) if agent_id else None,
+            "model": model,
+            "replace": replace,
+        }
+        with tenant(self.db, org_id):
+            row = self.db.execute_sql(COUNT_MISSING_SQL, params).fetchone()
+        return int(row[0])
+
+    def put(
+        self,
+        org_id: uuid.UUID,
+        model: str,
+        dimension: int,
+        vectors: Sequence[tuple[uuid.UUID, Sequence[float]]],
+    ) -> int:
+        """Store (replace) the vectors of existing memories; returns how many were stored
+        (a memory deleted meanwhile is skipped). A model registered with another dimension
+        stores nothing and raises :class:`EmbeddingDimensionError`."""
+        if not vectors:
+            return 0
+        ids = [str(memory_id) for memory_id, _ in vectors]
+        with tenant(self.db, org_id):
+            row = self.db.execute_sql(
+                PUT_EMBEDDINGS_SQL, (ids, model, dimension, Json([list(v) for _, v in vectors]))
+            ).fetchone()
+        stored = int(row[0])
+        if stored < 0:
+            raise EmbeddingDimensionError(model, dimension, self.model_dimension(model))
+        return stored
+
+    def model_dimension(self, model: str) -> int | None:
+        """The dimension ``model``'s vectors were stored with; None: none stored yet."""
+        try:
+            with db_errors():
+                row = self.db.execute_sql(MODEL_DIMENSION_SQL, (model,)).fetchone()
+        except peewee.ProgrammingError:
+            return None  # not migrated yet: /readyz and the schema gate say so
+        return int(row[0]) if row else None
+
+    def check_dimension(self, model: str, dimension: int) -> None:
+        """Raise :class:`EmbeddingDimensionError` when ``model`` has vectors of another
+        dimension stored (a misconfigured ``EMBEDDINGS_DIMENSION``)."""
+        stored = self.model_dimension(model)
+        if stored is not None and stored != dimension:
+            raise EmbeddingDimensionError(model, dimension, stored)
+
+    def ensure_index(self, dimension: int) -> bool:
+        """Create the HNSW index of ``dimension`` where pgvector is installed (as the table's
+        owner); True when the index exists."""
+        with db_errors(), self.db.atomic():
+            row = self.db.execute_sql(VECTOR_INDEX_SQL, (dimension,)).fetchone()
+        return bool(row[0])
+
+    def has_index(self, dimension: int) -> bool:
+        with db_errors():
+            row = self.db.execute_sql(HAS_VECTOR_INDEX_SQL, (dimension,)).fetchone()
+        return bool(row[0])
+
+
+class EmbeddingDimensionError(ConfigError):
+    """The configured embedder's dimension is not the one its model's vectors were stored
+    with: a start-up error (web, worker) and not ready in ``/readyz``."""
+
+    def __init__(self, model: str, configured: int, stored: int | None) -> None:
+        super().__init__(
+            f"EMBEDDINGS_DIMENSION: model {model!r} is configured with {configured} dimensions"
+            f" but its stored vectors have {stored}; fix the setting, or use another model and"
+            " run `ibex reembed`",
+            variable="EMBEDDINGS_DIMENSION",
+        )
+        self.model = model
+        self.configured = configured
+        self.stored = stored

@@ -51,8 +51,11 @@ class _ReadResource:
 class SearchResource(_ReadResource):
     def on_post(self, req: falcon.Request, resp: falcon.Response) -> None:
         org_id, body, scope = self._request(req, SEARCH_SCHEMA)
-        hits = self.service.search(org_id, body, scope)
-        respond_json(resp, 200, {"items": [h.as_json() for h in hits]})
+        found = self.service.search(org_id, body, scope)
+        answer: dict[str, Any] = {"items": [h.as_json() for h in found.hits]}
+        if found.details:
+            answer["details"] = found.details
+        respond_json(resp, 200, answer)
 
 
 class ContextResource(_ReadResource):
@@ -60,13 +63,12 @@ class ContextResource(_ReadResource):
         org_id, body, scope = self._request(req, CONTEXT_SCHEMA)
         found = self.service.context(org_id, body, scope)
         packed = found.packed
-        respond_json(
-            resp,
-            200,
-            {
-                "context": packed.context,
-                "memories": [found.hits[i].as_json() for i in packed.chosen],
-                "tokens": packed.tokens,
-                "dropped": packed.dropped,
-            },
-        )
+        answer: dict[str, Any] = {
+            "context": packed.context,
+            "memories": [found.hits[i].as_json() for i in packed.chosen],
+            "tokens": packed.tokens,
+            "dropped": packed.dropped,
+        }
+        if found.details:
+            answer["details"] = found.details
+        respond_json(resp, 200, answer)

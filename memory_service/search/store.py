@@ -27,8 +27,22 @@ A query runs in one tenant transaction (:func:`core.db.tenant`) and one statemen
      finds ``Dana``. 0 when ``pg_trgm`` is not installed.
    - ``recency``: ``1 / (1 + age_in_days / 30)``: 1 for a memory written now, 0.5 at 30 days.
 
-3. **Score**: ``0.75 * text + 0.25 * trigram`` with trigram, ``text`` alone without. Ties are
-   broken by recency (newer first), then by id, so the order is total and deterministic.
+   - ``semantic`` (migration 000016, when the search has a query vector): the cosine
+     similarity of the memory's vector of the query's model to the query's, clipped to
+     ``[0, 1]``; None for a memory without such a vector, and for every hit of a search
+     without a query vector (no embedder, or it failed).
+
+3. **Score**: ``lexical = 0.75 * text + 0.25 * trigram`` with trigram, ``text`` alone without;
+   then ``score = lexical + SEMANTIC_WEIGHT * bonus * (1 - lexical)`` where ``bonus =
+   max(0, (semantic - SEMANTIC_FLOOR) / (1 - SEMANTIC_FLOOR))``. Not reciprocal-rank fusion:
+   on conversation data RRF ranked worse than the words alone. This fusion keeps the lexical
+   score as the base: a memory that matches the words well gains little (the room left above
+   its score shrinks), an order decided by the words changes only where the meaning clearly
+   disagrees, and a memory that shares no word with the question can still enter on meaning
+   alone when ``semantic >= SEMANTIC_ENTRY_FLOOR`` (it comes from the semantic branch: the
+   scope's :data:`SEMANTIC_CANDIDATES` nearest vectors). Without a query vector the score
+   is exactly the lexical one. Ties are broken by recency (newer first), then by id, so the
+   order is total and deterministic.
 
 A highlighted snippet (``ts_headline``, matches between :data:`HIGHLIGHT_START` and
 :data:`HIGHLIGHT_STOP`) is made for the returned rows only.
@@ -36,6 +50,7 @@ A highlighted snippet (``ts_headline``, matches between :data:`HIGHLIGHT_START` 
 
 from __future__ import annotations
 
+import functools
 import re
 import time
 import uuid
@@ -62,6 +77,16 @@ TRIGRAM_THRESHOLD = 0.6
 RECHECK_SECONDS = 60.0
 TEXT_WEIGHT = 0.75
 TRIGRAM_WEIGHT = 0.25
+#: Semantic search (000016): the nearest vectors of the scope taken as candidates; the
+#: fallback without pgvector compares the query with the scope's newest SEMANTIC_WINDOW.
+SEMANTIC_CANDIDATES = 50
+SEMANTIC_WINDOW = 500
+#: The fusion (module docstring): the weight of the semantic bonus, the similarity at which
+#: the bonus starts, and the similarity a memory with no matching word needs to be a hit.
+#: Module constants so the quality bench can tune them.
+SEMANTIC_WEIGHT = 0.5
+SEMANTIC_FLOOR = 0.15
+SEMANTIC_ENTRY_FLOOR = 0.3
 HIGHLIGHT_START = "<mark>"
 HIGHLIGHT_STOP = "</mark>"
 HEADLINE_OPTIONS = (
@@ -93,6 +118,13 @@ SELECT to_regprocedure('word_similarity(text,text)') IS NOT NULL
 """
 
 
+#: The HNSW index of a dimension (000016's ensure_vector_index names it so).
+VECTOR_INDEX_SQL = (
+    "SELECT to_regtype('vector') IS NOT NULL"
+    " AND to_regclass('ibex_memory.idx_memory_embeddings_hnsw_' || %s::text) IS NOT NULL"
+)
+
+
 def query_words(query: str) -> list[str]:
     """The query's words (letters and digits), lower-cased, in order, without repeats."""
     seen: dict[str, None] = {}
@@ -108,18 +140,45 @@ def trigram_words(words: Sequence[str]) -> list[str]:
     return [w for w in words if len(w) >= 3 and w not in STOP_WORDS][:MAX_TRIGRAM_WORDS]
 
 
-def _search_sql(*, trigram: bool) -> str:
-    """The ranking statement; the trigram signal only where pg_trgm is installed."""
+def _search_sql(*, trigram: bool, semantic: bool, vector_dimension: int | None = None) -> str:
+    """The ranking statement; the trigram signal only where pg_trgm is installed, the
+    semantic one only with a query vector (computed with pgvector's operator where the
+    server has it and the query's dimension has its index, else with ``ibex_memory.dot``)."""
     # Ids from the indexes (migration 000006 says why a function), rows read under RLS.
     # Whose memories: the user scope (migration 000013) narrows every branch, so the capped
     # branches hold the reader's memories only. (Not filtered again on the rows: a condition
     # there makes the planner scan the table instead of reading the candidates by id.)
-    candidates = (
-        "SELECT DISTINCT id FROM ibex_memory.search_candidates(%(agent_id)s::uuid,"
+    lexical = (
+        "SELECT DISTINCT id, true AS lexical FROM ibex_memory.search_candidates("
+        "%(agent_id)s::uuid,"
         " %(words)s::text[], %(tri_words)s::text[], %(session_id)s::uuid, %(kinds)s::text[],"
         f" {WORD_CANDIDATES}, {TRIGRAM_CANDIDATES},"
         " %(all_users)s, %(user_id)s::uuid, %(include_shared)s) AS id"
     )
+    candidates = lexical
+    semantic_signal = "NULL::float8"
+    if semantic:
+        # The scope's nearest vectors of the query's model join the lexical candidates
+        # (flagged, so the words' IDF and the trigram test stay those of the lexical ones);
+        # the similarity is then computed exactly for every candidate with such a vector.
+        candidates = (
+            f"SELECT id, bool_or(lexical) AS lexical FROM ({lexical}"
+            " UNION ALL SELECT c.id, false FROM ibex_memory.semantic_candidates("
+            "%(agent_id)s::uuid,"
+            " %(model)s, %(vector)s::real[], %(semantic_limit)s, %(semantic_window)s,"
+            " %(session_id)s::uuid, %(kinds)s::text[], %(include_superseded)s,"
+            " %(all_users)s, %(user_id)s::uuid, %(include_shared)s) AS c) u GROUP BY id"
+        )
+        cosine = "ibex_memory.dot(e.embedding, %(vector)s::real[])"
+        if vector_dimension is not None:
+            dim = int(vector_dimension)
+            cosine = f"1 - (e.embedding::vector({dim}) <=> %(vector)s::real[]::vector({dim}))"
+        semantic_signal = (
+            f"(SELECT GREATEST(0, LEAST(1, {cosine}))"
+            " FROM ibex_memory.memory_embeddings e"
+            " WHERE e.memory_id = m.id AND e.model = %(model)s"
+            " AND e.dimension = cardinality(%(vector)s::real[]))::float8"
+        )
     trigram_signal = "0::float8"
     if trigram:
         trigram_signal = (
@@ -135,7 +194,7 @@ WITH q AS (
 ),
 ids AS MATERIALIZED ({candidates}),
 cand AS (
-    SELECT m.*, ({trigram_signal}) AS trigram,
+    SELECT m.*, ids.lexical, ({trigram_signal}) AS trigram, ({semantic_signal}) AS semantic,
            ts_rank_cd(m.content_tsv, q.tsq, 2) AS rank_cd,
            ARRAY(SELECT l FROM unnest(tsvector_to_array(m.content_tsv)) l
                   WHERE l = ANY(q.lexemes)) AS hits
@@ -146,11 +205,13 @@ cand AS (
 ),
 df AS (
     SELECT l AS lexeme, count(c.id) AS n
-      FROM q, unnest(q.lexemes) l LEFT JOIN cand c ON l = ANY(c.hits)
+      FROM q, unnest(q.lexemes) l LEFT JOIN cand c ON c.lexical AND l = ANY(c.hits)
      GROUP BY l
 ),
 idf AS (
-    SELECT lexeme, ln(1 + ((SELECT count(*) FROM cand) + 1)::float8 / (n + 0.5)) AS w FROM df
+    SELECT lexeme, ln(1 + ((SELECT count(*) FROM cand WHERE lexical) + 1)::float8 / (n + 0.5))
+           AS w
+      FROM df
 ),
 scored AS (
     SELECT c.*,
@@ -161,20 +222,39 @@ scored AS (
                 ELSE 0 END AS text_score,
            1 / (1 + extract(epoch FROM now() - c.created_at) / 86400.0 / 30) AS recency
       FROM cand c
+),
+fused AS (
+    SELECT s.*, ({text_weight} * s.text_score + {trigram_weight} * s.trigram)::float8
+           AS lexical_score,
+           GREATEST(0, (COALESCE(s.semantic, 0) - %(semantic_floor)s::float8)
+                       / (1 - %(semantic_floor)s::float8))::float8 AS bonus
+      FROM scored s
 )
 SELECT {columns},
-       s.text_score::float8, s.trigram::float8, s.recency::float8,
-       ({text_weight} * s.text_score + {trigram_weight} * s.trigram)::float8 AS score,
+       s.text_score::float8, s.trigram::float8, s.recency::float8, s.semantic::float8,
+       (s.lexical_score
+        + %(semantic_weight)s::float8 * s.bonus * (1 - s.lexical_score))::float8 AS score,
        ts_headline('english', s.content, q.tsq, %(headline)s) AS snippet
-  FROM scored s, q
- WHERE s.text_score > 0 OR s.trigram > 0
+  FROM fused s, q
+ WHERE s.text_score > 0 OR (s.lexical AND s.trigram > 0)
+    OR s.semantic >= %(semantic_entry)s::float8
  ORDER BY score DESC, s.created_at DESC, s.id
  LIMIT %(limit)s
 """
 
 
-#: The two forms of the statement, built once.
-_SEARCH_SQL = {trigram: _search_sql(trigram=trigram) for trigram in (False, True)}
+@functools.lru_cache(maxsize=32)
+def _statement(trigram: bool, semantic: bool, vector_dimension: int | None) -> str:
+    """The forms of the statement, each built once."""
+    return _search_sql(trigram=trigram, semantic=semantic, vector_dimension=vector_dimension)
+
+
+@dataclass(frozen=True)
+class SemanticQuery:
+    """The query's vector and the model that made it: only vectors of that model compete."""
+
+    model: str
+    vector: Sequence[float]
 
 
 def _prepare(
@@ -187,8 +267,12 @@ def _prepare(
     kinds: Sequence[str] | None = None,
     include_superseded: bool = False,
     scope: ReadScope = AGENT_WIDE,
+    semantic: SemanticQuery | None = None,
+    vector_index: bool = False,
 ) -> tuple[str, dict[str, Any]] | None:
-    """The statement and its parameters; None when the query has no word worth looking up."""
+    """The statement and its parameters; None when the query has no word worth looking up.
+    ``vector_index``: pgvector serves the query's dimension (its operator computes the
+    signal)."""
     words = query_words(query)
     significant = [w for w in words if w not in STOP_WORDS][:MAX_BRANCH_WORDS]
     tri = trigram_words(words) if trigram else []
@@ -208,7 +292,17 @@ def _prepare(
     params["kinds"] = list(kinds) if kinds else None
     params["include_superseded"] = include_superseded
     params.update(scope_params(scope))
-    return _SEARCH_SQL[trigram], params
+    if semantic is not None:
+        params["model"] = semantic.model
+        params["vector"] = [float(v) for v in semantic.vector]
+        params["semantic_limit"] = SEMANTIC_CANDIDATES
+        params["semantic_window"] = SEMANTIC_WINDOW
+    # Read at each call, so a bench may tune the module's constants between runs.
+    params["semantic_weight"] = SEMANTIC_WEIGHT
+    params["semantic_floor"] = SEMANTIC_FLOOR
+    params["semantic_entry"] = SEMANTIC_ENTRY_FLOOR
+    dimension = len(semantic.vector) if semantic is not None and vector_index else None
+    return _statement(trigram, semantic is not None, dimension), params
 
 
 def scope_params(scope: ReadScope) -> dict[str, Any]:
@@ -230,6 +324,9 @@ class SearchHit:
     trigram: float
     recency: float
     snippet: str
+    #: Cosine similarity to the query in [0, 1]; None: not available (no query vector, or
+    #: no vector of the query's model for this memory).
+    semantic: float | None = None
 
     def as_json(self) -> dict[str, Any]:
         return {
@@ -239,6 +336,7 @@ class SearchHit:
                 "text": round(self.text, 6),
                 "trigram": round(self.trigram, 6),
                 "recency": round(self.recency, 6),
+                "semantic": None if self.semantic is None else round(self.semantic, 6),
             },
             "snippet": self.snippet,
         }
@@ -250,6 +348,19 @@ class SearchStore:
     def __init__(self, db: peewee.Database) -> None:
         self.db = db
         self._trigram: tuple[bool, float] | None = None
+        self._vector_index: dict[int, tuple[bool, float]] = {}
+
+    def vector_index(self, dimension: int) -> bool:
+        """Whether pgvector and the HNSW index of ``dimension`` (migration 000016) exist;
+        checked again at most every :data:`RECHECK_SECONDS`."""
+        now = time.monotonic()
+        known = self._vector_index.get(dimension)
+        if known is None or now - known[1] > RECHECK_SECONDS:
+            with db_errors():
+                row = self.db.execute_sql(VECTOR_INDEX_SQL, (dimension,)).fetchone()
+            known = (bool(row[0]), now)
+            self._vector_index[dimension] = known
+        return known[0]
 
     def trigram_available(self) -> bool:
         """Whether ``pg_trgm`` and the trigram index are installed. Checked again at most every
@@ -262,9 +373,11 @@ class SearchStore:
             self._trigram = (bool(row[0]), now)
         return self._trigram[0]
 
-    def search_mode(self) -> str:
-        """What ``/readyz`` says: ``full-text+trigram``, or ``full-text`` without pg_trgm."""
-        return "full-text+trigram" if self.trigram_available() else "full-text"
+    def search_mode(self, semantic: bool = False) -> str:
+        """What ``/readyz`` says: ``full-text+trigram``, or ``full-text`` without pg_trgm, and
+        ``+semantic`` when an embedder is configured."""
+        mode = "full-text+trigram" if self.trigram_available() else "full-text"
+        return mode + "+semantic" if semantic else mode
 
     def search(
         self,
@@ -277,9 +390,11 @@ class SearchStore:
         kinds: Sequence[str] | None = None,
         include_superseded: bool = False,
         scope: ReadScope = AGENT_WIDE,
+        semantic: SemanticQuery | None = None,
     ) -> list[SearchHit]:
         """The best ``limit`` memories for ``query`` among the reader's ``scope``, best first;
-        none for a query of no words."""
+        none for a query of no words. With ``semantic`` (the query's vector), fused with the
+        semantic signal and branch (module docstring)."""
         trigram = self.trigram_available()
         prepared = _prepare(
             agent_id,
@@ -290,6 +405,8 @@ class SearchStore:
             kinds=kinds,
             include_superseded=include_superseded,
             scope=scope,
+            semantic=semantic,
+            vector_index=semantic is not None and self.vector_index(len(semantic.vector)),
         )
         if prepared is None:
             return []
@@ -302,8 +419,9 @@ class SearchStore:
                 text=float(r[width]),
                 trigram=float(r[width + 1]),
                 recency=float(r[width + 2]),
-                score=float(r[width + 3]),
-                snippet=r[width + 4],
+                semantic=float(r[width + 3]) if r[width + 3] is not None else None,
+                score=float(r[width + 4]),
+                snippet=r[width + 5],
             )
             for r in rows
         ]
@@ -316,12 +434,21 @@ class SearchStore:
         *,
         limit: int = 10,
         scope: ReadScope = AGENT_WIDE,
+        semantic: SemanticQuery | None = None,
     ) -> str:
         """``EXPLAIN (ANALYZE, BUFFERS)`` of :meth:`search` as the tenant runs it, followed by
         the plan of each candidate branch as ``search_candidates`` runs it (as the connection's
         own role, which should be the role that migrated: the function's owner)."""
         trigram = self.trigram_available()
-        prepared = _prepare(agent_id, query, trigram=trigram, limit=limit, scope=scope)
+        prepared = _prepare(
+            agent_id,
+            query,
+            trigram=trigram,
+            limit=limit,
+            scope=scope,
+            semantic=semantic,
+            vector_index=semantic is not None and self.vector_index(len(semantic.vector)),
+        )
         if prepared is None:
             return ""
         sql, params = prepared

@@ -20,8 +20,8 @@ def test_healthz_and_readyz(http: httpx.Client) -> None:
     assert ready.status_code == 200
     body = ready.json()
     assert body["status"] == "ok"
-    assert body["checks"] == {"postgres": "ok", "schema": "ok", "redis": "ok"}
-    assert body["details"]["search"] in ("full-text+trigram", "full-text")
+    assert body["checks"] == {"postgres": "ok", "schema": "ok", "redis": "ok", "embeddings": "ok"}
+    assert body["details"]["search"] in ("full-text+trigram+semantic", "full-text+semantic")
 
 
 @pytest.fixture

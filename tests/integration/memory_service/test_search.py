@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import re
 import uuid
 from typing import Any
@@ -49,7 +50,8 @@ def test_best_match_first_with_signals_and_snippet(
     assert len(hits) == 2  # the tea memory shares no word with the query
     top = hits[0]
     assert 0 < top["score"] <= 1
-    assert set(top["signals"]) == {"text", "trigram", "recency"}
+    assert set(top["signals"]) == {"text", "trigram", "recency", "semantic"}
+    assert 0 < top["signals"]["semantic"] <= 1  # the default local embedder
     assert top["signals"]["text"] > hits[1]["signals"]["text"]
     assert "<mark>allergic</mark>" in top["snippet"]
     assert hits[0]["score"] >= hits[1]["score"]
@@ -75,7 +77,7 @@ def test_without_trigram_full_text_still_ranks(
     wanted = write(http, acme, "Marcus plays the cello on Sundays.", session_id)
     mode = http.get("/readyz").json()["details"]["search"]
     trigram = SearchStore(app_db).trigram_available()
-    assert mode == ("full-text+trigram" if trigram else "full-text")
+    assert mode == ("full-text+trigram" if trigram else "full-text") + "+semantic"
     hits = search(http, acme, "cello")
     assert [h["id"] for h in hits] == [wanted]
     if not trigram:
@@ -143,9 +145,12 @@ def test_limit_and_order(http: httpx.Client, acme: Tenant, session_id: uuid.UUID
         write(http, acme, f"Walrus fact number {i}.", session_id)
     hits = search(http, acme, "walrus", limit=4)
     assert len(hits) == 4
-    # Equal text scores: newest first.
-    stamps = [h["created_at"] for h in hits]
-    assert stamps == sorted(stamps, reverse=True)
+    # Equal text scores; the semantic bonus tells them apart, then recency (newest first).
+    assert {h["signals"]["text"] for h in hits} == {hits[0]["signals"]["text"]}
+    order = [(-h["score"], h["created_at"]) for h in hits]
+    assert [h["score"] for h in hits] == sorted((h["score"] for h in hits), reverse=True)
+    for (s1, c1), (s2, c2) in itertools.pairwise(order):
+        assert s1 < s2 or (s1 == s2 and c1 >= c2)
     assert search(http, acme, "walrus", limit=4) == hits  # deterministic
 
 

@@ -59,7 +59,7 @@ def test_json_output(seeded: dict[str, Any], capsys: pytest.CaptureFixture[str])
 def test_table_output(seeded: dict[str, Any], capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["search", "peanuts", "--org", "acme", "--agent", "bot", "--limit", "1"]) == 0
     lines = capsys.readouterr().out.splitlines()
-    assert lines[0].split() == ["#", "SCORE", "TEXT", "TRGM", "KIND", "CONTENT"]
+    assert lines[0].split() == ["#", "SCORE", "TEXT", "TRGM", "SEM", "KIND", "CONTENT"]
     assert len(lines) == 2 and lines[1].endswith("Dana is allergic to peanuts.")
     assert main(["search", "zeppelin", "--org", "acme", "--agent", "bot"]) == 0
     assert capsys.readouterr().out == "no memories match\n"

@@ -18,6 +18,7 @@ from typing import Any
 
 import pytest
 
+from bench.fake_embeddings import FakeEmbeddings
 from bench.fake_llm import FakeLLM
 from core.processes import ROOT, Launcher, Process, free_port
 from memory_service.tokens.store import TokenStore
@@ -55,15 +56,32 @@ def stack(db: Any, database_url: str, redis_url: str, tmp_path: Path) -> Iterato
         "LLM_TIMEOUT_SECONDS": "5",
         "HTTP_TIMEOUT_SECONDS": "5",
     }
+    # The vectors come from the project's fake embeddings server, which counts requests.
+    embeddings = FakeEmbeddings(dimension=16).start()
+    env.update(
+        {
+            "EMBEDDINGS_PROVIDER": "openai",
+            "EMBEDDINGS_BASE_URL": embeddings.base_url,
+            "EMBEDDINGS_MODEL": "fake",
+            "EMBEDDINGS_DIMENSION": "16",
+        }
+    )
     with Launcher(tmp_path, cwd=ROOT) as launcher:
         launcher.start_procfile("web", env, bind_host="127.0.0.1")
         llm = FakeLLM(latency_ms=250, memories=MEMORIES).start()
         env.update({"LLM_PROVIDER": "openai", "LLM_BASE_URL": llm.base_url, "LLM_MODEL": "fake"})
         try:
             launcher.wait_http(f"http://127.0.0.1:{port}/healthz", timeout=20)
-            yield {"env": env, "llm": llm, "tmp": tmp_path, "launcher": launcher}
+            yield {
+                "env": env,
+                "llm": llm,
+                "tmp": tmp_path,
+                "launcher": launcher,
+                "embeddings": embeddings,
+            }
         finally:
             llm.stop()
+            embeddings.stop()
 
 
 def _ibex(env: dict[str, str], *args: str) -> subprocess.CompletedProcess[str]:
@@ -196,6 +214,17 @@ def test_workers_killed_mid_run_recover_and_end_with_every_invariant(
     memories = int(db.execute_sql("SELECT count(*) FROM ibex_memory.memories").fetchone()[0])
     assert memories == total * MEMORIES
     assert db.execute_sql("SELECT count(*) FROM ibex_core.dead_letters").fetchone()[0] == 0
+    # Vectors are paid once per persisted answer (a kill -9 between the embedding request and
+    # the persist is the only repeat, as for the LLM call), never by a redelivered write;
+    # every memory got its vector in the write's own statement.
+    requests = stack["embeddings"].requests
+    assert total <= requests <= sum(calls), (requests, sum(calls))
+    vectors = int(
+        db.execute_sql(
+            "SELECT count(*) FROM ibex_memory.memory_embeddings WHERE model = 'openai:fake'"
+        ).fetchone()[0]
+    )
+    assert vectors == memories
     print(
         f"\ne2e: {total} turns, {memories} memories, {sum(calls)} LLM calls"
         f" ({sum(calls) / total:.2f} per turn); SIGKILL of every worker process with"

@@ -54,6 +54,7 @@ def test_every_command_is_a_module_of_the_cli_package() -> None:
         "status",
         "dlq",
         "prune",
+        "reembed",
         "demo",
         "up",
         "mcp",

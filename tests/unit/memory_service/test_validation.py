@@ -53,6 +53,27 @@ contents = st.one_of(
     json_scalars,
 )
 
+embeddings = st.one_of(
+    st.fixed_dictionaries(
+        {
+            "model": st.text(min_size=1, max_size=8),
+            "vector": st.lists(
+                st.floats(allow_nan=False, allow_infinity=False) | st.integers(-3, 3),
+                min_size=1,
+                max_size=6,
+            ),
+        }
+    ),
+    st.fixed_dictionaries(
+        {},
+        optional={
+            "model": st.text(max_size=3) | json_scalars,
+            "vector": st.lists(json_scalars, max_size=4) | json_scalars,
+            "extra": json_scalars,
+        },
+    ),
+    json_scalars,
+)
 kinds = st.sampled_from(["fact", "preference", "event", "other"]) | json_scalars
 metadata = st.dictionaries(st.text(max_size=4), json_values, max_size=3) | json_values
 #: Mostly valid bodies with the odd field wrong, missing or extra, and now and then no body.
@@ -65,6 +86,7 @@ bodies = st.one_of(
             "metadata": metadata,
             "user_id": uuids | json_scalars,
             "user": st.text(max_size=4) | json_scalars,
+            "embedding": embeddings,
         },
     ),
     st.fixed_dictionaries(
@@ -114,6 +136,7 @@ def test_whatever_the_fast_path_accepts_marshmallow_accepts_alike(data: Any) -> 
         {"agent_id": AGENT, "content": "x", "source": None, "metadata": {}},
         {"agent_id": AGENT, "content": "x", "user_id": str(uuid.uuid4())},
         {"agent_id": AGENT, "content": "x", "user_id": None},
+        {"agent_id": AGENT, "content": "x", "embedding": {"model": "m", "vector": [0.6, 0.8]}},
     ],
 )
 def test_the_usual_bodies_take_the_fast_path(body: dict[str, Any]) -> None:
@@ -126,3 +149,25 @@ def test_the_metadata_is_a_copy() -> None:
     metadata = {"a": 1}
     fast = quick_load_create({"agent_id": AGENT, "content": "x", "metadata": metadata})
     assert fast is not None and fast["metadata"] == metadata and fast["metadata"] is not metadata
+
+
+@pytest.mark.parametrize(
+    "embedding",
+    [
+        {"model": "m", "vector": []},
+        {"model": "m", "vector": [0.1] * 4097},
+        {"model": "", "vector": [0.1]},
+        {"model": "m", "vector": [True]},
+        {"model": "m", "vector": ["0.1"]},
+        {"model": "m", "vector": [float("nan")]},
+        {"model": "m", "vector": [float("inf")]},
+        {"model": "m"},
+        {"model": "m", "vector": [0.1], "dimension": 1},
+    ],
+)
+def test_a_bad_embedding_is_a_field_error(embedding: dict[str, Any]) -> None:
+    body = {"agent_id": AGENT, "content": "x", "embedding": embedding}
+    assert quick_load_create(body) is None
+    with pytest.raises(ValidationError) as raised:
+        SCHEMA.load(body)
+    assert "embedding" in raised.value.messages

@@ -1,0 +1,114 @@
+"""The extract stage embeds a turn's memories in one request before the result is persisted;
+an answer already carrying the current model's vectors is not embedded again, and an outage
+leaves the answer without vectors instead of failing the turn. The write stage's body carries
+each vector, outside the idempotency fingerprint."""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Sequence
+from types import SimpleNamespace
+
+import pytest
+
+from core.errors import EmbeddingsUnavailable
+from extraction.metrics import PipelineMetrics
+from extraction.stages import _embedded, memory_body
+from extraction.values import Answer, PersistedResult, TurnRef
+from memory_service.memories.service import new_memory
+from memory_service.validation import quick_load_create
+
+REF = TurnRef.of(uuid.uuid4(), uuid.uuid4(), 1)
+
+
+class Embedder:
+    model = "test:fake"
+    dimension = 3
+
+    def __init__(self, fail: bool = False) -> None:
+        self.calls: list[list[str]] = []
+        self.fail = fail
+
+    def embed(self, texts: Sequence[str]) -> list[list[float]]:
+        self.calls.append(list(texts))
+        if self.fail:
+            raise EmbeddingsUnavailable("down")
+        return [[0.6, 0.8, 0.0] if t != "?" else [0.0, 0.0, 0.0] for t in texts]
+
+
+class Metrics(PipelineMetrics):
+    def __init__(self) -> None:
+        self.requests: list[bool] = []
+
+    def embedding_request(self, *, ok: bool, texts: int = 0) -> None:
+        self.requests.append(ok)
+
+
+def answer(*contents: str) -> Answer:
+    memories = [{"content": c, "kind": "fact"} for c in contents]
+    return Answer({"memories": memories}, "rules", "m", 0, 0)
+
+
+def test_one_request_for_the_turn_and_vectors_in_the_persisted_form() -> None:
+    embedder, metrics = Embedder(), Metrics()
+    deps = SimpleNamespace(embedder=embedder, metrics=metrics)
+    done = _embedded(deps, REF, answer("Dana likes tea.", "Dana lives in Oslo.", "?"))  # type: ignore[arg-type]
+    assert embedder.calls == [["Dana likes tea.", "Dana lives in Oslo.", "?"]]
+    assert metrics.requests == [True]
+    first, second, unknown = done.result["memories"]
+    assert first["embedding"] == {"model": "test:fake", "vector": [0.6, 0.8, 0.0]}
+    assert second["embedding"]["model"] == "test:fake"
+    assert "embedding" not in unknown  # a zero vector says nothing: none stored
+    # Already embedded with the current model (a kept answer, a reused result): no request.
+    again = _embedded(deps, REF, done)  # type: ignore[arg-type]
+    assert again is done or again.result == done.result
+    assert len(embedder.calls) == 1
+
+
+def test_an_outage_leaves_the_answer_without_vectors() -> None:
+    embedder, metrics = Embedder(fail=True), Metrics()
+    deps = SimpleNamespace(embedder=embedder, metrics=metrics)
+    given = answer("Dana likes tea.")
+    assert _embedded(deps, REF, given) is given  # type: ignore[arg-type]
+    assert metrics.requests == [False]
+
+
+def test_no_embedder_or_no_memories_no_request() -> None:
+    assert _embedded(SimpleNamespace(embedder=None), REF, answer("x")).result == {  # type: ignore[arg-type]
+        "memories": [{"content": "x", "kind": "fact"}]
+    }
+    embedder = Embedder()
+    _embedded(SimpleNamespace(embedder=embedder, metrics=Metrics()), REF, answer())  # type: ignore[arg-type]
+    assert embedder.calls == []
+
+
+def test_the_write_body_carries_the_vector_outside_the_fingerprint() -> None:
+    embedded = {"model": "test:fake", "vector": [0.6, 0.8, 0.0]}
+    stored = PersistedResult.from_row(
+        {"memories": [{"content": "Dana likes tea.", "kind": "fact", "embedding": embedded}]},
+        "rules",
+        "m",
+        0,
+        0,
+    )
+    agent = uuid.uuid4()
+    body = memory_body(agent, REF, 0, stored)
+    assert body["embedding"] == embedded
+    plain = {k: v for k, v in body.items() if k != "embedding"}
+    with_vector = quick_load_create(body)
+    without = quick_load_create(plain)
+    assert with_vector is not None and without is not None
+    a, b = new_memory(with_vector, "key"), new_memory(without, "key")
+    assert a.fingerprint == b.fingerprint
+    assert a.embedding == pytest.approx((0.6, 0.8, 0.0)) and a.embedding_model == "test:fake"
+    assert b.embedding is None
+
+
+def test_a_stored_vector_is_unit_and_fits_a_real() -> None:
+    from memory_service.memories.service import unit_vector
+
+    assert unit_vector([0.0, 0.0]) is None
+    huge = unit_vector([3e200, 4e200, 1e-300])
+    assert huge == pytest.approx((0.6, 0.8, 0.0)) and huge[2] == 0.0
+    tiny = unit_vector([1.0, 7.5e-156, -1e-45])
+    assert tiny == (1.0, 0.0, 0.0)
