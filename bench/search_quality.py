@@ -424,17 +424,17 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                 theirs = baseline.rank(question)
                 rows["lexical"].append(_measure(kind, lexical, answers))
                 rows["bm25"].append(_measure(kind, theirs, answers))
-                if len(examples) < 12 and kind != "paraphrase":
-                    if rows["lexical"][-1][2] != rows["bm25"][-1][2]:
-                        examples.append(
-                            {
-                                "kind": kind,
-                                "question": question,
-                                "answer": agent.memories[answers[0]],
-                                "ours_rr": round(rows["lexical"][-1][2], 3),
-                                "bm25_rr": round(rows["bm25"][-1][2], 3),
-                            }
-                        )
+                differs = rows["lexical"][-1][2] != rows["bm25"][-1][2]
+                if len(examples) < 12 and kind != "paraphrase" and differs:
+                    examples.append(
+                        {
+                            "kind": kind,
+                            "question": question,
+                            "answer": agent.memories[answers[0]],
+                            "ours_rr": round(rows["lexical"][-1][2], 3),
+                            "bm25_rr": round(rows["bm25"][-1][2], 3),
+                        }
+                    )
                 if embedder is None:
                     continue
                 (vector,) = embedder.embed([question])
