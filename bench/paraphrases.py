@@ -436,13 +436,15 @@ _SUFFIXES = ("ingly", "edly", "ings", "ing", "ies", "ied", "ers", "er", "ed", "e
 
 def stem(word: str) -> str:
     """A light stemmer: one common suffix off (leaving at least 3 letters), then a doubled
-    final consonant undone ("running" -> "run")."""
+    final consonant undone ("running" -> "run") or a final "e" dropped ("live" -> "liv")."""
     for suffix in _SUFFIXES:
         if word.endswith(suffix) and len(word) - len(suffix) >= 3:
             word = word[: -len(suffix)]
             break
     if len(word) >= 4 and word[-1] == word[-2] and word[-1] not in "aeiouls":
         word = word[:-1]
+    elif len(word) >= 4 and word.endswith("e"):
+        word = word[:-1]  # "live", "lives", "lived": "liv"
     return word
 
 

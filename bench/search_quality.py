@@ -442,9 +442,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                 semantic = SemanticQuery(embedder.model, vector) if any(vector) else None
                 for fusion in trials:
                     _set_fusion(fusion)
-                    found = searches.search(
-                        org_id, agent_id, question, limit=10, semantic=semantic
-                    )
+                    found = searches.search(org_id, agent_id, question, limit=10, semantic=semantic)
                     hybrid[fusion].append(_measure(kind, [index[h.row.id] for h in found], answers))
                 _set_fusion(default_fusion)
                 if kind == "paraphrase" and len(paraphrase_examples) < 8:
