@@ -1,22 +1,34 @@
-"""Search quality: recall@5 and MRR of ``POST /v1/memories/search`` against plain BM25.
+"""Search quality: recall@5 and MRR of ``POST /v1/memories/search`` (lexical, semantic
+alone, hybrid) against plain BM25.
 
-``python -m bench.search_quality [--database-url URL] [--agents N] [--seed S] [--json]``
+``python -m bench.search_quality [--database-url URL] [--agents N] [--paraphrase-agents N]
+[--seed S] [--embeddings local|none] [--fusion WEIGHT:FLOOR:ENTRY ...] [--json]``
 
-1. Generates a labelled retrieval set, deterministically from ``--seed``: per agent, one user
-   and the people in their life (a sister, a friend, a colleague...), each with facts
-   (allergies, home town, job, pets, hobbies, food, plans) written as memories the way the
-   extractor writes them, in varied phrasings; then questions about those facts, each labelled
-   with the memories that answer it. Questions come in kinds: ``direct`` (the memory's own
-   words), ``inflected`` (other forms of the words: "live" for "lives", "working" for
-   "works"), ``typo`` (the person's name misspelt) and ``paraphrase`` (little shared but the
-   name). The same conversations' memories go to every agent's own store, so each search
-   ranks one agent's memories (about 60), as the API does.
+1. Generates a labelled retrieval set, deterministically from ``--seed``, in two parts:
+
+   - per agent of ``--agents``, one user and the people in their life (a sister, a friend, a
+     colleague...), each with facts (allergies, home town, job, pets, hobbies, food, plans)
+     written as memories the way the extractor writes them, in varied phrasings; then
+     questions about those facts, each labelled with the memories that answer it, in kinds:
+     ``direct`` (the memory's own words), ``inflected`` (other forms of the words: "live" for
+     "lives", "working" for "works"), ``typo`` (the person's name misspelt) and
+     ``paraphrase-named`` (little shared but the name). Each search ranks one agent's
+     memories (about 30), as the API does;
+   - per agent of ``--paraphrase-agents``, the memories of one person only and ``paraphrase``
+     questions that share no content word with their answers (:mod:`bench.paraphrases`, which
+     checks every question and raises otherwise; the run checks them again with Postgres's
+     ``english`` stemmer). One person per store, so "How does she unwind?" has one answer set.
 2. Stores the memories through the memory store (the same SQL as ``POST /v1/memories``) in a
-   fresh database, and asks every question through the search store (the same SQL as
-   ``POST /v1/memories/search``).
+   fresh database, with their vectors of the local model unless ``--embeddings none``, and asks
+   every question through the search store (the same SQL as ``POST /v1/memories/search``):
+   without a query vector (``lexical``: today's search, embeddings off) and with one
+   (``hybrid``: the store's fusion, once per ``--fusion`` weighting, set through the store's
+   module constants).
 3. Ranks the same memories per agent with Okapi BM25 computed here (k1 = 1.2, b = 0.75,
-   lower-cased letter-and-digit tokens, no stemming, no stop words: "plain" BM25), and reports
-   recall@5 and MRR for both, overall and per question kind.
+   lower-cased letter-and-digit tokens, no stemming, no stop words: "plain" BM25) and by cosine
+   similarity to the question's vector alone (``semantic``), and reports recall@5 and MRR for
+   each ranking, overall and per question kind, and per fusion weighting whether hybrid is at
+   least lexical on the whole set and above it on the paraphrases.
 """
 
 from __future__ import annotations
@@ -33,7 +45,7 @@ from typing import Any
 
 from bench import BenchError, paraphrases
 from bench.dbadmin import recreate_database
-from bench.report import run_and_print, table
+from bench.report import load_average, run_and_print, table
 
 DEFAULT_QUALITY_DATABASE_URL = "postgresql://postgres@127.0.0.1:5432/ibex_bench_search_quality"
 K = 5
@@ -502,6 +514,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         "examples": examples,
         "paraphrase_examples": paraphrase_examples,
         "search_seconds": round(seconds, 3),
+        "load_average": load_average(),
     }
 
 

@@ -1,22 +1,29 @@
 """Search speed: ``POST /v1/memories/search``'s SQL over 1,000,000 memories of one org.
 
-``python -m bench.search_speed [--memories N] [--agents N] [--queries N] [--json]``
+``python -m bench.search_speed [--memories N] [--agents N] [--queries N]
+[--embeddings local|none] [--server system|embedded] [--reuse] [--json]``
 
 1. Generates, in one ``INSERT ... SELECT generate_series``, ``--memories`` memories for one org
    spread round-robin over ``--agents`` agents (one session each), with text built from word
    lists: about 2,000 distinct names, verbs and objects, so some words are in a tenth of an
    agent's memories and some in a handful; then ``VACUUM ANALYZE`` (what autovacuum does
-   after a bulk load: statistics, and the GIN pending lists merged). ``--reuse`` keeps a data
-   set of the same shape.
+   after a bulk load: statistics, and the GIN pending lists merged). With ``--embeddings
+   local`` (the default) a vector per memory follows, by binary COPY, and the HNSW index where
+   the server has pgvector (:mod:`bench.vectors`). ``--reuse`` keeps a data set of the same
+   shape. ``--server embedded`` runs it all on the embedded PostgreSQL 18 with pgvector
+   (data in ``--data-folder``); the default is the server of ``--database-url``.
 2. Times ``--queries`` searches (after a warm-up), each through the search store as the
-   service runs it (the tenant transaction, the candidates function, the ranking), for a mix
-   of questions: a name and a common word, a common word alone, a misspelt name, an object.
-3. Prints p50 / p95 / p99 / max in milliseconds, overall and per kind of question (a name
-   with a common word, a common word, a misspelt name, two objects), and the ``EXPLAIN
-   (ANALYZE, BUFFERS)`` plans of the first question and of the slowest one: the ranking
-   statement as the tenant runs it, then each candidate branch, with which indexes they use.
+   service runs it (the tenant transaction, the candidates functions, the ranking), hybrid
+   with the question's vector of the local model (embedded before the clock starts), for a
+   mix of questions: a name and a common word, a common word alone, a misspelt name, two
+   objects, and a question in words no memory uses (``meaning``).
+3. Prints p50 / p95 / p99 / max in milliseconds, overall and per kind of question, and the
+   ``EXPLAIN (ANALYZE, BUFFERS)`` plans of the first question, of the slowest one and of a
+   ``meaning`` question: the ranking statement as the tenant runs it, then each lexical
+   candidate branch, and the semantic branch's statement (HNSW or the exact window).
 
-With ``--reuse``, migrations added since the data set was generated are applied to it first.
+With ``--reuse``, migrations added since the data set was generated are applied to it first,
+and the vectors loaded when the data set has none.
 """
 
 from __future__ import annotations
