@@ -47,7 +47,8 @@ RECALL_HITS, RECALL_TOKENS = 3, 120
 #: One line under the hits: what their numbers mean.
 SCORES_NOTE = (
     "scores are 0-1, higher is better: 0.75 x text (full-text match) + 0.25 x trigram"
-    " (spelling similarity); see docs/search.md"
+    " (spelling similarity), plus a bonus for semantic (meaning) similarity; see"
+    " docs/search.md"
 )
 
 
@@ -397,6 +398,8 @@ def _print_recall(db: Any, url: str, token: str) -> None:
         print("(no matches)")
     for hit in hits:
         signals = f"text {hit.signals.text:.2f}, trigram {hit.signals.trigram:.2f}"
+        if hit.signals.semantic is not None:
+            signals += f", semantic {hit.signals.semantic:.2f}"
         print(f"  {hit.score:.2f}  {hit.memory.content}  ({signals})")
     if hits:
         print(SCORES_NOTE)

@@ -146,7 +146,16 @@ def run(args: argparse.Namespace, settings: Settings) -> int:
         timeout=float(settings.http_timeout_seconds),
     )
     memory = _CountingMemory(client)
-    deps = StageDeps(store=store, settings=settings, provider=provider, memory=memory)
+    from core.embeddings import embedder_from_settings
+
+    # The same stages as the worker's, vectors included (one embedding request per turn).
+    deps = StageDeps(
+        store=store,
+        settings=settings,
+        provider=provider,
+        memory=memory,
+        embedder=embedder_from_settings(settings),
+    )
     started = time.monotonic()
     report = InlineReport()
     try:

@@ -63,9 +63,13 @@ CREATE TABLE ibex_memory.memory_embeddings (
 CREATE INDEX idx_memory_embeddings_scope
     ON ibex_memory.memory_embeddings (org_id, agent_id, model, created_at DESC);
 
+-- The registry holds model names and dimensions, no tenant data: no row-level security. The
+-- tenant role reads and extends it (a write registers a new model); nobody but the owner
+-- changes or removes a model. Vectors: written and replaced (the backfill's ON CONFLICT DO
+-- UPDATE) by the tenant role, removed only with their memory (the cascade) or by the owner.
 GRANT SELECT, INSERT ON ibex_memory.embedding_models TO ibex_app;
 GRANT SELECT ON ibex_memory.embedding_models TO ibex_ops;
-GRANT SELECT, INSERT, UPDATE, DELETE ON ibex_memory.memory_embeddings TO ibex_app;
+GRANT SELECT, INSERT, UPDATE ON ibex_memory.memory_embeddings TO ibex_app;
 GRANT SELECT ON ibex_memory.memory_embeddings TO ibex_ops;
 
 ALTER TABLE ibex_memory.memory_embeddings ENABLE ROW LEVEL SECURITY;
@@ -76,16 +80,17 @@ CREATE POLICY operator_read ON ibex_memory.memory_embeddings FOR SELECT TO ibex_
     USING (true);
 
 -- A loop, not sum() over unnest(): about twice as fast (some 60 us for 256 dimensions), which
--- is what bounds the fallback's window. NULL when the lengths differ.
+-- is what bounds the fallback's window. NULL for a NULL vector or when the lengths differ.
+-- (Not STRICT: the planner folds a strict call on NULL before the privilege check.)
 CREATE FUNCTION ibex_memory.dot(a real[], b real[])
 RETURNS double precision
-LANGUAGE plpgsql IMMUTABLE STRICT PARALLEL SAFE
+LANGUAGE plpgsql IMMUTABLE PARALLEL SAFE
 SET search_path = pg_catalog
 AS $$
 DECLARE
     v_sum double precision := 0;
 BEGIN
-    IF cardinality(a) <> cardinality(b) THEN
+    IF a IS NULL OR b IS NULL OR cardinality(a) <> cardinality(b) THEN
         RETURN NULL;
     END IF;
     FOR i IN 1..cardinality(a) LOOP
@@ -299,7 +304,8 @@ REVOKE ALL ON FUNCTION
     ibex_memory.store_new_embedding(uuid, uuid, text, real[]),
     ibex_memory.put_embeddings(uuid[], text, integer, jsonb),
     ibex_memory.semantic_candidates(uuid, text, real[], integer, integer, uuid, text[], boolean,
-                                    boolean, uuid, boolean)
+                                    boolean, uuid, boolean),
+    ibex_memory.dot(real[], real[])
 FROM PUBLIC;
 GRANT EXECUTE ON FUNCTION
     ibex_memory.store_new_embedding(uuid, uuid, text, real[]),

@@ -47,6 +47,7 @@ from starlette.routing import Route
 from starlette.types import Receive, Scope, Send
 
 from core.config import Settings
+from core.embeddings import QueryCache, embedder_from_settings
 from core.errors import ConfigError, DatabaseUnavailableError
 from memory_service.auth import Authenticator, AuthError, Principal, require_scope, resolve_org
 from memory_service.search.context import estimate_tokens
@@ -134,7 +135,8 @@ class ChatProxy:
         self.db = db
         self.spool = spool
         self.auth = Authenticator(TokenStore(db), cache_seconds=token_cache_seconds)
-        self.injector = Injector(db)
+        embedder = embedder_from_settings(settings)
+        self.injector = Injector(db, QueryCache(embedder) if embedder is not None else None)
         self.clock = clock
         self.client = httpx.AsyncClient(
             transport=transport,

@@ -19,6 +19,7 @@ from typing import Any
 import peewee
 
 from core.db import tenant
+from core.embeddings import QueryCache
 from memory_service.scope import AGENT_WIDE, ReadScope
 from memory_service.search.service import SearchService
 from memory_service.search.store import SearchStore
@@ -30,9 +31,11 @@ SYSTEM_ROLES = ("system", "developer")
 
 
 class Injector:
-    def __init__(self, db: peewee.Database) -> None:
+    def __init__(self, db: peewee.Database, queries: QueryCache | None = None) -> None:
         self.db = db
-        self.search = SearchService(SearchStore(db))
+        # The same ranking as POST /v1/context: fused with the semantic signal when an
+        # embedder is configured (``queries``), lexical otherwise or while it is down.
+        self.search = SearchService(SearchStore(db), queries)
 
     def agent_id(self, org_id: uuid.UUID, slug: str) -> uuid.UUID | None:
         with tenant(self.db, org_id):

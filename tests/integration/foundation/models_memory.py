@@ -1,11 +1,11 @@
-"""The memory service's tables, memories and API tokens, as the drift test expects them
-(``000003_memory.sql`` and later). The service reads and writes them with SQL of its own
+"""The memory service's tables, memories, API tokens and vectors, as the drift test expects
+them (``000003_memory.sql`` and later). The service reads and writes them with SQL of its own
 (``memory_service/memories/store.py``, ``memory_service/tokens/store.py``), so no product code
 needs these models."""
 
 from __future__ import annotations
 
-from peewee import BooleanField, IntegerField, TextField, UUIDField
+from peewee import BooleanField, CompositeKey, FloatField, IntegerField, TextField, UUIDField
 from playhouse.postgres_ext import ArrayField, BinaryJSONField, DateTimeTZField, TSVectorField
 
 from models.base import BaseModel
@@ -58,3 +58,33 @@ class ApiToken(BaseModel):
     class Meta:
         schema = "ibex_memory"
         table_name = "api_tokens"
+
+
+class EmbeddingModel(BaseModel):
+    """The models vectors were stored for, each with its one dimension (``000016``)."""
+
+    model = TextField(primary_key=True)
+    dimension = IntegerField()
+    created_at = DateTimeTZField()
+
+    class Meta:
+        schema = "ibex_memory"
+        table_name = "embedding_models"
+
+
+class MemoryEmbedding(BaseModel):
+    """A memory's vector of one model (``000016_semantic.sql``)."""
+
+    org_id = UUIDField()
+    memory_id = UUIDField()
+    agent_id = UUIDField()
+    user_id = UUIDField(null=True)
+    model = TextField()
+    dimension = IntegerField()
+    embedding = ArrayField(FloatField)
+    created_at = DateTimeTZField()
+
+    class Meta:
+        schema = "ibex_memory"
+        table_name = "memory_embeddings"
+        primary_key = CompositeKey("memory_id", "model")

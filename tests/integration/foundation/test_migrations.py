@@ -88,11 +88,12 @@ def test_every_tenant_table_enables_and_forces_rls(empty_database: str) -> None:
         "extraction_turns",
         "extraction_slots",
         "memories",
+        "memory_embeddings",
     ]:
         assert rls[table] == (True, True), table
     policies = _snapshot(empty_database)[2]
     tenant_policies = [p for p in policies if p[2] == "tenant_isolation"]
-    assert len(tenant_policies) == 10
+    assert len(tenant_policies) == 11
     assert all("rls_org_visible(org_id)" in p[4] for p in tenant_policies)
 
 

@@ -3,12 +3,26 @@
 from __future__ import annotations
 
 from models import ALL_MODELS as PRODUCT_MODELS
-from tests.integration.foundation.models_memory import ApiToken, Memory
+from tests.integration.foundation.models_memory import (
+    ApiToken,
+    EmbeddingModel,
+    Memory,
+    MemoryEmbedding,
+)
 from tests.integration.foundation.models_pipeline import DeadLetter, ExtractionSlot, ExtractionTurn
 
 # The tables their stores read and write with SQL of their own have no product model; their
 # declarations sit beside this test, which is all they serve.
-ALL_MODELS = (*PRODUCT_MODELS, ExtractionTurn, ExtractionSlot, DeadLetter, Memory, ApiToken)
+ALL_MODELS = (
+    *PRODUCT_MODELS,
+    ExtractionTurn,
+    ExtractionSlot,
+    DeadLetter,
+    Memory,
+    ApiToken,
+    MemoryEmbedding,
+    EmbeddingModel,
+)
 
 # peewee field type -> information_schema data_type
 TYPE_MAP = {

@@ -68,7 +68,15 @@ TENANT_TABLES: dict[str, dict[str, Any]] = {
     "ibex_core.users": {"SELECT": ALL, "INSERT": ALL, "UPDATE": ALL},  # never deleted by it
     "ibex_memory.memories": {"SELECT": ALL, "INSERT": ALL, "UPDATE": ALL},
     "ibex_memory.api_tokens": {},  # only through authenticate_token
+    # Semantic search (000016): vectors written with their memory and replaced by the
+    # backfill, removed only with their memory; the model registry is extended by a write.
+    "ibex_memory.memory_embeddings": {"SELECT": ALL, "INSERT": ALL, "UPDATE": ALL},
+    "ibex_memory.embedding_models": {"SELECT": ALL, "INSERT": ALL},
 }
+
+#: The model registry holds no tenant data (model names and dimensions): no row-level
+#: security, so the tenant role reads and extends it with or without an org.
+REGISTRY = {"ibex_memory.embedding_models": {"SELECT": ALL, "INSERT": ALL}}
 
 TOKEN_COLUMNS_BUT_HASH = {
     "id",
@@ -119,6 +127,18 @@ CHANGE = {
     "ibex_memory.memory_history(uuid)",
 }
 
+#: Semantic search (000016): storing vectors (create_memory's step, the backfill's batch),
+#: the scope's nearest memories (runs as its owner, confined to the org set, like
+#: search_candidates), the dot product of the fallback; the HNSW index is the owner's to make.
+SEMANTIC = {
+    "ibex_memory.store_new_embedding(uuid,uuid,text,real[])",
+    "ibex_memory.put_embeddings(uuid[],text,integer,jsonb)",
+    "ibex_memory.semantic_candidates(uuid,text,real[],integer,integer,uuid,text[],boolean,"
+    "boolean,uuid,boolean)",
+    "ibex_memory.dot(real[],real[])",
+}
+VECTOR_INDEX = "ibex_memory.ensure_vector_index(integer)"
+
 #: A session's extraction progress for the sessions API, under the caller's row-level security.
 PROGRESS = "ibex_core.session_progress(uuid[])"
 
@@ -161,10 +181,11 @@ EXPECTED: dict[str, dict[str, Any]] = {
             STAGE_PAUSE,
             *SEARCH,
             *CHANGE,
+            *SEMANTIC,
         },
     },
     "tenant without org": {
-        "tables": {},
+        "tables": REGISTRY,
         "functions": {
             POLICY_PREDICATE,
             TOKEN_LOOKUP,
@@ -173,6 +194,7 @@ EXPECTED: dict[str, dict[str, Any]] = {
             STAGE_PAUSE,
             *SEARCH,
             *CHANGE,
+            *SEMANTIC,
         },
     },
     "scan": {
@@ -202,6 +224,11 @@ KNOWN_FUNCTIONS = {
     "ibex_memory.memory_of_deleted_session()",
     "ibex_memory.create_memory(uuid,uuid,uuid,integer,integer,text,text,text,jsonb,text,text,uuid,"
     "uuid[],boolean,real)",
+    # 000016: the same write with the memory's vector and its model.
+    "ibex_memory.create_memory(uuid,uuid,uuid,integer,integer,text,text,text,jsonb,text,text,uuid,"
+    "uuid[],boolean,real,text,real[])",
+    VECTOR_INDEX,
+    *SEMANTIC,
     FORGET_USER,
     PROGRESS,
     SCAN_LEASE,
@@ -298,6 +325,17 @@ def seed(store: Any) -> tuple[uuid.UUID, uuid.UUID]:
             (f"r-{slug}", str(org_id)),
         )
         TokenStore(db).issue(org_id=org_id, name=slug, scopes=["memory:read"])
+        db.execute_sql(
+            "INSERT INTO ibex_memory.embedding_models (model, dimension) VALUES ('test:m', 2)"
+            " ON CONFLICT DO NOTHING"
+        )
+        db.execute_sql(
+            "INSERT INTO ibex_memory.memory_embeddings (org_id, memory_id, agent_id, user_id,"
+            " model, dimension, embedding)"
+            " SELECT org_id, id, agent_id, user_id, 'test:m', 2, '{0.6,0.8}'"
+            "   FROM ibex_memory.memories WHERE org_id = %s",
+            (str(org_id),),
+        )
     return org_ids[0], org_ids[1]
 
 

@@ -118,10 +118,16 @@ def _assert_recall(out: str) -> None:
     assert "acme/support-bot, user elena" in lines[start]
     hits = []
     for line in lines[start + 1 :]:
-        found = re.fullmatch(r"  (\d\.\d\d)  (.+)  \(text (\d\.\d\d), trigram (\d\.\d\d)\)", line)
+        found = re.fullmatch(
+            r"  (\d\.\d\d)  (.+)  \(text (\d\.\d\d), trigram (\d\.\d\d)"
+            r"(?:, semantic (\d\.\d\d))?\)",
+            line,
+        )
         if not found:
             break
         hits.append((float(found.group(1)), found.group(2), float(found.group(4))))
+        # The demo runs the default local embedder: every hit has its semantic signal.
+        assert found.group(5) is not None, line
     assert 0 < len(hits) <= 3 and hits == sorted(hits, key=lambda h: -h[0]), out
     assert any("allergic to" in content for _, content, _ in hits), out
     # The embedded server has pg_trgm, as the production one does: trigram similarity counts.

@@ -380,3 +380,41 @@ def test_a_model_change_through_reembed_never_mixes_dimensions(
     finally:
         pool.close_all()
         r.close()
+
+
+def test_the_scheduler_round_backfills_what_an_outage_left(
+    store: Any,
+    db: Any,
+    api: httpx.Client,
+    settings: Settings,
+    embeddings_server: FakeEmbeddings,
+) -> None:
+    import threading
+    import time
+
+    from cli.scheduler import backfill_rounds
+
+    org_id = store.ensure_org("acme")
+    agent_id = store.ensure_agent(org_id, "bot")
+    embeddings_server.down = True
+    for content in ("The user keeps bees.", "The user keeps goats."):
+        created = api.post(
+            "/v1/memories",
+            json={"agent_id": str(agent_id), "content": content},
+            headers={"X-IBEX-Org-ID": str(org_id)},
+        )
+        assert created.status_code == 201
+    assert vectors(db) == {}
+    embeddings_server.down = False
+    stop = threading.Event()
+    rounds = threading.Thread(target=backfill_rounds, args=(settings, stop), daemon=True)
+    rounds.start()
+    try:
+        deadline = time.monotonic() + 20
+        while len(vectors(db)) < 2:
+            assert time.monotonic() < deadline, "the backfill round did not embed them"
+            time.sleep(0.1)
+    finally:
+        stop.set()
+        rounds.join(timeout=10)
+    assert set(vectors(db).values()) == {("openai:fake", DIMENSION)}
