@@ -42,6 +42,11 @@ def _with_path(url: str, name: str) -> str:
     return urlunparse(urlparse(url)._replace(path=f"/{name}"))
 
 
+def with_database(url: str, name: str) -> str:
+    """``url`` naming the database ``name`` instead."""
+    return _with_path(url, name)
+
+
 def database_name(url: str) -> str:
     return urlparse(url).path.lstrip("/")
 

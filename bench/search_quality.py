@@ -1,22 +1,34 @@
-"""Search quality: recall@5 and MRR of ``POST /v1/memories/search`` against plain BM25.
+"""Search quality: recall@5 and MRR of ``POST /v1/memories/search`` (lexical, semantic
+alone, hybrid) against plain BM25.
 
-``python -m bench.search_quality [--database-url URL] [--agents N] [--seed S] [--json]``
+``python -m bench.search_quality [--database-url URL] [--agents N] [--paraphrase-agents N]
+[--seed S] [--embeddings local|none] [--fusion WEIGHT:FLOOR:ENTRY ...] [--json]``
 
-1. Generates a labelled retrieval set, deterministically from ``--seed``: per agent, one user
-   and the people in their life (a sister, a friend, a colleague...), each with facts
-   (allergies, home town, job, pets, hobbies, food, plans) written as memories the way the
-   extractor writes them, in varied phrasings; then questions about those facts, each labelled
-   with the memories that answer it. Questions come in kinds: ``direct`` (the memory's own
-   words), ``inflected`` (other forms of the words: "live" for "lives", "working" for
-   "works"), ``typo`` (the person's name misspelt) and ``paraphrase`` (little shared but the
-   name). The same conversations' memories go to every agent's own store, so each search
-   ranks one agent's memories (about 60), as the API does.
+1. Generates a labelled retrieval set, deterministically from ``--seed``, in two parts:
+
+   - per agent of ``--agents``, one user and the people in their life (a sister, a friend, a
+     colleague...), each with facts (allergies, home town, job, pets, hobbies, food, plans)
+     written as memories the way the extractor writes them, in varied phrasings; then
+     questions about those facts, each labelled with the memories that answer it, in kinds:
+     ``direct`` (the memory's own words), ``inflected`` (other forms of the words: "live" for
+     "lives", "working" for "works"), ``typo`` (the person's name misspelt) and
+     ``paraphrase-named`` (little shared but the name). Each search ranks one agent's
+     memories (about 30), as the API does;
+   - per agent of ``--paraphrase-agents``, the memories of one person only and ``paraphrase``
+     questions that share no content word with their answers (:mod:`bench.paraphrases`, which
+     checks every question and raises otherwise; the run checks them again with Postgres's
+     ``english`` stemmer). One person per store, so "How does she unwind?" has one answer set.
 2. Stores the memories through the memory store (the same SQL as ``POST /v1/memories``) in a
-   fresh database, and asks every question through the search store (the same SQL as
-   ``POST /v1/memories/search``).
+   fresh database, with their vectors of the local model unless ``--embeddings none``, and asks
+   every question through the search store (the same SQL as ``POST /v1/memories/search``):
+   without a query vector (``lexical``: today's search, embeddings off) and with one
+   (``hybrid``: the store's fusion, once per ``--fusion`` weighting, set through the store's
+   module constants).
 3. Ranks the same memories per agent with Okapi BM25 computed here (k1 = 1.2, b = 0.75,
-   lower-cased letter-and-digit tokens, no stemming, no stop words: "plain" BM25), and reports
-   recall@5 and MRR for both, overall and per question kind.
+   lower-cased letter-and-digit tokens, no stemming, no stop words: "plain" BM25) and by cosine
+   similarity to the question's vector alone (``semantic``), and reports recall@5 and MRR for
+   each ranking, overall and per question kind, and per fusion weighting whether hybrid is at
+   least lexical on the whole set and above it on the paraphrases.
 """
 
 from __future__ import annotations
@@ -31,9 +43,9 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from bench import BenchError
+from bench import BenchError, paraphrases
 from bench.dbadmin import recreate_database
-from bench.report import run_and_print, table
+from bench.report import load_average, run_and_print, table
 
 DEFAULT_QUALITY_DATABASE_URL = "postgresql://postgres@127.0.0.1:5432/ibex_bench_search_quality"
 K = 5
@@ -73,7 +85,7 @@ def _facts(rng: random.Random) -> list[Fact]:
             (
                 ("direct", "What is {name} allergic to?"),
                 ("inflected", "Does {name} have any allergies?"),
-                ("paraphrase", "What should {name} stay away from for health reasons?"),
+                ("paraphrase-named", "What should {name} stay away from for health reasons?"),
             ),
         ),
         Fact(
@@ -81,7 +93,7 @@ def _facts(rng: random.Random) -> list[Fact]:
             (f"{{who}} lives in {city}.", f"{{who}} moved to {city} two years ago."),
             (
                 ("inflected", "Where does {name} live?"),
-                ("paraphrase", "Which city is {name} based in?"),
+                ("paraphrase-named", "Which city is {name} based in?"),
             ),
         ),
         Fact(
@@ -90,7 +102,7 @@ def _facts(rng: random.Random) -> list[Fact]:
             (
                 ("direct", "What does {name} work as?"),
                 ("inflected", "What is {name} working as these days?"),
-                ("paraphrase", "What is {name}'s profession?"),
+                ("paraphrase-named", "What is {name}'s profession?"),
             ),
         ),
         Fact(
@@ -106,7 +118,7 @@ def _facts(rng: random.Random) -> list[Fact]:
             (f"{{who}} enjoys {hobby} on weekends.",),
             (
                 ("inflected", "What does {name} enjoy doing on the weekend?"),
-                ("paraphrase", "What is {name}'s favourite pastime?"),
+                ("paraphrase-named", "What is {name}'s favourite pastime?"),
             ),
         ),
         Fact(
@@ -247,24 +259,143 @@ def _summary(rows: list[tuple[str, float, float]]) -> dict[str, Any]:
     return out
 
 
+def _measure(kind: str, ranked: Sequence[int], answers: Sequence[int]) -> tuple[str, float, float]:
+    return kind, recall_at(ranked, answers), reciprocal_rank(ranked, answers)
+
+
+def cosine_rank(memory_vectors: Sequence[Sequence[float]], query: Sequence[float]) -> list[int]:
+    """Every memory, by cosine similarity to ``query`` (unit vectors: the dot product), best
+    first; ties: the later written first, as :meth:`BM25.rank`."""
+    scores = [
+        (sum(a * b for a, b in zip(vector, query, strict=True)), i)
+        for i, vector in enumerate(memory_vectors)
+    ]
+    scores.sort(key=lambda p: (-p[0], -p[1]))
+    return [i for _, i in scores]
+
+
+@dataclass(frozen=True)
+class Fusion:
+    """The search store's fusion constants (``memory_service.search.store``)."""
+
+    weight: float
+    floor: float
+    entry: float
+
+    @classmethod
+    def parse(cls, text: str) -> Fusion:
+        try:
+            weight, floor, entry = (float(x) for x in text.split(":"))
+        except ValueError as exc:
+            raise argparse.ArgumentTypeError(
+                f"--fusion wants WEIGHT:FLOOR:ENTRY (three numbers), got {text!r}"
+            ) from exc
+        if not (0 <= weight <= 1 and 0 <= floor < 1 and 0 <= entry <= 1):
+            raise argparse.ArgumentTypeError(
+                f"--fusion {text!r}: WEIGHT and ENTRY in [0, 1], FLOOR in [0, 1)"
+            )
+        return cls(weight, floor, entry)
+
+    @property
+    def label(self) -> str:
+        return f"{self.weight:g}:{self.floor:g}:{self.entry:g}"
+
+
+def _current_fusion() -> Fusion:
+    from memory_service.search import store
+
+    return Fusion(store.SEMANTIC_WEIGHT, store.SEMANTIC_FLOOR, store.SEMANTIC_ENTRY_FLOOR)
+
+
+def _set_fusion(fusion: Fusion) -> None:
+    """The store reads its fusion constants at each call (``_prepare``)."""
+    from memory_service.search import store
+
+    store.SEMANTIC_WEIGHT = fusion.weight
+    store.SEMANTIC_FLOOR = fusion.floor
+    store.SEMANTIC_ENTRY_FLOOR = fusion.entry
+
+
+@dataclass
+class Labelled:
+    """One agent's store of the set: its memories and its questions (kind, text, answers)."""
+
+    slug: str
+    memories: list[str]
+    questions: list[tuple[str, str, tuple[int, ...]]]
+
+
+def labelled_set(agents: int, paraphrase_agents: int, seed: int) -> list[Labelled]:
+    """The whole set: the people agents (direct, inflected, typo, paraphrase-named questions)
+    and the one-person paraphrase agents (``paraphrase``, checked to share no word)."""
+    out = [Labelled(a.slug, a.memories, a.questions) for a in generate(agents, seed)]
+    for p in paraphrases.generate(paraphrase_agents, seed):
+        out.append(
+            Labelled(p.slug, p.memories, [("paraphrase", q, ans) for q, ans, _ in p.questions])
+        )
+    return out
+
+
+#: Postgres's own stemmer on the paraphrase pairs: no lexeme of the question in the answer.
+PG_SHARED_SQL = """
+SELECT q, m, ARRAY(SELECT unnest(tsvector_to_array(to_tsvector('english', q)))
+                   INTERSECT SELECT unnest(tsvector_to_array(to_tsvector('english', m))))
+  FROM unnest(%s::text[], %s::text[]) AS p(q, m)
+"""
+
+
+def _check_with_postgres(db: Any, dataset: Sequence[Labelled]) -> int:
+    """Raise :class:`BenchError` for a paraphrase question that shares a lexeme (the
+    ``english`` configuration's stems) with an answer; the number of pairs checked."""
+    pairs = [
+        (question, agent.memories[i])
+        for agent in dataset
+        for kind, question, answers in agent.questions
+        if kind == "paraphrase"
+        for i in answers
+    ]
+    if not pairs:
+        return 0
+    rows = db.execute_sql(PG_SHARED_SQL, ([q for q, _ in pairs], [m for _, m in pairs])).fetchall()
+    shared = [(q, m, lex) for q, m, lex in rows if lex]
+    if shared:
+        q, m, lex = shared[0]
+        raise BenchError(
+            f"{len(shared)} paraphrase question(s) share a Postgres lexeme with an answer,"
+            f" e.g. {q!r} and {m!r}: {lex}"
+        )
+    return len(pairs)
+
+
 def run(args: argparse.Namespace) -> dict[str, Any]:
     from core.db import make_database
     from memory_service.canonical import content_hash
     from memory_service.memories.store import MemoryStore, NewMemory
-    from memory_service.search.store import SearchStore
+    from memory_service.search.store import SearchStore, SemanticQuery
     from models.store import SessionStore
 
-    dataset = generate(args.agents, args.seed)
+    dataset = labelled_set(args.agents, args.paraphrase_agents, args.seed)
+    embedder = None
+    if args.embeddings == "local":
+        from core.embeddings import embedder_from_env
+
+        embedder = embedder_from_env({"EMBEDDINGS_PROVIDER": "local"})
+        if embedder is None:  # pragma: no cover - local always gives one
+            raise BenchError("EMBEDDINGS_PROVIDER=local gave no embedder")
+    trials = args.fusion or [_current_fusion()]
+    default_fusion = _current_fusion()
     recreate_database(args.database_url)
     db = make_database(args.database_url)
     try:
+        pairs_checked = _check_with_postgres(db, dataset)
         sessions = SessionStore(db)
         memories = MemoryStore(db)
         org_id = sessions.ensure_org("quality")
-        stored: list[tuple[Any, list[Any]]] = []
+        stored: list[tuple[Any, list[Any], list[list[float]]]] = []
         for agent in dataset:
             agent_id = sessions.ensure_agent(org_id, agent.slug)
             session = sessions.create_session(org_id, agent_id, f"{agent.slug}-conversation")
+            vectors = embedder.embed(agent.memories) if embedder is not None else []
             ids = []
             for ordinal, content in enumerate(agent.memories):
                 result = memories.create(
@@ -280,87 +411,177 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                         ordinal=ordinal % 3,
                         idempotency_key=None,
                         fingerprint="",
+                        embedding_model=embedder.model if embedder is not None else None,
+                        embedding=tuple(vectors[ordinal]) if embedder is not None else None,
                     ),
                 )
                 if result.row is None:
                     raise BenchError(f"could not store {content!r}: {result.outcome}")
                 ids.append(result.row.id)
-            stored.append((agent_id, ids))
+            stored.append((agent_id, ids, vectors))
         searches = SearchStore(db)
-        ours: list[tuple[str, float, float]] = []
-        bm25: list[tuple[str, float, float]] = []
+        rows: dict[str, list[tuple[str, float, float]]] = {"lexical": [], "bm25": []}
+        if embedder is not None:
+            rows["semantic"] = []
+        hybrid: dict[Fusion, list[tuple[str, float, float]]] = {f: [] for f in trials}
         examples: list[dict[str, Any]] = []
+        paraphrase_examples: list[dict[str, Any]] = []
         started = time.perf_counter()
-        for agent, (agent_id, ids) in zip(dataset, stored, strict=True):
+        for agent, (agent_id, ids, vectors) in zip(dataset, stored, strict=True):
             index = {memory_id: i for i, memory_id in enumerate(ids)}
             baseline = BM25(agent.memories)
             for kind, question, answers in agent.questions:
                 hits = searches.search(org_id, agent_id, question, limit=10)
-                ranked = [index[h.row.id] for h in hits]
+                lexical = [index[h.row.id] for h in hits]
                 theirs = baseline.rank(question)
-                ours.append((kind, recall_at(ranked, answers), reciprocal_rank(ranked, answers)))
-                bm25.append((kind, recall_at(theirs, answers), reciprocal_rank(theirs, answers)))
-                if len(examples) < 12 and ours[-1][2] != bm25[-1][2]:
+                rows["lexical"].append(_measure(kind, lexical, answers))
+                rows["bm25"].append(_measure(kind, theirs, answers))
+                differs = rows["lexical"][-1][2] != rows["bm25"][-1][2]
+                if len(examples) < 12 and kind != "paraphrase" and differs:
                     examples.append(
                         {
                             "kind": kind,
                             "question": question,
                             "answer": agent.memories[answers[0]],
-                            "ours_rr": round(ours[-1][2], 3),
-                            "bm25_rr": round(bm25[-1][2], 3),
+                            "ours_rr": round(rows["lexical"][-1][2], 3),
+                            "bm25_rr": round(rows["bm25"][-1][2], 3),
+                        }
+                    )
+                if embedder is None:
+                    continue
+                (vector,) = embedder.embed([question])
+                rows["semantic"].append(_measure(kind, cosine_rank(vectors, vector), answers))
+                semantic = SemanticQuery(embedder.model, vector) if any(vector) else None
+                for fusion in trials:
+                    _set_fusion(fusion)
+                    found = searches.search(org_id, agent_id, question, limit=10, semantic=semantic)
+                    hybrid[fusion].append(_measure(kind, [index[h.row.id] for h in found], answers))
+                _set_fusion(default_fusion)
+                if kind == "paraphrase" and len(paraphrase_examples) < 8:
+                    paraphrase_examples.append(
+                        {
+                            "question": question,
+                            "answer": agent.memories[answers[0]],
+                            "lexical_rr": round(rows["lexical"][-1][2], 3),
+                            "semantic_rr": round(rows["semantic"][-1][2], 3),
+                            "hybrid_rr": round(hybrid[trials[0]][-1][2], 3),
                         }
                     )
         seconds = time.perf_counter() - started
-        mode = searches.search_mode()
+        mode = searches.search_mode(semantic=embedder is not None)
     finally:
+        _set_fusion(default_fusion)
         db.close()
+    rankers = {name: _summary(r) for name, r in rows.items()}
+    fusion_trials = []
+    if embedder is not None:
+        rankers["hybrid"] = _summary(hybrid[trials[0]])
+        lexical_all = rankers["lexical"]["all"]
+        lexical_para = rankers["lexical"]["paraphrase"]
+        for fusion in trials:
+            summary = _summary(hybrid[fusion])
+            fusion_trials.append(
+                {
+                    "fusion": fusion.label,
+                    "semantic_weight": fusion.weight,
+                    "semantic_floor": fusion.floor,
+                    "semantic_entry_floor": fusion.entry,
+                    "summary": summary,
+                    # Hybrid at least lexical on the whole set, above it on the paraphrases.
+                    "beats_lexical": summary["all"]["recall_at_5"] >= lexical_all["recall_at_5"]
+                    and summary["all"]["mrr"] >= lexical_all["mrr"]
+                    and summary["paraphrase"]["recall_at_5"] > lexical_para["recall_at_5"]
+                    and summary["paraphrase"]["mrr"] > lexical_para["mrr"],
+                }
+            )
     return {
         "benchmark": "search_quality",
-        "settings": {"agents": args.agents, "seed": args.seed, "k": K},
+        "settings": {
+            "agents": args.agents,
+            "paraphrase_agents": args.paraphrase_agents,
+            "seed": args.seed,
+            "k": K,
+            "embeddings": args.embeddings,
+            "model": embedder.model if embedder is not None else None,
+            "store_fusion": default_fusion.label,
+        },
         "search_mode": mode,
         "memories": sum(len(a.memories) for a in dataset),
-        "questions": len(ours),
-        "ours": _summary(ours),
-        "bm25": _summary(bm25),
+        "questions": sum(len(a.questions) for a in dataset),
+        "paraphrase_pairs_checked": pairs_checked,
+        "rankers": rankers,
+        "fusion_trials": fusion_trials,
         "examples": examples,
+        "paraphrase_examples": paraphrase_examples,
         "search_seconds": round(seconds, 3),
+        "load_average": load_average(),
     }
 
 
+RANKER_ORDER = ("bm25", "lexical", "semantic", "hybrid")
+KIND_ORDER = ("all", "direct", "inflected", "typo", "paraphrase-named", "paraphrase")
+
+
 def render(doc: dict[str, Any]) -> str:
-    kinds = list(doc["ours"])
+    rankers = [r for r in RANKER_ORDER if r in doc["rankers"]]
+    kinds = [k for k in KIND_ORDER if k in doc["rankers"]["bm25"]]
+    header = ["questions", "n"]
+    header += [f"R@5 {r}" for r in rankers] + [f"MRR {r}" for r in rankers]
     body = [
-        [
-            kind,
-            doc["ours"][kind]["questions"],
-            doc["ours"][kind]["recall_at_5"],
-            doc["bm25"][kind]["recall_at_5"],
-            doc["ours"][kind]["mrr"],
-            doc["bm25"][kind]["mrr"],
-        ]
+        [kind, doc["rankers"]["bm25"][kind]["questions"]]
+        + [doc["rankers"][r][kind]["recall_at_5"] for r in rankers]
+        + [doc["rankers"][r][kind]["mrr"] for r in rankers]
         for kind in kinds
     ]
+    s = doc["settings"]
     out = [
         f"search quality: {doc['questions']} questions over {doc['memories']} memories"
-        f" ({doc['settings']['agents']} agents, seed {doc['settings']['seed']}),"
-        f" search mode {doc['search_mode']}",
+        f" ({s['agents']} agents of people, {s['paraphrase_agents']} of one person each,"
+        f" seed {s['seed']}), search mode {doc['search_mode']}, embeddings {s['embeddings']}"
+        f" ({s['model']}); {doc['paraphrase_pairs_checked']} paraphrase pairs checked to"
+        " share no word",
         "",
-        table(["questions", "n", "recall@5 ours", "recall@5 BM25", "MRR ours", "MRR BM25"], body),
-        "",
-        "questions where the first relevant rank differs:",
+        table(header, body),
     ]
+    if doc["fusion_trials"]:
+        out += ["", "hybrid by fusion (SEMANTIC_WEIGHT:SEMANTIC_FLOOR:SEMANTIC_ENTRY_FLOOR):"]
+        trial_body = [
+            [
+                t["fusion"],
+                t["summary"]["all"]["recall_at_5"],
+                t["summary"]["all"]["mrr"],
+                t["summary"]["paraphrase"]["recall_at_5"],
+                t["summary"]["paraphrase"]["mrr"],
+                "yes" if t["beats_lexical"] else "no",
+            ]
+            for t in doc["fusion_trials"]
+        ]
+        out.append(
+            table(
+                ["fusion", "R@5 all", "MRR all", "R@5 para", "MRR para", ">= lexical"],
+                trial_body,
+            )
+        )
+    out += ["", "questions where the first relevant rank differs (lexical vs BM25):"]
     for e in doc["examples"]:
         out.append(
             f"  [{e['kind']}] {e['question']!r} -> {e['answer']!r}:"
             f" 1/rank ours {e['ours_rr']}, BM25 {e['bm25_rr']}"
         )
+    if doc["paraphrase_examples"]:
+        out += ["", "paraphrase questions (1/rank lexical, semantic, hybrid):"]
+        for e in doc["paraphrase_examples"]:
+            out.append(
+                f"  {e['question']!r} -> {e['answer']!r}:"
+                f" {e['lexical_rr']}, {e['semantic_rr']}, {e['hybrid_rr']}"
+            )
     return "\n".join(out)
 
 
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="python -m bench.search_quality",
-        description="recall@5 and MRR of the search against plain BM25",
+        description="recall@5 and MRR of the search (lexical, semantic, hybrid) against BM25",
     )
     p.add_argument(
         "--database-url",
@@ -368,7 +589,29 @@ def build_parser() -> argparse.ArgumentParser:
         help="dropped and created afresh (default: %(default)s)",
     )
     p.add_argument("--agents", type=int, default=10, help="agents (about 20 questions each)")
+    p.add_argument(
+        "--paraphrase-agents",
+        type=int,
+        default=10,
+        help=f"one-person agents of the paraphrase part ({paraphrases.QUESTIONS_PER_AGENT}"
+        " questions each; default %(default)s)",
+    )
     p.add_argument("--seed", type=int, default=7)
+    p.add_argument(
+        "--embeddings",
+        choices=("local", "none"),
+        default="local",
+        help="local: vectors of the packaged model, semantic and hybrid rankings too;"
+        " none: lexical and BM25 only (default %(default)s)",
+    )
+    p.add_argument(
+        "--fusion",
+        type=Fusion.parse,
+        action="append",
+        metavar="WEIGHT:FLOOR:ENTRY",
+        help="hybrid with these SEMANTIC_WEIGHT, SEMANTIC_FLOOR, SEMANTIC_ENTRY_FLOOR (repeat"
+        " to compare; the first is the report's hybrid; default: the store's constants)",
+    )
     p.add_argument("--json", action="store_true", help="print a stable JSON document")
     return p
 

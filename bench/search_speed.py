@@ -1,22 +1,29 @@
 """Search speed: ``POST /v1/memories/search``'s SQL over 1,000,000 memories of one org.
 
-``python -m bench.search_speed [--memories N] [--agents N] [--queries N] [--json]``
+``python -m bench.search_speed [--memories N] [--agents N] [--queries N]
+[--embeddings local|none] [--server system|embedded] [--reuse] [--json]``
 
 1. Generates, in one ``INSERT ... SELECT generate_series``, ``--memories`` memories for one org
    spread round-robin over ``--agents`` agents (one session each), with text built from word
    lists: about 2,000 distinct names, verbs and objects, so some words are in a tenth of an
    agent's memories and some in a handful; then ``VACUUM ANALYZE`` (what autovacuum does
-   after a bulk load: statistics, and the GIN pending lists merged). ``--reuse`` keeps a data
-   set of the same shape.
+   after a bulk load: statistics, and the GIN pending lists merged). With ``--embeddings
+   local`` (the default) a vector per memory follows, by binary COPY, and the HNSW index where
+   the server has pgvector (:mod:`bench.vectors`). ``--reuse`` keeps a data set of the same
+   shape. ``--server embedded`` runs it all on the embedded PostgreSQL 18 with pgvector
+   (data in ``--data-folder``); the default is the server of ``--database-url``.
 2. Times ``--queries`` searches (after a warm-up), each through the search store as the
-   service runs it (the tenant transaction, the candidates function, the ranking), for a mix
-   of questions: a name and a common word, a common word alone, a misspelt name, an object.
-3. Prints p50 / p95 / p99 / max in milliseconds, overall and per kind of question (a name
-   with a common word, a common word, a misspelt name, two objects), and the ``EXPLAIN
-   (ANALYZE, BUFFERS)`` plans of the first question and of the slowest one: the ranking
-   statement as the tenant runs it, then each candidate branch, with which indexes they use.
+   service runs it (the tenant transaction, the candidates functions, the ranking), hybrid
+   with the question's vector of the local model (embedded before the clock starts), for a
+   mix of questions: a name and a common word, a common word alone, a misspelt name, two
+   objects, and a question in words no memory uses (``meaning``).
+3. Prints p50 / p95 / p99 / max in milliseconds, overall and per kind of question, and the
+   ``EXPLAIN (ANALYZE, BUFFERS)`` plans of the first question, of the slowest one and of a
+   ``meaning`` question: the ranking statement as the tenant runs it, then each lexical
+   candidate branch, and the semantic branch's statement (HNSW or the exact window).
 
-With ``--reuse``, migrations added since the data set was generated are applied to it first.
+With ``--reuse``, migrations added since the data set was generated are applied to it first,
+and the vectors loaded when the data set has none.
 """
 
 from __future__ import annotations
@@ -25,14 +32,16 @@ import argparse
 import random
 import re
 import statistics
+import tempfile
 import time
 from collections.abc import Sequence
+from pathlib import Path
 from typing import Any
 
 import psycopg2
 
 from bench import BenchError
-from bench.dbadmin import admin_connection, recreate_database, scalar
+from bench.dbadmin import admin_connection, database_name, recreate_database, scalar, with_database
 from bench.report import load_average, percentile, run_and_print
 
 DEFAULT_SPEED_DATABASE_URL = "postgresql://postgres@127.0.0.1:5432/ibex_bench_search_speed"
@@ -99,7 +108,19 @@ def _typo(word: str, rng: random.Random) -> str:
 
 
 #: The kinds of question, in the order :func:`questions` cycles through them.
-KINDS = ("name+common", "common", "typo", "multi-word")
+KINDS = ("name+common", "common", "typo", "multi-word", "meaning")
+
+#: Questions in words the memories do not use: the semantic branch alone finds their answers.
+MEANING = (
+    "who has a furry companion at home",
+    "which people are into classical instruments",
+    "anyone with food intolerances",
+    "who enjoys the outdoors and mountains",
+    "who is fond of Japanese cuisine",
+    "which friends are travelling abroad soon",
+    "who likes handicrafts and folding paper",
+    "anyone keen on birds of prey",
+)
 
 
 def questions(count: int, seed: int) -> list[tuple[str, str]]:
@@ -114,8 +135,10 @@ def questions(count: int, seed: int) -> list[tuple[str, str]]:
             out.append((kind, f"who {rng.choice(VERBS).split()[0]} {rng.choice(OBJECTS)}"))
         elif kind == "typo":
             out.append((kind, f"Where does {_typo(_name(rng), rng)} live?"))
-        else:
+        elif kind == "multi-word":
             out.append((kind, f"{rng.choice(OBJECTS)} and {rng.choice(OBJECTS)}"))
+        else:
+            out.append((kind, rng.choice(MEANING)))
     return out
 
 
@@ -128,16 +151,27 @@ def _latency(timings: Sequence[float]) -> dict[str, float]:
     }
 
 
-def generate(url: str, args: argparse.Namespace) -> dict[str, Any]:
+def _local_embedder(args: argparse.Namespace) -> Any:
+    if args.embeddings != "local":
+        return None
+    from core.embeddings import embedder_from_env
+
+    return embedder_from_env({"EMBEDDINGS_PROVIDER": "local"})
+
+
+def generate(url: str, args: argparse.Namespace, embedder: Any) -> dict[str, Any]:
+    from bench import vectors
     from core.db import make_database
     from models.store import SessionStore
 
+    want_vectors = args.memories if embedder is not None else 0
     if args.reuse:
         try:
             conn = admin_connection(url)
             try:
                 count = scalar(conn, "SELECT count(*) FROM ibex_memory.memories")
                 agents = scalar(conn, "SELECT count(*) FROM ibex_core.agents")
+                stored = scalar(conn, "SELECT count(*) FROM ibex_memory.memory_embeddings")
             finally:
                 conn.close()
             if (count, agents) == (args.memories, args.agents):
@@ -151,7 +185,15 @@ def generate(url: str, args: argparse.Namespace) -> dict[str, Any]:
                             cur.execute("VACUUM ANALYZE ibex_memory.memories")
                     finally:
                         conn.close()
-                return {"generated": False, "seconds": 0.0, "migrated": migrated}
+                loaded = None
+                if stored != want_vectors and embedder is not None:
+                    loaded = vectors.load(url, embedder, VERBS, OBJECTS, args.seed)
+                return {
+                    "generated": False,
+                    "seconds": 0.0,
+                    "migrated": migrated,
+                    "vectors": loaded,
+                }
         except psycopg2.Error:
             pass  # no usable data set: generate one
     started = time.monotonic()
@@ -188,40 +230,163 @@ def generate(url: str, args: argparse.Namespace) -> dict[str, Any]:
             raise BenchError("the generated data set does not have the expected size")
     finally:
         conn.close()
-    return {"generated": True, "seconds": round(time.monotonic() - started, 1)}
+    memories_seconds = round(time.monotonic() - started, 1)
+    loaded = vectors.load(url, embedder, VERBS, OBJECTS, args.seed) if embedder else None
+    return {
+        "generated": True,
+        "seconds": round(time.monotonic() - started, 1),
+        "memories_seconds": memories_seconds,
+        "vectors": loaded,
+    }
+
+
+#: The statement ``ibex_memory.semantic_candidates`` (migration 000016) runs for a reader of
+#: the whole agent, rebuilt here so that its plan can be shown (a function's inner plan is not
+#: in the caller's EXPLAIN): the HNSW form where the index exists, else the exact window.
+SEMANTIC_HNSW_SQL = """
+SELECT m.memory_id, 1 - (m.embedding::vector({dim}) <=> %(vector)s::real[]::vector({dim}))
+  FROM ibex_memory.memory_embeddings m
+  JOIN ibex_memory.memories r ON r.id = m.memory_id
+ WHERE m.org_id = %(org_id)s AND m.agent_id = %(agent_id)s AND m.model = %(model)s
+   AND m.dimension = {dim} AND r.deleted_at IS NULL AND r.superseded_by IS NULL
+ ORDER BY m.embedding::vector({dim}) <=> %(vector)s::real[]::vector({dim})
+ LIMIT %(limit)s
+"""
+SEMANTIC_WINDOW_SQL = """
+SELECT w.memory_id, ibex_memory.dot(w.embedding, %(vector)s::real[]) AS s
+  FROM (SELECT m.memory_id, m.embedding
+          FROM ibex_memory.memory_embeddings m
+          JOIN ibex_memory.memories r ON r.id = m.memory_id
+         WHERE m.org_id = %(org_id)s AND m.agent_id = %(agent_id)s AND m.model = %(model)s
+           AND m.dimension = {dim} AND r.deleted_at IS NULL AND r.superseded_by IS NULL
+         ORDER BY m.created_at DESC LIMIT %(window)s) w
+ ORDER BY s DESC, w.memory_id LIMIT %(limit)s
+"""
+
+
+def explain_semantic(
+    url: str, org_id: Any, agent_id: Any, model: str, vector: Sequence[float], hnsw: bool
+) -> str:
+    """``EXPLAIN (ANALYZE, BUFFERS)`` of the semantic branch's statement, as its owner runs it
+    (with the settings it sets for the HNSW form)."""
+    from memory_service.search import store
+
+    sql = SEMANTIC_HNSW_SQL if hnsw else SEMANTIC_WINDOW_SQL
+    params = {
+        "org_id": str(org_id),
+        "agent_id": str(agent_id),
+        "model": model,
+        "vector": [float(v) for v in vector],
+        "limit": store.SEMANTIC_CANDIDATES,
+        "window": store.SEMANTIC_WINDOW,
+    }
+    conn = admin_connection(url)
+    try:
+        with conn.cursor() as cur:
+            cur.execute("BEGIN")
+            if hnsw:
+                cur.execute("SET LOCAL hnsw.iterative_scan = relaxed_order")
+                ef = max(40, 2 * store.SEMANTIC_CANDIDATES)
+                cur.execute(f"SET LOCAL hnsw.ef_search = {ef}")
+            cur.execute(
+                "EXPLAIN (ANALYZE, BUFFERS) " + sql.format(dim=len(vector)).replace("%%", "%"),
+                params,
+            )
+            plan = [r[0] for r in cur.fetchall()]
+            cur.execute("ROLLBACK")
+    finally:
+        conn.close()
+    form = "HNSW (pgvector)" if hnsw else f"exact cosine over the newest {params['window']}"
+    return "\n".join([f"-- semantic branch: {form}", *plan])
 
 
 def run(args: argparse.Namespace) -> dict[str, Any]:
-    from core.db import make_database
-    from memory_service.search.store import SearchStore
-
     if args.memories < args.agents or args.agents < 1:
         raise BenchError("need at least one agent and one memory per agent")
-    generation = generate(args.database_url, args)
-    db = make_database(args.database_url)
+    if args.server == "system":
+        return _run(args, args.database_url)
+    from core.embedded import EmbeddedPostgres
+
+    # The embedded PostgreSQL 18 with pgvector, its data kept in --data-folder (so --reuse
+    # finds the data set again), stopped at the end.
+    server = EmbeddedPostgres(Path(args.data_folder))
+    url = server.start()
+    try:
+        return _run(args, with_database(url, database_name(args.database_url)))
+    finally:
+        server.stop()
+
+
+def _run(args: argparse.Namespace, url: str) -> dict[str, Any]:
+    from core.db import make_database
+    from memory_service.search.store import SearchStore, SemanticQuery
+
+    embedder = _local_embedder(args)
+    generation = generate(url, args, embedder)
+    db = make_database(url)
     try:
         org_id, agent_ids = _tenant(db)
         searches = SearchStore(db)
         asked = questions(args.queries, args.seed)
+        query_vectors: dict[str, Any] = {}
+        if embedder is not None:
+            texts = sorted({q for _, q in asked})
+            query_vectors = dict(zip(texts, embedder.embed(texts), strict=True))
+
+        def semantic(question: str) -> Any:
+            if embedder is None:
+                return None
+            return SemanticQuery(embedder.model, query_vectors[question])
+
         rng = random.Random(args.seed)
         for _, question in asked[: max(5, args.queries // 10)]:  # warm-up: caches, connection
-            searches.search(org_id, rng.choice(agent_ids), question, limit=10)
+            searches.search(
+                org_id, rng.choice(agent_ids), question, limit=10, semantic=semantic(question)
+            )
         timings: list[float] = []
         by_kind: dict[str, list[float]] = {kind: [] for kind in KINDS}
         hits: list[int] = []
         slowest = (0.0, asked[0][1], agent_ids[0])
         for kind, question in asked:
             agent_id = rng.choice(agent_ids)
+            # The query's vector is embedded before the clock starts: the service embeds it
+            # before its one statement (about 0.1 ms with the local model, cached after).
+            query = semantic(question)
             started = time.perf_counter()
-            found = searches.search(org_id, agent_id, question, limit=10)
+            found = searches.search(org_id, agent_id, question, limit=10, semantic=query)
             elapsed = (time.perf_counter() - started) * 1000
             timings.append(elapsed)
             by_kind[kind].append(elapsed)
             hits.append(len(found))
             slowest = max(slowest, (elapsed, question, agent_id), key=lambda t: t[0])
-        plan = searches.explain(org_id, agent_ids[0], asked[0][1], limit=10)
-        slowest_plan = searches.explain(org_id, slowest[2], slowest[1], limit=10)
-        mode = searches.search_mode()
+        plan = searches.explain(
+            org_id, agent_ids[0], asked[0][1], limit=10, semantic=semantic(asked[0][1])
+        )
+        slowest_plan = searches.explain(
+            org_id, slowest[2], slowest[1], limit=10, semantic=semantic(slowest[1])
+        )
+        meaning = next(q for k, q in asked if k == "meaning") if args.queries >= 5 else None
+        hnsw = embedder is not None and searches.vector_index(embedder.dimension)
+        semantic_plans = []
+        if embedder is not None:
+            explained = [asked[0][1], slowest[1]] + ([meaning] if meaning else [])
+            for question in dict.fromkeys(explained):
+                semantic_plans.append(
+                    {
+                        "question": question,
+                        "plan": explain_semantic(
+                            url, org_id, agent_ids[0], embedder.model,
+                            query_vectors[question], hnsw,
+                        ),
+                    }
+                )  # fmt: skip
+        meaning_plan = ""
+        if meaning is not None:
+            meaning_plan = searches.explain(
+                org_id, agent_ids[0], meaning, limit=10, semantic=semantic(meaning)
+            )
+        mode = searches.search_mode(semantic=embedder is not None)
+        server = db.execute_sql("SHOW server_version").fetchone()[0]
     finally:
         db.close()
     indexes = [
@@ -231,7 +396,11 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         "idx_memories_trgm",
         "idx_memories_agent",
         "memories_pkey",
+        "memory_embeddings_pkey",
+        "idx_memory_embeddings_hnsw_256",
+        "idx_memory_embeddings_scope",
     ]
+    every_plan = plan + slowest_plan + meaning_plan + "".join(p["plan"] for p in semantic_plans)
     p99 = percentile(timings, 99)
     return {
         "benchmark": "search_speed",
@@ -240,8 +409,12 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             "agents": args.agents,
             "queries": args.queries,
             "seed": args.seed,
+            "embeddings": args.embeddings,
+            "server": args.server,
         },
+        "server_version": server,
         "search_mode": mode,
+        "semantic_form": None if embedder is None else ("hnsw" if hnsw else "exact-window"),
         "generation": generation,
         "latency_ms": _latency(timings),
         "latency_ms_by_kind": {kind: _latency(t) for kind, t in by_kind.items() if t},
@@ -251,15 +424,17 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         "question_explained": asked[0][1],
         # Whole names only: idx_memories_fts is not used when idx_memories_fts_agent is.
         "indexes_used": {
-            name: re.search(rf"\b{name}\b", plan + slowest_plan) is not None for name in indexes
+            name: re.search(rf"\b{name}\b", every_plan) is not None for name in indexes
         },
         "sequential_scans": [
             line.strip()
-            for line in (plan + slowest_plan).splitlines()
-            if "Seq Scan on memories" in line
+            for line in every_plan.splitlines()
+            if re.search(r"Seq Scan on (memories|memory_embeddings)\b", line)
         ],
         "plan": plan,
         "slowest": {"question": slowest[1], "ms": round(slowest[0], 2), "plan": slowest_plan},
+        "meaning": {"question": meaning, "plan": meaning_plan},
+        "semantic_plans": semantic_plans,
         "load_average": load_average(),
     }
 
@@ -278,15 +453,26 @@ def _tenant(db: Any) -> tuple[Any, list[Any]]:
 
 def render(doc: dict[str, Any]) -> str:
     s, lat = doc["settings"], doc["latency_ms"]
+    g = doc["generation"]
+    loaded = g.get("vectors")
     out = [
         f"search over {s['memories']:,} memories of one org, {s['agents']} agents,"
-        f" {s['queries']} questions, search mode {doc['search_mode']}"
-        f" (generated: {doc['generation']['generated']}, {doc['generation']['seconds']} s)",
+        f" {s['queries']} questions, PostgreSQL {doc['server_version']} ({s['server']}),"
+        f" search mode {doc['search_mode']}, semantic branch {doc['semantic_form']}",
+        f"generated: {g['generated']}, {g['seconds']} s"
+        + (
+            f" (vectors: {loaded['vectors']:,} copied in {loaded['copy_seconds']} s,"
+            f" HNSW index {loaded['hnsw_index']} ({loaded['index_seconds']} s),"
+            f" vacuum {loaded['vacuum_seconds']} s)"
+            if loaded
+            else ""
+        ),
         f"latency ms: p50 {lat['p50']}  p95 {lat['p95']}  p99 {lat['p99']}  max {lat['max']}"
         f"  (target p99 < {doc['target_p99_ms']}: {'met' if doc['meets_target'] else 'MISSED'})",
         f"mean hits per question: {doc['mean_hits']}; load average {doc['load_average']}",
         "indexes used: "
         + ", ".join(f"{k} {'yes' if v else 'no'}" for k, v in doc["indexes_used"].items()),
+        f"sequential scans: {doc['sequential_scans'] or 'none'}",
         "by kind of question (ms):",
         *(
             f"  {kind:<12} p50 {k['p50']}  p95 {k['p95']}  p99 {k['p99']}  max {k['max']}"
@@ -300,6 +486,15 @@ def render(doc: dict[str, Any]) -> str:
         f" ({doc['slowest']['ms']} ms when timed):",
         doc["slowest"]["plan"],
     ]
+    if doc["meaning"]["question"]:
+        out += [
+            "",
+            f"EXPLAIN (ANALYZE, BUFFERS) for a question of no stored word,"
+            f" {doc['meaning']['question']!r}:",
+            doc["meaning"]["plan"],
+        ]
+    for p in doc["semantic_plans"]:
+        out += ["", f"semantic branch for {p['question']!r}:", p["plan"]]
     return "\n".join(out)
 
 
@@ -317,6 +512,25 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--queries", type=int, default=500, help="timed searches (default 500)")
     p.add_argument("--seed", type=int, default=7)
     p.add_argument("--reuse", action="store_true", help="keep a data set of the same shape")
+    p.add_argument(
+        "--embeddings",
+        choices=("local", "none"),
+        default="local",
+        help="local: a vector per memory (the packaged model's phrase vectors plus noise) and"
+        " hybrid searches; none: lexical searches only (default %(default)s)",
+    )
+    p.add_argument(
+        "--server",
+        choices=("system", "embedded"),
+        default="system",
+        help="system: the server of --database-url; embedded: the embedded PostgreSQL 18 with"
+        " pgvector, started on --data-folder (the database named as in --database-url)",
+    )
+    p.add_argument(
+        "--data-folder",
+        default=str(Path(tempfile.gettempdir()) / "ibex-bench-search-speed-pg18"),
+        help="the embedded server's data folder, kept for --reuse (default: %(default)s)",
+    )
     p.add_argument("--json", action="store_true", help="print a stable JSON document")
     return p
 

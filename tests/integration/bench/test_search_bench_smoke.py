@@ -3,6 +3,9 @@ set, each in its own process, checked for structure and invariants (not speed)."
 
 from __future__ import annotations
 
+import subprocess
+import sys
+
 from tests.integration.bench.test_bench_smoke import _run
 from tests.servers import RunPostgres
 
@@ -10,17 +13,73 @@ from tests.servers import RunPostgres
 def test_search_quality_benchmark(postgres_server: RunPostgres) -> None:
     url = postgres_server.create("bench_search_quality")
     try:
-        doc = _run("bench.search_quality", "--database-url", url, timeout=120)
+        doc = _run(
+            "bench.search_quality",
+            "--database-url", url,
+            "--agents", "3",
+            "--paraphrase-agents", "3",
+            "--fusion", "0.5:0.15:0.3",
+            "--fusion", "1:0:0.05",
+            timeout=120,
+        )  # fmt: skip
     finally:
         postgres_server.drop(url)
-    assert doc["questions"] >= 150
-    assert set(doc["ours"]) == set(doc["bm25"]) >= {"all", "direct", "inflected", "typo"}
-    for side in ("ours", "bm25"):
-        for kind in doc[side].values():
-            assert 0 <= kind["recall_at_5"] <= 1 and 0 <= kind["mrr"] <= 1
-    # Every question's answer shares the words of a direct question: both find all of them.
-    assert doc["ours"]["direct"]["recall_at_5"] == doc["bm25"]["direct"]["recall_at_5"] == 1.0
-    assert doc["ours"]["all"]["recall_at_5"] >= doc["bm25"]["all"]["recall_at_5"]
+    rankers = doc["rankers"]
+    assert set(rankers) == {"bm25", "lexical", "semantic", "hybrid"}
+    kinds = {"all", "direct", "inflected", "typo", "paraphrase-named", "paraphrase"}
+    for summary in rankers.values():
+        assert set(summary) <= kinds and {"all", "direct", "paraphrase"} <= set(summary)
+        for kind in summary.values():
+            assert 0 <= kind["recall_at_5"] <= 1 and 0 <= kind["mrr"] <= kind["recall_at_5"] + 1
+            assert 0 <= kind["mrr"] <= 1
+    # 12 paraphrase questions per one-person agent, each pair checked by the english stemmer.
+    assert rankers["lexical"]["paraphrase"]["questions"] == 36
+    assert doc["paraphrase_pairs_checked"] >= 36
+    assert doc["questions"] == rankers["bm25"]["all"]["questions"]
+    # Every direct question's answer shares its words: both lexical rankings find all of them.
+    assert rankers["lexical"]["direct"]["recall_at_5"] == 1.0
+    assert rankers["bm25"]["direct"]["recall_at_5"] == 1.0
+    assert rankers["lexical"]["all"]["recall_at_5"] >= rankers["bm25"]["all"]["recall_at_5"]
+    # No shared word: the full-text search finds (almost) nothing; meaning does.
+    assert rankers["lexical"]["paraphrase"]["recall_at_5"] <= 0.1
+    assert rankers["semantic"]["paraphrase"]["recall_at_5"] > 0.3
+    trials = {t["fusion"]: t for t in doc["fusion_trials"]}
+    assert set(trials) == {"0.5:0.15:0.3", "1:0:0.05"}
+    assert doc["settings"]["store_fusion"] in trials  # the store's constants, restored after
+    assert rankers["hybrid"] == trials["0.5:0.15:0.3"]["summary"]
+    for trial in trials.values():
+        assert isinstance(trial["beats_lexical"], bool)
+    assert trials["1:0:0.05"]["beats_lexical"]
+
+
+def test_search_quality_benchmark_without_embeddings(postgres_server: RunPostgres) -> None:
+    url = postgres_server.create("bench_search_quality_none")
+    try:
+        doc = _run(
+            "bench.search_quality",
+            "--database-url", url,
+            "--agents", "2",
+            "--paraphrase-agents", "1",
+            "--embeddings", "none",
+            timeout=120,
+        )  # fmt: skip
+    finally:
+        postgres_server.drop(url)
+    assert set(doc["rankers"]) == {"bm25", "lexical"}
+    assert doc["fusion_trials"] == [] and doc["settings"]["model"] is None
+    assert doc["rankers"]["lexical"]["paraphrase"]["questions"] == 12
+
+
+def test_search_quality_refuses_a_bad_fusion() -> None:
+    done = subprocess.run(
+        [sys.executable, "-m", "bench.search_quality", "--fusion", "0.5:2"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert done.returncode == 2
+    assert "WEIGHT:FLOOR:ENTRY" in done.stderr
 
 
 def test_search_speed_benchmark_small(postgres_server: RunPostgres) -> None:
@@ -41,7 +100,7 @@ def test_search_speed_benchmark_small(postgres_server: RunPostgres) -> None:
     assert 0 < latency["p50"] <= latency["p95"] <= latency["p99"] <= latency["max"]
     # Split by kind of question: every kind asked, each with its own ordered percentiles.
     by_kind = doc["latency_ms_by_kind"]
-    assert set(by_kind) == {"name+common", "common", "typo", "multi-word"}
+    assert set(by_kind) == {"name+common", "common", "typo", "multi-word", "meaning"}
     for kind in by_kind.values():
         assert 0 < kind["p50"] <= kind["p95"] <= kind["p99"] <= kind["max"] <= latency["max"]
     assert doc["slowest"]["ms"] == latency["max"]
@@ -55,3 +114,14 @@ def test_search_speed_benchmark_small(postgres_server: RunPostgres) -> None:
     }
     assert isinstance(doc["meets_target"], bool)
     assert "search_candidates" in doc["plan"] and "candidate branch" in doc["plan"]
+    # Hybrid: a vector per memory, the semantic branch in the plan, its own plan shown.
+    assert doc["generation"]["vectors"]["vectors"] == 4000
+    assert doc["semantic_form"] in ("hnsw", "exact-window")
+    assert doc["generation"]["vectors"]["hnsw_index"] == (doc["semantic_form"] == "hnsw")
+    assert "semantic_candidates" in doc["plan"]
+    assert "memory_embeddings_pkey" in doc["plan"]  # the signal, one probe per candidate
+    assert doc["meaning"]["question"] and "semantic_candidates" in doc["meaning"]["plan"]
+    assert doc["semantic_plans"]
+    for explained in doc["semantic_plans"]:
+        assert explained["plan"].startswith("-- semantic branch: ")
+        assert "memory_embeddings" in explained["plan"]
