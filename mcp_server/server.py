@@ -111,6 +111,11 @@ class Signals(BaseModel):
     text: float = Field(description="Full-text rank.")
     trigram: float = Field(description="Trigram similarity (names, typos); 0 without pg_trgm.")
     recency: float = Field(description="1 / (1 + age in days / 30); breaks ties.")
+    semantic: float | None = Field(
+        default=None,
+        description="Cosine similarity of meaning (embeddings); null without a vector or an"
+        " embedder for this search.",
+    )
 
 
 class Hit(BaseModel):
@@ -168,7 +173,12 @@ def _hit(h: SearchHit) -> Hit:
     return Hit(
         memory=_memory(h.memory),
         score=h.score,
-        signals=Signals(text=h.signals.text, trigram=h.signals.trigram, recency=h.signals.recency),
+        signals=Signals(
+            text=h.signals.text,
+            trigram=h.signals.trigram,
+            recency=h.signals.recency,
+            semantic=h.signals.semantic,
+        ),
         snippet=h.snippet,
     )
 
@@ -388,7 +398,8 @@ def build_server(config: McpConfig) -> MCPServer[Any]:
         user: UserArg = None,
     ) -> Recalled:
         """Search the agent's memories, best first, each with why it matched: the fused score,
-        the per-signal scores (full text, trigram, recency) and a highlighted snippet."""
+        the per-signal scores (full text, trigram, recency, meaning) and a highlighted
+        snippet."""
         token = calls.token(ctx)
         who = calls.user(user)
         async with calls.client(token) as ibex:

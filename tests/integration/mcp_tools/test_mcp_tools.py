@@ -61,8 +61,10 @@ def test_every_tool_round_trip(connect: Connect, store: Any) -> None:
             hits = (await agent.ok("recall", query="what is Dana allergic to?"))["hits"]
             assert hits[0]["memory"]["id"] == memory["id"]
             assert hits[0]["score"] > 0
-            assert set(hits[0]["signals"]) == {"text", "trigram", "recency"}
+            assert set(hits[0]["signals"]) == {"text", "trigram", "recency", "semantic"}
             assert hits[0]["signals"]["text"] > 0
+            # The memory was embedded when it was stored (the default, offline embedder).
+            assert 0 <= hits[0]["signals"]["semantic"] <= 1
             assert "<mark>" in hits[0]["snippet"]
             assert len((await agent.ok("recall", query="Dana", limit=1))["hits"]) == 1
 
