@@ -83,13 +83,10 @@ SEMANTIC_CANDIDATES = 50
 SEMANTIC_WINDOW = 500
 #: The fusion (module docstring): the weight of the semantic bonus, the similarity at which
 #: the bonus starts, and the similarity a memory with no matching word needs to be a hit.
-#: Module constants so the quality bench can tune them (``--fusion``); these are the values
-#: it measured best for the local model (docs/benchmarks.md): its cosines are small (a
-#: question scores a median 0.09 against its answer, 0.01 against other memories), so an
-#: absolute floor above a few hundredths throws its answers away.
-SEMANTIC_WEIGHT = 1.0
-SEMANTIC_FLOOR = 0.0
-SEMANTIC_ENTRY_FLOOR = 0.03
+#: Module constants so the quality bench can tune them.
+SEMANTIC_WEIGHT = 0.5
+SEMANTIC_FLOOR = 0.15
+SEMANTIC_ENTRY_FLOOR = 0.3
 HIGHLIGHT_START = "<mark>"
 HIGHLIGHT_STOP = "</mark>"
 HEADLINE_OPTIONS = (
