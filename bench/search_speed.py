@@ -240,15 +240,34 @@ def generate(url: str, args: argparse.Namespace, embedder: Any) -> dict[str, Any
     }
 
 
-#: The statement ``ibex_memory.semantic_candidates`` (migration 000016) runs for a reader of
-#: the whole agent, rebuilt here so that its plan can be shown (a function's inner plan is not
-#: in the caller's EXPLAIN): the HNSW form where the index exists, else the exact window.
+#: The statements ``ibex_memory.semantic_candidates`` (migrations 000016 and 000017) runs for
+#: a reader of the whole agent, rebuilt here so that their plans can be shown (a function's
+#: inner plan is not in the caller's EXPLAIN): with pgvector, the count of the scope's vectors
+#: and then exact cosine (at most 5,000) or the partition's HNSW index; else the exact window.
+SEMANTIC_COUNT_SQL = """
+SELECT count(*) FROM (SELECT 1 FROM ibex_memory.memory_embeddings m
+ WHERE m.org_id = %(org_id)s AND m.agent_id = %(agent_id)s AND m.model = %(model)s
+   AND m.user_id IS NULL LIMIT 5001) x
+"""
+SEMANTIC_EXACT_SQL = """
+SELECT x.memory_id, x.s FROM (
+SELECT m.memory_id, 1 - (m.embedding::vector({dim}) <=> %(vector)s::real[]::vector({dim})) AS s
+  FROM ibex_memory.memory_embeddings m
+  JOIN ibex_memory.memories r ON r.id = m.memory_id
+ WHERE m.org_id = %(org_id)s AND m.agent_id = %(agent_id)s AND m.model = %(model)s
+   AND m.dimension = {dim} AND m.user_id IS NULL
+   AND r.deleted_at IS NULL AND r.superseded_by IS NULL OFFSET 0) x
+ ORDER BY x.s DESC, x.memory_id LIMIT %(limit)s
+"""
+#: Most vectors a scope may hold and still be ranked exactly (000017).
+EXACT_SCOPE = 5000
 SEMANTIC_HNSW_SQL = """
 SELECT m.memory_id, 1 - (m.embedding::vector({dim}) <=> %(vector)s::real[]::vector({dim}))
   FROM ibex_memory.memory_embeddings m
   JOIN ibex_memory.memories r ON r.id = m.memory_id
  WHERE m.org_id = %(org_id)s AND m.agent_id = %(agent_id)s AND m.model = %(model)s
-   AND m.dimension = {dim} AND r.deleted_at IS NULL AND r.superseded_by IS NULL
+   AND m.dimension = {dim} AND m.user_id IS NULL
+   AND r.deleted_at IS NULL AND r.superseded_by IS NULL
  ORDER BY m.embedding::vector({dim}) <=> %(vector)s::real[]::vector({dim})
  LIMIT %(limit)s
 """
@@ -258,7 +277,8 @@ SELECT w.memory_id, ibex_memory.dot(w.embedding, %(vector)s::real[]) AS s
           FROM ibex_memory.memory_embeddings m
           JOIN ibex_memory.memories r ON r.id = m.memory_id
          WHERE m.org_id = %(org_id)s AND m.agent_id = %(agent_id)s AND m.model = %(model)s
-           AND m.dimension = {dim} AND r.deleted_at IS NULL AND r.superseded_by IS NULL
+           AND m.dimension = {dim} AND m.user_id IS NULL
+           AND r.deleted_at IS NULL AND r.superseded_by IS NULL
          ORDER BY m.created_at DESC LIMIT %(window)s) w
  ORDER BY s DESC, w.memory_id LIMIT %(limit)s
 """
@@ -271,7 +291,6 @@ def explain_semantic(
     (with the settings it sets for the HNSW form)."""
     from memory_service.search import store
 
-    sql = SEMANTIC_HNSW_SQL if hnsw else SEMANTIC_WINDOW_SQL
     params = {
         "org_id": str(org_id),
         "agent_id": str(agent_id),
@@ -284,7 +303,14 @@ def explain_semantic(
     try:
         with conn.cursor() as cur:
             cur.execute("BEGIN")
+            sql, form = SEMANTIC_WINDOW_SQL, f"exact cosine over the newest {params['window']}"
             if hnsw:
+                cur.execute(SEMANTIC_COUNT_SQL, params)
+                (count,) = cur.fetchone()
+                sql, form = SEMANTIC_HNSW_SQL, "HNSW (pgvector, the agent's partition)"
+                if count <= EXACT_SCOPE:
+                    sql, form = SEMANTIC_EXACT_SQL, f"exact cosine over the scope's {count}"
+            if sql is SEMANTIC_HNSW_SQL:
                 cur.execute("SET LOCAL hnsw.iterative_scan = relaxed_order")
                 ef = max(40, 2 * store.SEMANTIC_CANDIDATES)
                 cur.execute(f"SET LOCAL hnsw.ef_search = {ef}")
@@ -296,7 +322,6 @@ def explain_semantic(
             cur.execute("ROLLBACK")
     finally:
         conn.close()
-    form = "HNSW (pgvector)" if hnsw else f"exact cosine over the newest {params['window']}"
     return "\n".join([f"-- semantic branch: {form}", *plan])
 
 
@@ -389,17 +414,20 @@ def _run(args: argparse.Namespace, url: str) -> dict[str, Any]:
         server = db.execute_sql("SHOW server_version").fetchone()[0]
     finally:
         db.close()
-    indexes = [
-        "idx_memories_fts_agent",
-        "idx_memories_trgm_agent",
-        "idx_memories_fts",
-        "idx_memories_trgm",
-        "idx_memories_agent",
-        "memories_pkey",
-        "memory_embeddings_pkey",
-        "idx_memory_embeddings_hnsw_256",
-        "idx_memory_embeddings_scope",
-    ]
+    # An index by its name in the plans; a partitioned one (000017) by its partitions' names.
+    part = r"memory_embeddings_p[0-9]+"
+    indexes = {
+        "idx_memories_fts_agent": None,
+        "idx_memories_trgm_agent": None,
+        "idx_memories_fts": None,
+        "idx_memories_trgm": None,
+        "idx_memories_agent": None,
+        "memories_pkey": None,
+        "memory_embeddings_pkey": rf"{part}_pkey",
+        "idx_memory_embeddings_hnsw_256": r"idx_memory_embeddings_hnsw_256_p[0-9]+",
+        "idx_memory_embeddings_scope": rf"{part}_org_id_agent_id_model_created_at_idx",
+        "idx_memory_embeddings_user": rf"{part}_org_id_agent_id_model_user_id_idx",
+    }
     every_plan = plan + slowest_plan + meaning_plan + "".join(p["plan"] for p in semantic_plans)
     p99 = percentile(timings, 99)
     return {
@@ -415,6 +443,7 @@ def _run(args: argparse.Namespace, url: str) -> dict[str, Any]:
         "server_version": server,
         "search_mode": mode,
         "semantic_form": None if embedder is None else ("hnsw" if hnsw else "exact-window"),
+        "semantic_paths": [p["plan"].splitlines()[0] for p in semantic_plans],
         "generation": generation,
         "latency_ms": _latency(timings),
         "latency_ms_by_kind": {kind: _latency(t) for kind, t in by_kind.items() if t},
@@ -424,12 +453,13 @@ def _run(args: argparse.Namespace, url: str) -> dict[str, Any]:
         "question_explained": asked[0][1],
         # Whole names only: idx_memories_fts is not used when idx_memories_fts_agent is.
         "indexes_used": {
-            name: re.search(rf"\b{name}\b", every_plan) is not None for name in indexes
+            name: re.search(rf"\b{pattern or name}\b", every_plan) is not None
+            for name, pattern in indexes.items()
         },
         "sequential_scans": [
             line.strip()
             for line in every_plan.splitlines()
-            if re.search(r"Seq Scan on (memories|memory_embeddings)\b", line)
+            if re.search(r"Seq Scan on (memories|memory_embeddings(_p[0-9]+)?)\b", line)
         ],
         "plan": plan,
         "slowest": {"question": slowest[1], "ms": round(slowest[0], 2), "plan": slowest_plan},

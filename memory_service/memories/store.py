@@ -456,7 +456,7 @@ SELECT m.id, m.content FROM ibex_memory.memories m
    AND m.id > %(after)s::uuid
    AND (%(replace)s OR NOT EXISTS (
         SELECT 1 FROM ibex_memory.memory_embeddings e
-         WHERE e.memory_id = m.id AND e.model = %(model)s))
+         WHERE e.memory_id = m.id AND e.agent_id = m.agent_id AND e.model = %(model)s))
  ORDER BY m.id
  LIMIT %(limit)s
 """
@@ -467,7 +467,7 @@ SELECT count(*) FROM ibex_memory.memories m
    AND (%(agent_id)s::uuid IS NULL OR m.agent_id = %(agent_id)s::uuid)
    AND (%(replace)s OR NOT EXISTS (
         SELECT 1 FROM ibex_memory.memory_embeddings e
-         WHERE e.memory_id = m.id AND e.model = %(model)s))
+         WHERE e.memory_id = m.id AND e.agent_id = m.agent_id AND e.model = %(model)s))
 """
 
 PUT_EMBEDDINGS_SQL = (

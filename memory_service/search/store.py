@@ -177,6 +177,8 @@ def _search_sql(*, trigram: bool, semantic: bool, vector_dimension: int | None =
             f"(SELECT GREATEST(0, LEAST(1, {cosine}))"
             " FROM ibex_memory.memory_embeddings e"
             " WHERE e.memory_id = m.id AND e.model = %(model)s"
+            # The agent names the partition (000017): one probe, not one per partition.
+            " AND e.agent_id = %(agent_id)s::uuid"
             " AND e.dimension = cardinality(%(vector)s::real[]))::float8"
         )
     trigram_signal = "0::float8"

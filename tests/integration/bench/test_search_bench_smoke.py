@@ -119,7 +119,7 @@ def test_search_speed_benchmark_small(postgres_server: RunPostgres) -> None:
     assert doc["semantic_form"] in ("hnsw", "exact-window")
     assert doc["generation"]["vectors"]["hnsw_index"] == (doc["semantic_form"] == "hnsw")
     assert "semantic_candidates" in doc["plan"]
-    assert "memory_embeddings_pkey" in doc["plan"]  # the signal, one probe per candidate
+    assert doc["indexes_used"]["memory_embeddings_pkey"]  # the signal, one probe per candidate
     assert doc["meaning"]["question"] and "semantic_candidates" in doc["meaning"]["plan"]
     assert doc["semantic_plans"]
     for explained in doc["semantic_plans"]:

@@ -87,4 +87,4 @@ class MemoryEmbedding(BaseModel):
     class Meta:
         schema = "ibex_memory"
         table_name = "memory_embeddings"
-        primary_key = CompositeKey("memory_id", "model")
+        primary_key = CompositeKey("memory_id", "model", "agent_id")

@@ -24,7 +24,7 @@ SNAPSHOT_QUERIES = (
     " FROM information_schema.triggers WHERE trigger_schema LIKE 'ibex%%' ORDER BY 1, 2, 4",
     "SELECT relname, relrowsecurity, relforcerowsecurity FROM pg_class c"
     " JOIN pg_namespace n ON n.oid = c.relnamespace"
-    " WHERE n.nspname LIKE 'ibex%%' AND c.relkind = 'r' ORDER BY 1",
+    " WHERE n.nspname LIKE 'ibex%%' AND c.relkind IN ('r', 'p') ORDER BY 1",
     "SELECT version, name, checksum FROM public.ibex_schema_migrations ORDER BY 1",
 )
 

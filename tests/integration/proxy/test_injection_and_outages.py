@@ -143,9 +143,7 @@ def test_with_the_database_down_the_call_answers_and_the_turn_lands_later_once(
     down = StageDeps(store=SessionStore(dead, bind_models=False), settings=settings)
     client = redis.Redis.from_url(redis_url)
     with redis_worker(down, redis_url):
-        wait_for(
-            lambda: client.hlen("dramatiq:chat_turns.DQ.msgs") >= 1, "a retry of the turn", 30
-        )
+        wait_for(lambda: client.hlen("dramatiq:chat_turns.DQ.msgs") >= 1, "a retry of the turn", 30)
         from actors.middleware import install_deps
 
         install_deps(StageDeps(store=store, settings=settings))  # the database is back
