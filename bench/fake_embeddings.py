@@ -16,23 +16,29 @@ Knobs, settable as attributes at runtime:
 
 Requests are counted (:attr:`FakeEmbeddings.requests`, and the texts in
 :attr:`FakeEmbeddings.texts`); :meth:`reset` clears them. ``GET /stats`` returns them as JSON,
-for processes other than the test's. Every request's headers are kept (the last 100) in
-:attr:`FakeEmbeddings.headers`.
+for processes other than the test's, and ``POST /reset`` clears them. Every request's headers
+are kept (the last 100) in :attr:`FakeEmbeddings.headers`.
 
 In-process::
 
     with FakeEmbeddings(dimension=32) as server:
         embedder = OpenAIEmbedder(server.base_url, "fake", 32)
+
+As a process (the pipeline benchmark's)::
+
+    python -m bench.fake_embeddings --port 8089 --dimension 256
 """
 
 from __future__ import annotations
 
+import argparse
 import hashlib
 import json
 import math
 import re
 import threading
 import time
+from collections.abc import Sequence
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from types import TracebackType
 from typing import Any
@@ -148,6 +154,10 @@ class FakeEmbeddings:
 
 def _handler_for(fake: FakeEmbeddings) -> type[BaseHTTPRequestHandler]:
     class Handler(BaseHTTPRequestHandler):
+        # Headers and body go out in two sends: without this the body waits for the
+        # client's delayed ACK (about 40 ms on Linux loopback).
+        disable_nagle_algorithm = True
+
         def log_message(self, format: str, *args: Any) -> None:
             return
 
@@ -168,6 +178,10 @@ def _handler_for(fake: FakeEmbeddings) -> type[BaseHTTPRequestHandler]:
         def do_POST(self) -> None:
             length = int(self.headers.get("Content-Length") or 0)
             raw = self.rfile.read(length)
+            if self.path == "/reset":
+                fake.reset()
+                self._send(200, {"requests": 0, "texts": 0})
+                return
             if self.path not in EMBEDDING_PATHS:
                 self._send(404, {"error": {"message": "not found"}})
                 return
@@ -184,3 +198,28 @@ def _handler_for(fake: FakeEmbeddings) -> type[BaseHTTPRequestHandler]:
                 return  # the client gave up (its timeout)
 
     return Handler
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        prog="python -m bench.fake_embeddings", description="A fake embeddings endpoint"
+    )
+    parser.add_argument("--host", default="127.0.0.1")
+    parser.add_argument("--port", type=int, required=True)
+    parser.add_argument("--dimension", type=int, default=256)
+    parser.add_argument("--latency-ms", type=int, default=0)
+    args = parser.parse_args(argv)
+    server = FakeEmbeddings(
+        dimension=args.dimension, latency_ms=args.latency_ms, host=args.host, port=args.port
+    ).start()
+    try:
+        while True:
+            time.sleep(3600)
+    except KeyboardInterrupt:
+        return 0
+    finally:
+        server.stop()
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

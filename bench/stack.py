@@ -192,6 +192,20 @@ def start_fake_llm(launcher: Launcher, *, latency_ms: float, memories: int) -> t
     return process, f"http://127.0.0.1:{port}/v1"
 
 
+def start_fake_embeddings(launcher: Launcher, *, dimension: int) -> tuple[Process, str]:
+    """The fake embeddings endpoint (:mod:`bench.fake_embeddings`) on a free port; returns
+    (process, EMBEDDINGS_BASE_URL). ``GET /stats`` counts its requests."""
+    port = free_port()
+    process = launcher.start(
+        "fake-embeddings",
+        [python(), "-m", "bench.fake_embeddings", "--port", str(port), "--dimension",
+         str(dimension)],
+        child_env({}),
+    )  # fmt: skip
+    wait_http(f"http://127.0.0.1:{port}/stats", launcher)
+    return process, f"http://127.0.0.1:{port}"
+
+
 def fake_llm_main(argv: Sequence[str]) -> int:
     """``python -m bench.fake_llm`` with TCP_NODELAY on its connections.
 

@@ -56,6 +56,10 @@ def test_pipeline_benchmark_tiny(
         assert run["llm_requests_per_turn"] == 1.0, side
         assert run["llm_max_calls_per_turn"] == 1, side
         assert run["http_requests_per_memory"] == 1.0, side
+        # The fake embeddings endpoint's own count: one request per turn, its memories in it.
+        assert run["embedding_requests_per_turn"] == 1.0, (side, run)
+        assert run["embedding_texts_per_turn"] == scenario["memories"], side
+        assert "fake_embeddings" in run["cpu_s_per_turn"]
         assert run["turns_per_s"] > 0 and run["memories_per_s"] > 0
         latency = run["latency_ms"]
         assert 0 < latency["done_p50"] <= latency["done_p95"]
@@ -127,7 +131,11 @@ def test_pipeline_benchmark_seeds_tiny(
     assert render_summary(doc) in markdown
     # The rows taken from the other scenarios read the same fields of their result.
     as_overhead = {**result, "scenario": {**scenario, "name": "overhead", "compare": "extract"}}
-    cpu, sql, redis = summary([as_overhead])
+    cpu, sql, redis, calls, embeddings = summary([as_overhead])
+    assert cpu["target"] == "<= 1.30x"
+    assert calls["value"] == result["pipeline"]["llm_calls_per_turn"] == 1.0
+    assert embeddings["value"] == result["pipeline"]["embedding_requests_per_turn"] == 1.0
+    assert embeddings["met"] is True
     assert cpu["value"] == ratios["cpu_per_turn_pipeline_over_baseline"]
     # Counted from the server log: the machine's Postgres and the embedded one both write it
     # where the benchmark reads it; only a server whose log cannot be read has no count.
