@@ -1,0 +1,144 @@
+"""Migration 000018: the near-duplicate check reads a band of one index, with 000014's answers.
+
+near_duplicate_of now reads only the scope's memories with the same digits and a trigram
+count that similarity allows; both are necessary conditions, so for any content it must name
+the memory a check of every row names. Checked here against that brute force over memories
+made to sit on either side of the threshold (one character changed, words added, digits
+changed, lengths at the band's edges), and the plan is checked to read the index.
+"""
+
+from __future__ import annotations
+
+import random
+import uuid
+from typing import Any
+
+import pytest
+
+from core.db import tenant
+from memory_service.canonical import content_hash
+from memory_service.memories.store import MemoryStore, NewMemory, WriteOutcome
+from tests.integration.memory_service.helpers import Tenant
+
+THRESHOLD = 0.9
+BASES = [
+    "The user is allergic to peanuts and carries an epinephrine pen.",
+    "The user moved to Lisbon in March and works as a nurse at the city hospital.",
+    "Dana plays the cello in a community orchestra on Thursday evenings.",
+    "The user's flight 417 leaves from gate 12 at 9:40.",
+]
+
+BRUTE_SQL = """
+SELECT m.id FROM ibex_memory.memories m
+ WHERE m.org_id = %(org)s AND m.agent_id = %(agent)s AND m.user_id IS NULL
+   AND m.deleted_at IS NULL AND m.superseded_by IS NULL
+   AND similarity(m.content, %(q)s) >= %(t)s AND m.content_hash <> %(hash)s
+   AND regexp_replace(m.content, '[^0-9]', '', 'g') = regexp_replace(%(q)s, '[^0-9]', '', 'g')
+ ORDER BY similarity(m.content, %(q)s) DESC, m.created_at, m.id LIMIT 1
+"""
+
+
+def variants(rng: random.Random, text: str) -> list[str]:
+    """Texts near ``text``: a character changed, dropped or doubled, a word added, a digit
+    changed, the text cut or grown by a few words."""
+    out = []
+    for _ in range(6):
+        i = rng.randrange(len(text))
+        out.append(text[:i] + rng.choice("xyz") + text[i + 1 :])
+        out.append(text[:i] + text[i + 1 :])
+        out.append(text[:i] + text[i] + text[i:])
+    words = text.split()
+    out.append(" ".join(words[:-1]))
+    out.append(" ".join(words[:-2]))
+    out.append(text + " Really.")
+    out.append(text.replace(".", " again."))
+    out.append(" ".join([*words[:3], "now", *words[3:]]))
+    out.append(text.replace("1", "2") if "1" in text else text + " 7")
+    return out
+
+
+def write(db: Any, tenant_: Tenant, content: str) -> uuid.UUID:
+    result = MemoryStore(db).create(  # no near-duplicate check: store every variant
+        tenant_.org_id,
+        NewMemory(
+            agent_id=tenant_.agent_id,
+            content=content,
+            content_hash=content_hash(content),
+            kind="fact",
+            metadata={},
+            session_id=None,
+            turn_index=None,
+            ordinal=None,
+            idempotency_key=None,
+            fingerprint="f" * 64,
+        ),
+    )
+    assert result.outcome is WriteOutcome.CREATED, content
+    assert result.row is not None
+    return result.row.id
+
+
+def test_the_check_names_the_memory_a_check_of_every_row_names(db: Any, acme: Tenant) -> None:
+    (has_trgm,) = db.execute_sql("SELECT to_regprocedure('show_trgm(text)') IS NOT NULL").fetchone()
+    if not has_trgm:
+        pytest.skip("pg_trgm is not installed: there is no near-duplicate check")
+    rng = random.Random(18)
+    stored = []
+    for base in BASES:
+        stored.append(base)
+        stored.extend(variants(rng, base)[::2])
+    stored = list({content_hash(c): c for c in stored}.values())  # one per normalised text
+    for content in stored:
+        write(db, acme, content)
+    queries = list(dict.fromkeys(q for base in BASES for q in variants(rng, base)))
+    found = 0
+    for query in queries:
+        params = {
+            "org": str(acme.org_id),
+            "agent": str(acme.agent_id),
+            "q": query,
+            "t": THRESHOLD,
+            "hash": content_hash(query),
+        }
+        brute = db.execute_sql(BRUTE_SQL, params).fetchone()
+        with tenant(db, acme.org_id):
+            (named,) = db.execute_sql(
+                "SELECT ibex_memory.near_duplicate_of(%s::uuid, NULL::uuid, %s, %s, %s, NULL)",
+                (str(acme.agent_id), query, content_hash(query), THRESHOLD),
+            ).fetchone()
+        expected = brute[0] if brute else None
+        assert (str(named) if named else None) == (str(expected) if expected else None), query
+        found += expected is not None
+    # The set has both kinds: contents with a near-duplicate and contents without one.
+    assert 0 < found < len(queries), (found, len(queries))
+
+
+def test_the_check_reads_the_band_of_its_index(db: Any, acme: Tenant) -> None:
+    (has_index,) = db.execute_sql(
+        "SELECT to_regclass('ibex_memory.idx_memories_near_duplicate') IS NOT NULL"
+    ).fetchone()
+    if not has_index:
+        pytest.skip("pg_trgm is not installed: there is no near-duplicate check")
+    for n in range(300):  # an agent with memories of many lengths and digits
+        write(db, acme, f"Memory number {n} says the user likes item {n % 7}" + " more" * (n % 9))
+    db.execute_sql("ANALYZE ibex_memory.memories")
+    query = "Memory number 12 says the user likes item 5 more more more"
+    with db.atomic():
+        db.execute_sql("SET LOCAL pg_trgm.similarity_threshold = 0.9")
+        plan = "\n".join(
+            r[0]
+            for r in db.execute_sql(
+                "EXPLAIN (ANALYZE) SELECT m.id FROM ibex_memory.memories m"
+                " WHERE m.org_id = %(org)s AND m.agent_id = %(agent)s"
+                "   AND COALESCE(m.user_id, '00000000-0000-0000-0000-000000000000'::uuid)"
+                "       = '00000000-0000-0000-0000-000000000000'::uuid"
+                "   AND m.deleted_at IS NULL AND m.superseded_by IS NULL"
+                "   AND regexp_replace(m.content, '[^0-9]', '', 'g')"
+                "       = regexp_replace(%(q)s, '[^0-9]', '', 'g')"
+                "   AND cardinality(show_trgm(m.content)) BETWEEN %(lo)s AND %(hi)s"
+                "   AND m.content %% %(q)s",
+                {"org": str(acme.org_id), "agent": str(acme.agent_id), "q": query,
+                 "lo": 40, "hi": 60},
+            ).fetchall()
+        )  # fmt: skip
+    assert "idx_memories_near_duplicate" in plan, plan
