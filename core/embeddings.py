@@ -90,6 +90,9 @@ class LocalEmbedder:
 
     model = LOCAL_MODEL
     dimension = LOCAL_DIMENSION
+    #: No network: the memory service embeds a new memory before its insert, in the request
+    #: (the vector then goes in with the row, one statement and one commit).
+    in_process = True
 
     def __init__(self) -> None:
         try:

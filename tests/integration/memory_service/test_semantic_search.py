@@ -183,3 +183,21 @@ def test_on_pgvector_the_semantic_branch_reads_the_hnsw_index(
     assert "idx_memory_embeddings_hnsw_256" in plan, plan
     hits = search(http, acme, "which nuts make her sick?")["items"]
     assert hits and hits[0]["content"] == "Dana is allergic to peanuts."
+
+
+def test_with_the_local_model_a_write_stores_its_vector_with_the_row(
+    http: httpx.Client, acme: Tenant, db: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The in-process model embeds before the insert: the vector is in the same statement, so
+    the after-commit store (a second statement and commit) is never called."""
+    from memory_service.memories.store import EmbeddingStore
+
+    calls: list[Any] = []
+    monkeypatch.setattr(EmbeddingStore, "put", lambda self, *a, **k: calls.append(a) or 1)
+    memory_id = write(http, acme, "The user keeps bees on the roof.")
+    rows = db.execute_sql(
+        "SELECT model, dimension FROM ibex_memory.memory_embeddings WHERE memory_id = %s",
+        (memory_id,),
+    ).fetchall()
+    assert rows == [("local:wordllama-l2_supercat-256", 256)]
+    assert calls == []

@@ -137,7 +137,7 @@ def test_the_migration_moves_000016s_vectors_into_the_partitions(database_at_000
     finally:
         db.close()
 
-    assert migrate(database_at_000016) == ["000017_vector_partitions.sql"]
+    assert migrate(database_at_000016)[0] == "000017_vector_partitions.sql"
 
     db = make_database(database_at_000016)
     try:
