@@ -11,17 +11,30 @@
 --     similarity >= t needs t * |A| <= |B| <= |A| / t.
 -- Both are necessary, so the answers are those of 000014 exactly; only fewer rows are read.
 --
---   idx_memories_near_duplicate   (org, agent, user, digits, trigram count) of the current
---                                 memories; made only where pg_trgm is installed (without it
---                                 there is no near-duplicate check)
+--   ibex_memory.near_duplicate_key the scope (org, agent, user) and the digits, as one text
+--   idx_memories_near_duplicate   (that key, trigram count) of the current memories; made only
+--                                 where pg_trgm is installed (without it there is no
+--                                 near-duplicate check)
 --   ibex_memory.near_duplicate_of 000014's function, reading through that index
+
+-- The scope and the digits are one text key, so that no other index of the table can serve
+-- the lookup (each of them leads with org_id, and a statement that named org_id as such let
+-- the planner take one of them when its statistics were stale, and read the whole agent).
+CREATE FUNCTION ibex_memory.near_duplicate_key(
+    p_org_id uuid, p_agent_id uuid, p_user_id uuid, p_content text)
+RETURNS text
+LANGUAGE sql IMMUTABLE PARALLEL SAFE
+SET search_path = pg_catalog
+RETURN p_org_id::text || '/' || p_agent_id::text || '/' || COALESCE(p_user_id::text, '')
+       || '/' || regexp_replace(p_content, '[^0-9]', '', 'g');
+REVOKE ALL ON FUNCTION ibex_memory.near_duplicate_key(uuid, uuid, uuid, text) FROM PUBLIC;
+GRANT EXECUTE ON FUNCTION ibex_memory.near_duplicate_key(uuid, uuid, uuid, text) TO ibex_app;
 
 DO $$
 BEGIN
     IF to_regprocedure('show_trgm(text)') IS NOT NULL THEN
         CREATE INDEX idx_memories_near_duplicate ON ibex_memory.memories (
-            org_id, agent_id, COALESCE(user_id, '00000000-0000-0000-0000-000000000000'::uuid),
-            (regexp_replace(content, '[^0-9]', '', 'g')),
+            (ibex_memory.near_duplicate_key(org_id, agent_id, user_id, content)),
             (cardinality(show_trgm(content))))
         WHERE deleted_at IS NULL AND superseded_by IS NULL;
     END IF;
@@ -47,16 +60,15 @@ BEGIN
     PERFORM set_config('pg_trgm.similarity_threshold', p_threshold::text, true);
     EXECUTE 'SELECT cardinality(show_trgm($1))' INTO v_trigrams USING p_content;
     -- The band, widened by one trigram each way against float rounding (the similarity
-    -- test below decides).
+    -- test decides). The scope is tested again as such (IS TRUE: not an index condition).
     EXECUTE
         'SELECT m.id FROM ibex_memory.memories m'
-        ' WHERE m.org_id = $1 AND m.agent_id = $2'
-        '   AND COALESCE(m.user_id, ''00000000-0000-0000-0000-000000000000''::uuid)'
-        '       = COALESCE($3, ''00000000-0000-0000-0000-000000000000''::uuid)'
-        '   AND m.deleted_at IS NULL AND m.superseded_by IS NULL'
-        '   AND regexp_replace(m.content, ''[^0-9]'', '''', ''g'')'
-        '       = regexp_replace($4, ''[^0-9]'', '''', ''g'')'
+        ' WHERE ibex_memory.near_duplicate_key(m.org_id, m.agent_id, m.user_id, m.content)'
+        '       = ibex_memory.near_duplicate_key($1, $2, $3, $4)'
         '   AND cardinality(show_trgm(m.content)) BETWEEN $7 AND $8'
+        '   AND m.deleted_at IS NULL AND m.superseded_by IS NULL'
+        '   AND (m.org_id = $1 AND m.agent_id = $2'
+        '        AND m.user_id IS NOT DISTINCT FROM $3) IS TRUE'
         '   AND m.content % $4 AND m.content_hash <> $5'
         '   AND NOT (m.id = ANY($6))'
         ' ORDER BY similarity(m.content, $4) DESC, m.created_at, m.id LIMIT 1'

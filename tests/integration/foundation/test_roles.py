@@ -125,6 +125,8 @@ SEARCH = {
 CHANGE = {
     "ibex_memory.near_duplicate_of(uuid,uuid,text,text,real,uuid[])",
     "ibex_memory.memory_history(uuid)",
+    # The lookup's index key (000018): the scope and the content's digits, as text.
+    "ibex_memory.near_duplicate_key(uuid,uuid,uuid,text)",
 }
 
 #: Semantic search (000016): storing vectors (create_memory's step, the backfill's batch),
