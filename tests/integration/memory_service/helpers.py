@@ -7,7 +7,9 @@ from dataclasses import dataclass
 from typing import Any
 
 from core.db import tenant
+from memory_service.canonical import content_hash
 from memory_service.idempotency import FINGERPRINT_BYTES, record_key
+from memory_service.memories.store import NewMemory
 from memory_service.tokens.store import TokenStore
 
 BASE_URL = "http://memory.test"
@@ -82,6 +84,26 @@ def memory_body(agent_id: uuid.UUID, content: str = "Dana is allergic to peanuts
     }
     body.update(extra)
     return body
+
+
+def new_fact(agent_id: uuid.UUID, content: str, **fields: Any) -> NewMemory:
+    """A store-level write of a fact with no source, key or metadata; ``fields`` override any
+    other field (a user, a vector and its model, ...)."""
+    return NewMemory(
+        **{
+            "agent_id": agent_id,
+            "content": content,
+            "content_hash": content_hash(content),
+            "kind": "fact",
+            "metadata": {},
+            "session_id": None,
+            "turn_index": None,
+            "ordinal": None,
+            "idempotency_key": None,
+            "fingerprint": "f" * 64,
+            **fields,
+        }
+    )
 
 
 def memory_count(db: Any, org_id: uuid.UUID | None = None) -> int:

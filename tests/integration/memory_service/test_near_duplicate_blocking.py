@@ -17,8 +17,8 @@ import pytest
 
 from core.db import tenant
 from memory_service.canonical import content_hash
-from memory_service.memories.store import MemoryStore, NewMemory, WriteOutcome
-from tests.integration.memory_service.helpers import Tenant
+from memory_service.memories.store import MemoryStore, WriteOutcome
+from tests.integration.memory_service.helpers import Tenant, new_fact
 
 THRESHOLD = 0.9
 BASES = [
@@ -58,21 +58,8 @@ def variants(rng: random.Random, text: str) -> list[str]:
 
 
 def write(db: Any, tenant_: Tenant, content: str) -> uuid.UUID:
-    result = MemoryStore(db).create(  # no near-duplicate check: store every variant
-        tenant_.org_id,
-        NewMemory(
-            agent_id=tenant_.agent_id,
-            content=content,
-            content_hash=content_hash(content),
-            kind="fact",
-            metadata={},
-            session_id=None,
-            turn_index=None,
-            ordinal=None,
-            idempotency_key=None,
-            fingerprint="f" * 64,
-        ),
-    )
+    # No near-duplicate check: every variant is stored.
+    result = MemoryStore(db).create(tenant_.org_id, new_fact(tenant_.agent_id, content))
     assert result.outcome is WriteOutcome.CREATED, content
     assert result.row is not None
     return result.row.id

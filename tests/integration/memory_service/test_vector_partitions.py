@@ -22,10 +22,9 @@ import pytest
 
 from core.db import make_database, tenant
 from core.migrate import load_migrations, migrate
-from memory_service.canonical import content_hash
 from memory_service.memories.store import EmbeddingStore, MemoryStore, NewMemory, WriteOutcome
 from models.store import SessionStore
-from tests.integration.memory_service.helpers import Tenant
+from tests.integration.memory_service.helpers import Tenant, new_fact
 from tests.servers import RunPostgres
 
 MODEL = "test:partitions"
@@ -50,20 +49,9 @@ def axis(i: int, dimension: int = DIMENSION) -> list[float]:
 
 
 def new_memory(agent_id: uuid.UUID, content: str, vector: list[float] | None) -> NewMemory:
-    return NewMemory(
-        agent_id=agent_id,
-        content=content,
-        content_hash=content_hash(content),
-        kind="fact",
-        metadata={},
-        session_id=None,
-        turn_index=None,
-        ordinal=None,
-        idempotency_key=None,
-        fingerprint="f" * 64,
-        embedding_model=MODEL if vector else None,
-        embedding=tuple(vector) if vector else None,
-    )
+    if vector is None:
+        return new_fact(agent_id, content)
+    return new_fact(agent_id, content, embedding_model=MODEL, embedding=tuple(vector))
 
 
 def test_vectors_are_partitioned_by_agent_and_a_read_naming_the_agent_reads_one_partition(
