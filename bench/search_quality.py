@@ -370,7 +370,7 @@ def _check_with_postgres(db: Any, dataset: Sequence[Labelled]) -> int:
 def run(args: argparse.Namespace) -> dict[str, Any]:
     from core.db import make_database
     from memory_service.canonical import content_hash
-    from memory_service.memories.store import MemoryStore, NewMemory
+    from memory_service.memories.store import EmbeddingStore, MemoryStore, NewMemory
     from memory_service.search.store import SearchStore, SemanticQuery
     from models.store import SessionStore
 
@@ -390,6 +390,9 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         pairs_checked = _check_with_postgres(db, dataset)
         sessions = SessionStore(db)
         memories = MemoryStore(db)
+        if embedder is not None:
+            # As the memory service does at start: vectors are stored for a registered model.
+            EmbeddingStore(db).register(embedder.model, embedder.dimension)
         org_id = sessions.ensure_org("quality")
         stored: list[tuple[Any, list[Any], list[list[float]]]] = []
         for agent in dataset:

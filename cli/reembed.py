@@ -71,7 +71,7 @@ def run(args: argparse.Namespace, settings: Settings) -> int:
     per_org: list[dict[str, Any]] = []
     try:
         embeddings = EmbeddingStore(db)
-        embeddings.check_dimension(embedder.model, embedder.dimension)
+        embeddings.register(embedder.model, embedder.dimension)
         indexed = embeddings.ensure_index(embedder.dimension)
         orgs = _orgs(db, args.org)
         if orgs is None:
