@@ -76,7 +76,9 @@ def sse_content(text: str) -> str:
 def test_a_call_without_the_headers_is_passed_through_and_not_recorded(
     proxy_server: ProxyServer, upstream: Any, store: Any, worker: Any
 ) -> None:
-    answer = chat(proxy_server, [SYSTEM, {"role": "user", "content": "hi"}], {})
+    # The caller's own Authorization: passed through (the operator's key is not spent).
+    own_key = {"Authorization": "Bearer sk-callers-own"}
+    answer = chat(proxy_server, [SYSTEM, {"role": "user", "content": "hi"}], own_key)
     assert answer.status_code == 200
     assert answer.json()["choices"][0]["message"]["content"] == REPLY
     proxy_server.settle()
