@@ -59,6 +59,8 @@ from proxy.conversation import assistant_message, request_hash
 from proxy.injection import Injector, memory_tokens, with_block
 from proxy.recording import DramatiqSpool, Recording, Spool, spool_message
 from proxy.streaming import StreamAssembler
+from schema import describe_errors
+from schema.common import may_hold_unstorable, unstorable
 
 log = logging.getLogger(__name__)
 
@@ -200,6 +202,14 @@ class ChatProxy:
             return _error(400, "INVALID_HEADER", "X-IBEX-Memory-Tokens must be a positive integer")
         if inject and agent is None:
             return _error(400, "AGENT_REQUIRED", "X-IBEX-Memory: inject needs X-IBEX-Agent")
+        if (records or inject) and may_hold_unstorable(raw.decode("utf-8", "replace")):
+            problems = unstorable(body)
+            if problems is not None:
+                # Recorded turns and the injection's query reach Postgres, which cannot store
+                # NUL or a lone surrogate: refused before anything is forwarded.
+                return _error(
+                    422, "VALIDATION_FAILED", f"invalid request: {describe_errors(problems)}"
+                )
         recording: Recording | None = None
         token = (headers.get("x-ibex-token") or "").strip()
         # Without the caller's own Authorization the operator's upstream key is spent: only

@@ -66,10 +66,12 @@ ORG_SCOPES = [
     "sessions:write",
     "users:delete",
 ]
-ALLERGENS = (
-    "shellfish peanuts walnuts sesame mustard celery lupin kiwi mango latex penicillin pollen"
-    " soy gluten dairy eggs oats quinoa lentils cashews almonds pecans hazelnuts pistachios"
-).split()
+#: One word per turn, so every memory's content is unique.
+ALLERGENS = [
+    *("shellfish", "peanuts", "walnuts", "sesame", "mustard", "celery", "lupin", "kiwi"),
+    *("mango", "latex", "penicillin", "pollen", "soy", "gluten", "dairy", "eggs", "oats"),
+    *("quinoa", "lentils", "cashews", "almonds", "pecans", "hazelnuts", "pistachios"),
+]
 
 
 @pytest.fixture
@@ -378,9 +380,9 @@ class Boundary(RuleBasedStateMachine):
 
     def _injected(self, token: str, who: dict[str, Any], by_content: dict[str, str]) -> set[str]:
         """The chat path's block for a question, as the proxy builds it for this token."""
-        from proxy.injection import Injector
-        from core.embeddings import QueryCache, embedder_from_settings
         from core.config import Settings
+        from core.embeddings import QueryCache, embedder_from_settings
+        from proxy.injection import Injector
 
         bound = next((self.user_ids[u] for u, t in self.bound.items() if t == token), None)
         embedder = embedder_from_settings(Settings.from_env({"EMBEDDINGS_PROVIDER": "local"}))
@@ -415,9 +417,7 @@ class Boundary(RuleBasedStateMachine):
                 assert not hits.is_error, hits
                 data = hits.structured_content or json.loads(hits.content[0].text)
                 recalled |= {h["memory"]["id"] for h in data["hits"]}
-                block = await client.call_tool(
-                    "context", {"query": question, "max_tokens": 2000}
-                )
+                block = await client.call_tool("context", {"query": question, "max_tokens": 2000})
                 assert not block.is_error, block
                 data = block.structured_content or json.loads(block.content[0].text)
                 packed |= _in_text(data["context"], by_content)

@@ -129,9 +129,8 @@ def test_an_external_id_opens_a_bound_tokens_own_session_whoever_else_uses_it(
     http, token = people.http, auth(people.alice_token)
     answers = []
     for external_id in ("bob-conv", "shared-conv", f"unused-{uuid.uuid4().hex[:8]}"):
-        opened = http.post(
-            "/v1/sessions", json={"agent_id": people.agent, "external_id": external_id}, headers=token
-        )
+        body = {"agent_id": people.agent, "external_id": external_id}
+        opened = http.post("/v1/sessions", json=body, headers=token)
         body = opened.json()
         answers.append((opened.status_code, body["user_id"], body["turn_count"], body["status"]))
         assert body["id"] not in (people.bob_session, people.shared_session)

@@ -104,16 +104,20 @@ def test_a_dead_lettered_and_a_retried_chat_turn_leave_no_text_in_any_log(
     with Launcher(tmp_path, cwd=ROOT) as launcher:
         launcher.start_procfile("worker", _worker_env(database_url, redis_url), log=log)
         wait_for(
-            lambda: db.execute_sql(
-                "SELECT count(*) FROM ibex_core.dead_letters WHERE actor_name = 'record_chat_turn'"
-            ).fetchone()[0]
-            == 1,
+            lambda: (
+                db.execute_sql(
+                    "SELECT count(*) FROM ibex_core.dead_letters WHERE actor_name = 'record_chat_turn'"
+                ).fetchone()[0]
+                == 1
+            ),
             "the dead letter",
             60,
         )
         wait_for(
-            lambda: store.find_session(acme.org_id, agent_id, "waiting-conv") is not None
-            and store.find_session(acme.org_id, agent_id, "waiting-conv").turn_count == 1,
+            lambda: (
+                store.find_session(acme.org_id, agent_id, "waiting-conv") is not None
+                and store.find_session(acme.org_id, agent_id, "waiting-conv").turn_count == 1
+            ),
             "the retried turn stored",
             60,
         )
