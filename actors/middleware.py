@@ -110,7 +110,7 @@ def build_worker_deps(settings: Settings) -> StageDeps:
         settings.memory_service_token,
         timeout=float(settings.http_timeout_seconds),
     )
-    from core.embeddings import embedder_from_settings
+    from embeddings import embedder_from_settings
     from extraction.metrics import PipelineMetrics, PrometheusMetrics
     from memory_service.memories.store import EmbeddingStore
 

@@ -377,7 +377,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     dataset = labelled_set(args.agents, args.paraphrase_agents, args.seed)
     embedder = None
     if args.embeddings == "local":
-        from core.embeddings import embedder_from_env
+        from embeddings import embedder_from_env
 
         embedder = embedder_from_env({"EMBEDDINGS_PROVIDER": "local"})
         if embedder is None:  # pragma: no cover - local always gives one

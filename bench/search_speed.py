@@ -154,7 +154,7 @@ def _latency(timings: Sequence[float]) -> dict[str, float]:
 def _local_embedder(args: argparse.Namespace) -> Any:
     if args.embeddings != "local":
         return None
-    from core.embeddings import embedder_from_env
+    from embeddings import embedder_from_env
 
     return embedder_from_env({"EMBEDDINGS_PROVIDER": "local"})
 
@@ -329,7 +329,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         raise BenchError("need at least one agent and one memory per agent")
     if args.server == "system":
         return _run(args, args.database_url)
-    from core.embedded import EmbeddedPostgres
+    from cli.stack.embedded import EmbeddedPostgres
 
     # The embedded PostgreSQL 18 with pgvector, its data kept in --data-folder (so --reuse
     # finds the data set again), stopped at the end.

@@ -1,6 +1,6 @@
 """``ibex up``: the whole stack on this machine for development, until Ctrl-C.
 
-Postgres and Redis are the embedded servers of :mod:`core.embedded` (the ``embedded`` extra,
+Postgres and Redis are the embedded servers of :mod:`cli.stack.embedded` (the ``embedded`` extra,
 data under ``~/.ibex/up`` or ``--data-dir``) unless ``DATABASE_URL`` / ``REDIS_URL`` are set.
 The migrations are applied; an org ``dev`` and two tokens are made on the first start (a
 service token for the worker, with ``memory:write`` only, and an org token with every scope
@@ -109,12 +109,12 @@ def _interrupt(signum: int, frame: Any) -> None:
 
 
 def _up(args: argparse.Namespace, settings: Settings) -> int:
+    from cli.stack.embedded import EmbeddedPostgres, EmbeddedRedis
+    from cli.stack.processes import ROOT, Launcher, ProcessError
     from core.config import child_environment
     from core.db import make_database
-    from core.embedded import EmbeddedPostgres, EmbeddedRedis
     from core.errors import ConfigError
     from core.migrate import migrate
-    from core.processes import ROOT, Launcher, ProcessError
     from memory_service.tokens.store import TokenStore
 
     folder = Path(args.data_dir).expanduser() if args.data_dir else default_folder()

@@ -26,8 +26,8 @@ from redis.retry import Retry
 
 from core.config import Settings
 from core.db import make_pool as db_pool
-from core.embeddings import Embedder, QueryCache, embedder_from_settings
 from core.errors import DatabaseUnavailableError
+from embeddings import Embedder, QueryCache, embedder_from_settings
 from memory_service import docs_page, errors
 from memory_service.agents import AgentResolver, AgentResource
 from memory_service.auth import Authenticator

@@ -49,8 +49,8 @@ from starlette.routing import Route
 from starlette.types import Receive, Scope, Send
 
 from core.config import Settings
-from core.embeddings import QueryCache, embedder_from_settings
 from core.errors import ConfigError, DatabaseUnavailableError
+from embeddings import QueryCache, embedder_from_settings
 from memory_service.auth import Authenticator, AuthError, Principal, require_scope, resolve_org
 from memory_service.search.context import estimate_tokens
 from memory_service.tokens.store import TokenStore, hash_token

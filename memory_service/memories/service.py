@@ -40,8 +40,8 @@ from typing import Any, TypeAlias
 
 from marshmallow import ValidationError
 
-from core.embeddings import Embedder
 from core.errors import ConfigError, DatabaseUnavailableError, EmbeddingsUnavailable
+from embeddings import Embedder
 from memory_service.auth import Principal
 from memory_service.canonical import canonical_request, content_hash, fingerprint_digest
 from memory_service.domain_errors import MemoryNotFoundError

@@ -13,7 +13,7 @@ from typing import Any
 import httpx
 import pytest
 
-from core.processes import ROOT, Launcher, free_port
+from cli.stack.processes import ROOT, Launcher, free_port
 from tests.integration.mcp_tools.conftest import (
     Agent,
     Connect,

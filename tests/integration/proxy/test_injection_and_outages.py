@@ -13,9 +13,9 @@ import openai
 import pytest
 import redis
 
+from cli.stack.processes import free_port
 from core.config import Settings
 from core.db import tenant
-from core.processes import free_port
 from extraction.prompt import render_turn
 from extraction.stages import StageDeps
 from memory_service.app import create_app as create_memory_app

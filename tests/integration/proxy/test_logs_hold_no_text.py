@@ -24,7 +24,7 @@ from typing import Any
 import httpx
 import pytest
 
-from core.processes import ROOT, Launcher
+from cli.stack.processes import ROOT, Launcher
 from tests.integration.proxy.conftest import Org, ProxyServer, wait_for
 
 pytestmark = [pytest.mark.slow]
@@ -106,7 +106,8 @@ def test_a_dead_lettered_and_a_retried_chat_turn_leave_no_text_in_any_log(
         wait_for(
             lambda: (
                 db.execute_sql(
-                    "SELECT count(*) FROM ibex_core.dead_letters WHERE actor_name = 'record_chat_turn'"
+                    "SELECT count(*) FROM ibex_core.dead_letters"
+                    " WHERE actor_name = 'record_chat_turn'"
                 ).fetchone()[0]
                 == 1
             ),
