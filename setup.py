@@ -14,6 +14,8 @@ SERVER_PACKAGES = (
     "embeddings",
     "models",
     "schema",
+    "sessions",
+    "memories",
     "actors",
     "extraction",
     "memory_service",

@@ -47,8 +47,8 @@ from extraction.deadletter_rows import DeadLetterRecord
 from extraction.dispatch import ROUTES
 from extraction.stages import StageDeps
 from extraction.values import TurnRef
-from models.store import SessionStore
 from schema.messages import ActorName
+from sessions.store import SessionStore
 
 log = logging.getLogger(__name__)
 
@@ -112,7 +112,7 @@ def build_worker_deps(settings: Settings) -> StageDeps:
     )
     from embeddings import embedder_from_settings
     from extraction.metrics import PipelineMetrics, PrometheusMetrics
-    from memory_service.memories.store import EmbeddingStore
+    from memories.store import EmbeddingStore
 
     embedder = embedder_from_settings(settings)
     if embedder is not None:

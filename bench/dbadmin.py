@@ -83,7 +83,7 @@ def recreate_database(url: str) -> None:
 def create_service_token(url: str) -> str:
     """A service token (read and write, any org) for the memory service; printed nowhere."""
     from core.db import make_database
-    from memory_service.tokens.store import TokenStore
+    from memories.tokens import TokenStore
     from models import bind
 
     db = bind(make_database(url))

@@ -66,8 +66,8 @@ from bench.stack import (
 )
 from cli.stack.processes import ROOT, Launcher, Process, Procfile, free_port
 from core.db import make_database
-from memory_service.tokens.store import TokenStore
-from models.store import SessionStore
+from memories.tokens import TokenStore
+from sessions.store import SessionStore
 
 MAX_SECONDS = 60
 

@@ -10,7 +10,7 @@ written the same way). Slots are chosen so that no memory of one slot answers an
 question.
 
 :func:`shared_words` is the check: lower-cased letter-and-digit words, stop words (the search's
-own list, :data:`memory_service.search.store.STOP_WORDS`) left out, a light stemmer
+own list, :data:`memories.search.store.STOP_WORDS`) left out, a light stemmer
 (:func:`stem`), and two words count as shared when their stems are equal or, both at least 4
 letters long, one begins with the other ("allerg" and "allergic", "react" and "reaction"). It
 is stricter than the Postgres english stemmer, which the quality bench checks as well against
@@ -26,7 +26,7 @@ import re
 from dataclasses import dataclass, field
 
 from bench import BenchError
-from memory_service.search.store import STOP_WORDS
+from memories.search.store import STOP_WORDS
 
 SLOTS_PER_AGENT = 22
 QUESTIONS_PER_AGENT = 12

@@ -4,7 +4,7 @@
 
 For each scenario, on one freshly generated data set, in one run:
 
-1. the sessions are imported through :func:`models.importer.import_lines` (the ``ibex import``
+1. the sessions are imported through :func:`sessions.importer.import_lines` (the ``ibex import``
    code path) into a freshly created and migrated benchmark database;
 2. **pipeline**: real ``dramatiq actors`` worker processes (``--processes P --threads T``), the
    memory service under gunicorn, the fake OpenAI-compatible LLM (``bench.fake_llm``) as
@@ -227,8 +227,8 @@ def import_sessions(url: str, scenario: Scenario) -> float:
     """Import the scenario's sessions with the ``ibex import`` code path; returns seconds."""
     from core.db import make_database
     from models import bind
-    from models.importer import import_lines
-    from models.store import SessionStore
+    from sessions.importer import import_lines
+    from sessions.store import SessionStore
 
     db = bind(make_database(url))
     started = time.monotonic()
@@ -778,7 +778,7 @@ def run_scenario(stack: Stack, scenario: Scenario) -> dict[str, Any]:
     return {
         "scenario": asdict(scenario),
         "import_s": round(import_s, 2),
-        "import_method": "models.importer.import_lines (the ibex import code path)",
+        "import_method": "sessions.importer.import_lines (the ibex import code path)",
         "load_average_before": load_before,
         "load_average_after": load_average(),
         "pipeline": pipeline,

@@ -49,9 +49,9 @@ BODY = {
 
 def _token(url: str) -> str:
     from core.db import make_database
-    from memory_service.tokens.store import TokenStore
+    from memories.tokens import TokenStore
     from models import bind
-    from models.store import SessionStore
+    from sessions.store import SessionStore
 
     db = bind(make_database(url))
     try:

@@ -157,7 +157,7 @@ def scan_once(url: str, redis_url: str, args: argparse.Namespace) -> dict[str, A
     from core.config import Settings
     from core.db import make_database
     from extraction.stages import StageDeps, scan
-    from models.store import SessionStore
+    from sessions.store import SessionStore
 
     settings = Settings.from_env(
         {

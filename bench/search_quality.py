@@ -276,7 +276,7 @@ def cosine_rank(memory_vectors: Sequence[Sequence[float]], query: Sequence[float
 
 @dataclass(frozen=True)
 class Fusion:
-    """The search store's fusion constants (``memory_service.search.store``)."""
+    """The search store's fusion constants (``memories.search.store``)."""
 
     weight: float
     floor: float
@@ -302,14 +302,14 @@ class Fusion:
 
 
 def _current_fusion() -> Fusion:
-    from memory_service.search import store
+    from memories.search import store
 
     return Fusion(store.SEMANTIC_WEIGHT, store.SEMANTIC_FLOOR, store.SEMANTIC_ENTRY_FLOOR)
 
 
 def _set_fusion(fusion: Fusion) -> None:
     """The store reads its fusion constants at each call (``_prepare``)."""
-    from memory_service.search import store
+    from memories.search import store
 
     store.SEMANTIC_WEIGHT = fusion.weight
     store.SEMANTIC_FLOOR = fusion.floor
@@ -369,10 +369,10 @@ def _check_with_postgres(db: Any, dataset: Sequence[Labelled]) -> int:
 
 def run(args: argparse.Namespace) -> dict[str, Any]:
     from core.db import make_database
-    from memory_service.canonical import content_hash
-    from memory_service.memories.store import EmbeddingStore, MemoryStore, NewMemory
-    from memory_service.search.store import SearchStore, SemanticQuery
-    from models.store import SessionStore
+    from memories.canonical import content_hash
+    from memories.search.store import SearchStore, SemanticQuery
+    from memories.store import EmbeddingStore, MemoryStore, NewMemory
+    from sessions.store import SessionStore
 
     dataset = labelled_set(args.agents, args.paraphrase_agents, args.seed)
     embedder = None

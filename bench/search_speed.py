@@ -162,7 +162,7 @@ def _local_embedder(args: argparse.Namespace) -> Any:
 def generate(url: str, args: argparse.Namespace, embedder: Any) -> dict[str, Any]:
     from bench import vectors
     from core.db import make_database
-    from models.store import SessionStore
+    from sessions.store import SessionStore
 
     want_vectors = args.memories if embedder is not None else 0
     if args.reuse:
@@ -288,7 +288,7 @@ def explain_semantic(
 ) -> str:
     """``EXPLAIN (ANALYZE, BUFFERS)`` of the semantic branch's statement, as its owner runs it
     (with the settings it sets for the HNSW form)."""
-    from memory_service.search import store
+    from memories.search import store
 
     params = {
         "org_id": str(org_id),
@@ -343,7 +343,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
 
 def _run(args: argparse.Namespace, url: str) -> dict[str, Any]:
     from core.db import make_database
-    from memory_service.search.store import SearchStore, SemanticQuery
+    from memories.search.store import SearchStore, SemanticQuery
 
     embedder = _local_embedder(args)
     generation = generate(url, args, embedder)

@@ -130,10 +130,10 @@ def run_demo(args: argparse.Namespace, settings: Settings) -> int:
 def _run_demo(args: argparse.Namespace, settings: Settings) -> int:
     from core.db import make_database
     from core.migrate import migrate
-    from memory_service.tokens.store import TokenStore
+    from memories.tokens import TokenStore
     from models import bind
-    from models.importer import import_lines
-    from models.store import SessionStore
+    from sessions.importer import import_lines
+    from sessions.store import SessionStore
 
     started = time.monotonic()
     with _stack(args, settings) as stack:

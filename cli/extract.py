@@ -127,7 +127,7 @@ def run(args: argparse.Namespace, settings: Settings) -> int:
     from extraction.memory_client import MemoryClient
     from extraction.providers import make_provider
     from extraction.stages import StageDeps, scan
-    from models.store import SessionStore
+    from sessions.store import SessionStore
 
     # Fail closed: no database, no extraction (the ConfigError names DATABASE_URL).
     store = SessionStore.from_url(settings.require_database_url())

@@ -33,8 +33,8 @@ def run(args: argparse.Namespace, settings: Settings) -> int:
     import json
 
     from cli.progress import Progress
-    from models.importer import MAX_LINE_BYTES, ImportStopped, import_lines, read_lines
-    from models.store import SessionStore
+    from sessions.importer import MAX_LINE_BYTES, ImportStopped, import_lines, read_lines
+    from sessions.store import SessionStore
 
     store = SessionStore.from_url(settings.require_database_url())
     if args.file == "-":

@@ -9,7 +9,7 @@ new turns. The memories, checkpoints and payloads are kept. Deletes in short bat
 
 ``ibex prune --deleted-older-than 30d`` erases what was soft-deleted longer ago than the age:
 sessions with their checkpoints, payload archive, extraction state, memories and dead
-letters; deleted memories; forgotten users with their tokens (:mod:`models.erasure`). Either
+letters; deleted memories; forgotten users with their tokens (:mod:`cli.erasure`). Either
 flag, or both (the done turns first).
 """
 
@@ -87,9 +87,9 @@ def run(args: argparse.Namespace, settings: Settings) -> int:
 
 
 def _erase_deleted(args: argparse.Namespace, settings: Settings) -> int:
+    from cli.erasure import Erasure
     from cli.progress import Progress
     from cli.status import database
-    from models.erasure import Erasure
 
     cutoff = dt.datetime.now(dt.UTC) - args.deleted_older_than
     erasure = Erasure(database(settings))

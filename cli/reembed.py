@@ -52,9 +52,9 @@ def run(args: argparse.Namespace, settings: Settings) -> int:
     from core.db import make_database
     from core.errors import EmbeddingsUnavailable
     from embeddings import embedder_from_settings
-    from memory_service.memories.service import BackfillReport, backfill
-    from memory_service.memories.store import EmbeddingStore
-    from memory_service.search.store import SearchStore
+    from memories.search.store import SearchStore
+    from memories.service import BackfillReport, backfill
+    from memories.store import EmbeddingStore
 
     if args.agent is not None and args.org is None:
         return _fail("--agent needs --org")
@@ -151,7 +151,7 @@ def run(args: argparse.Namespace, settings: Settings) -> int:
 
 def _orgs(db: Any, slug: str | None) -> list[tuple[uuid.UUID, str]] | None:
     """The orgs to embed: the one named, or all; None when the named one does not exist."""
-    from models.store import SessionStore
+    from sessions.store import SessionStore
 
     if slug is not None:
         org_id = SessionStore(db, bind_models=False).find_org(slug)

@@ -23,7 +23,7 @@ def add_parser(sub: Any) -> None:
 
 def run(args: argparse.Namespace, settings: Settings) -> int:
     from extraction.stages import StageDeps, scan
-    from models.store import SessionStore
+    from sessions.store import SessionStore
 
     store = SessionStore.from_url(settings.require_database_url())
     session_id = resolve_session(store, args)

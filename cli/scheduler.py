@@ -30,7 +30,7 @@ def add_parser(sub: Any) -> None:
 
 def run(args: argparse.Namespace, settings: Settings) -> int:
     from actors import scan_sessions
-    from models.session_status import close_idle_sessions
+    from sessions.status import close_idle_sessions
 
     stop = threading.Event()
 
@@ -93,9 +93,9 @@ PRUNE_EVERY_SECONDS = 3600
 
 def prune_hourly(settings: Settings, stop: threading.Event) -> None:
     """Prune once now, then every :data:`PRUNE_EVERY_SECONDS`, until ``stop`` is set."""
+    from cli.erasure import Erasure
     from cli.status import database
     from extraction.turns import TurnStore
-    from models.erasure import Erasure
 
     db = None
     while not stop.is_set():
@@ -136,8 +136,8 @@ def backfill_rounds(settings: Settings, stop: threading.Event) -> None:
     from cli.reembed import _orgs
     from cli.status import database
     from embeddings import embedder_from_settings
-    from memory_service.memories.service import backfill
-    from memory_service.memories.store import EmbeddingStore
+    from memories.service import backfill
+    from memories.store import EmbeddingStore
 
     embedder = embedder_from_settings(settings)
     if embedder is None:

@@ -72,10 +72,10 @@ def run(args: argparse.Namespace, settings: Settings) -> int:
 
     from core.db import make_database
     from embeddings import QueryCache, embedder_from_settings
-    from memory_service.scope import ReadScope
-    from memory_service.search.service import SearchService
-    from memory_service.search.store import SearchStore
-    from models.store import SessionStore
+    from memories.scope import ReadScope
+    from memories.search.service import SearchService
+    from memories.search.store import SearchStore
+    from sessions.store import SessionStore
 
     if not args.query.split() or "\x00" in args.query:
         return _fail("the query is blank")

@@ -58,7 +58,7 @@ def add_parser(sub: Any) -> None:
 
 def run(args: argparse.Namespace, settings: Settings) -> int:
     from core.db import make_database
-    from memory_service.tokens.store import TokenStore
+    from memories.tokens import TokenStore
 
     store = TokenStore(make_database(settings.require_database_url()))
     try:
@@ -73,8 +73,8 @@ def run(args: argparse.Namespace, settings: Settings) -> int:
 
 def _create(store: Any, args: argparse.Namespace) -> int:
     from core.db import db_errors
-    from models.store import select_org
     from schema.common import SLUG
+    from sessions.store import select_org
 
     org_id: uuid.UUID | None = None
     if args.org is None and args.create_org:
@@ -134,8 +134,8 @@ def _resolve_user(store: Any, org_id: uuid.UUID, key: str) -> uuid.UUID | None:
 
     from playhouse.postgres_ext import PostgresqlExtDatabase
 
-    from models.store import SessionStore
     from models.users import EXTERNAL_ID_MAX
+    from sessions.store import SessionStore
 
     if not 0 < len(key) <= EXTERNAL_ID_MAX or not key.isprintable():
         print(

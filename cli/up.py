@@ -115,7 +115,7 @@ def _up(args: argparse.Namespace, settings: Settings) -> int:
     from core.db import make_database
     from core.errors import ConfigError
     from core.migrate import migrate
-    from memory_service.tokens.store import TokenStore
+    from memories.tokens import TokenStore
 
     folder = Path(args.data_dir).expanduser() if args.data_dir else default_folder()
     # Everything under the data folder (the databases, Redis' files, the logs, the env file
@@ -208,7 +208,7 @@ def _tokens(tokens: Any, kept: dict[str, str]) -> tuple[str, str]:
     """The worker's service token and the developer's org token: the ones the env file of an
     earlier start holds while they are still valid, else new ones; every other token an
     ``ibex up`` made is revoked, so restarts do not pile tokens up."""
-    from memory_service.tokens.store import hash_token
+    from memories.tokens import hash_token
     from schema.memory import SCOPES
 
     org_id = tokens.ensure_org(DEV_ORG)

@@ -44,11 +44,11 @@ def _fail(message: str) -> int:
 
 def run(args: argparse.Namespace, settings: Settings) -> int:
     from core.db import make_database
-    from memory_service.auth import Principal
-    from memory_service.domain_errors import UserNotFoundError
-    from memory_service.users.service import UserService
-    from memory_service.users.store import UserStore
-    from models.store import SessionStore
+    from memories.auth import Principal
+    from memories.users import UserService
+    from sessions.errors import UserNotFoundError
+    from sessions.store import SessionStore
+    from sessions.users import UserStore
 
     if not SLUG.match(args.org):
         return _fail(f"invalid org slug {args.org!r}")

@@ -165,3 +165,14 @@ class MigrationsPendingError(SchemaNotReadyError):
         super().__init__(message)
         self.pending = pending
         self.applied = applied
+
+
+class DomainError(IbexError):
+    """A request a domain refuses, in the domain's words and without HTTP; ``str(exc)`` is
+    :attr:`message`, what the caller reads. The web door maps each onto its answer once
+    (``memory_service.errors``)."""
+
+    message = "the request was refused"
+
+    def __init__(self) -> None:
+        super().__init__(self.message)

@@ -8,8 +8,10 @@ What a dead message looks like in Redis, and how it is enqueued again, is the br
 
 from __future__ import annotations
 
+import datetime as dt
 import json
 import uuid
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -166,3 +168,23 @@ __all__ = [
     "open_rows",
     "was_replayed",
 ]
+
+
+def erase_of_sessions(db: peewee.Database, session_ids: Sequence[str]) -> int:
+    """Hard-delete the mirrored dead letters of these (erased) sessions."""
+    return int(
+        db.execute_sql(
+            "DELETE FROM ibex_core.dead_letters WHERE session_id = ANY(%s::uuid[])",
+            (list(session_ids),),
+        ).rowcount
+    )
+
+
+def count_of_deleted_sessions(db: peewee.Database, cutoff: dt.datetime) -> int:
+    """What :func:`erase_of_sessions` would delete for the sessions deleted before ``cutoff``."""
+    row = db.execute_sql(
+        "SELECT count(*) FROM ibex_core.dead_letters d JOIN ibex_core.sessions s"
+        " ON s.id = d.session_id WHERE s.deleted_at < %s",
+        (cutoff,),
+    ).fetchone()
+    return int(row[0])

@@ -28,9 +28,9 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from models.store import Turn
 from schema.extraction import MAX_MEMORIES
 from schema.recall import strip_messages
+from sessions.store import Turn
 
 #: Earlier turns beyond this many characters are left out, oldest first: the context helps to
 #: resolve references ("she", "that city"); it is not worth a prompt that overflows the model.

@@ -51,8 +51,8 @@ from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 from extraction.result import ExtractedMemory, dedupe
-from models.store import Turn
 from schema.recall import strip_recalled
+from sessions.store import Turn
 
 #: Recorded as the "model" of a rules result; bump when the wording of memories changes.
 RULES_MODEL = "rules-v3"

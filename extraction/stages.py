@@ -71,8 +71,8 @@ from extraction.values import (
     PersistedResult,
     TurnRef,
 )
-from models.store import SessionStore, Turn
 from schema.messages import ActorName
+from sessions.store import SessionStore, Turn
 
 log = logging.getLogger(__name__)
 

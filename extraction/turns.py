@@ -66,7 +66,7 @@ from extraction.values import (
     UUIDLike,
     uuid_text,
 )
-from models.store import Turn
+from sessions.store import Turn
 
 # The stage functions of migration 000010: each one round trip in its own implicit transaction.
 # 000014 added begin_extract's related-memories count and persist_result's input hash.
@@ -168,7 +168,7 @@ def _turn(session_id: uuid.UUID, row: dict[str, Any]) -> Turn:
 
 
 class TurnStore:
-    """The per-turn state on ``db`` (shared with the :class:`~models.store.SessionStore`, and
+    """The per-turn state on ``db`` (shared with the :class:`~sessions.store.SessionStore`, and
     its per-thread connections), with this process's caches of it."""
 
     def __init__(self, db: peewee.Database) -> None:
@@ -552,3 +552,31 @@ class TurnStore:
 
 
 __all__ = ["Pruned", "TurnStore"]
+
+
+# -- erasure of deleted sessions (``ibex prune --deleted-older-than``): the owner role ------
+
+
+def erase_turns_of(db: peewee.Database, session_ids: Sequence[str]) -> tuple[int, int]:
+    """Hard-delete the per-turn state of these (erased) sessions: (turns, slots)."""
+    slots = db.execute_sql(
+        "DELETE FROM ibex_core.extraction_slots WHERE session_id = ANY(%s::uuid[])",
+        (list(session_ids),),
+    ).rowcount
+    turns = db.execute_sql(
+        "DELETE FROM ibex_core.extraction_turns WHERE session_id = ANY(%s::uuid[])",
+        (list(session_ids),),
+    ).rowcount
+    return int(turns), int(slots)
+
+
+def count_turns_of_deleted(db: peewee.Database, cutoff: dt.datetime) -> tuple[int, int]:
+    """What :func:`erase_turns_of` would delete for the sessions deleted before ``cutoff``."""
+    row = db.execute_sql(
+        "WITH gone AS (SELECT s.id FROM ibex_core.sessions s WHERE s.deleted_at < %(cutoff)s)"
+        " SELECT (SELECT count(*) FROM ibex_core.extraction_turns e"
+        "   JOIN gone g ON g.id = e.session_id),"
+        " (SELECT count(*) FROM ibex_core.extraction_slots x JOIN gone g ON g.id = x.session_id)",
+        {"cutoff": cutoff},
+    ).fetchone()
+    return int(row[0]), int(row[1])

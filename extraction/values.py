@@ -11,7 +11,7 @@ import uuid
 from dataclasses import dataclass
 from typing import Any
 
-from models.store import Turn
+from sessions.store import Turn
 
 UUIDLike = uuid.UUID | str
 

@@ -28,31 +28,32 @@ from core.config import Settings
 from core.db import make_pool as db_pool
 from core.errors import DatabaseUnavailableError
 from embeddings import Embedder, QueryCache, embedder_from_settings
+from memories.auth import Authenticator
+from memories.idempotency import IdempotencyStore
+from memories.search.service import SearchService
+from memories.search.store import SearchStore
+from memories.service import MemoryService
+from memories.store import EmbeddingStore, MemoryStore
+from memories.tokens import TokenStore
+from memories.users import UserService
 from memory_service import docs_page, errors
-from memory_service.agents import AgentResolver, AgentResource
-from memory_service.auth import Authenticator
+from memory_service.agents import AgentResource
 from memory_service.health import HealthResource, ReadyResource, SchemaGate
 from memory_service.http import Api
-from memory_service.idempotency import IdempotencyStore
 from memory_service.memories.endpoints import (
     MemoriesResource,
     MemoryHistoryResource,
     MemoryResource,
 )
-from memory_service.memories.service import MemoryService
-from memory_service.memories.store import EmbeddingStore, MemoryStore
 from memory_service.metrics import Metrics, MetricsResource, RequestMetrics
 from memory_service.openapi.document import build_spec
 from memory_service.openapi.endpoints import OpenApiResource
 from memory_service.search.endpoints import ContextResource, SearchResource
-from memory_service.search.service import SearchService
-from memory_service.search.store import SearchStore
 from memory_service.sessions.endpoints import add_routes as add_session_routes
-from memory_service.tokens.store import TokenStore
 from memory_service.users.endpoints import UserResource
-from memory_service.users.service import UserService
-from memory_service.users.store import UserStore
-from models.store import SessionStore
+from sessions.agents import AgentResolver
+from sessions.store import SessionStore
+from sessions.users import UserStore
 
 log = logging.getLogger(__name__)
 
@@ -74,7 +75,7 @@ def make_pool(url: str | None, *, max_connections: int = POOL_MAX_CONNECTIONS) -
 def make_redis(url: str) -> redis.Redis:
     """A Redis client that fails fast: one immediate retry (for a stale pooled connection),
     short timeouts. A slow Redis must not hold requests: idempotency then falls back on the
-    Postgres keys (see :mod:`memory_service.idempotency`)."""
+    Postgres keys (see :mod:`memories.idempotency`)."""
     return redis.Redis.from_url(
         url,
         socket_timeout=REDIS_TIMEOUT_SECONDS,
@@ -168,7 +169,7 @@ def create_app(
     )
     app.add_route("/v1/memories/search", SearchResource(api, reads, users, agents))
     app.add_route("/v1/context", ContextResource(api, reads, users, agents))
-    add_session_routes(app, api, db, store, users)
+    add_session_routes(app, api, db, users)
     app.add_route("/v1/users/{user}", UserResource(api, users))
     check = None
     if embedder is not None:

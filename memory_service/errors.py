@@ -2,13 +2,12 @@
 
 Every error leaves as ``{"error": {"code": ..., "message": ..., ...}}`` (``schema.memory.
 ErrorSchema``), including Falcon's own 404 and 405 and any unexpected exception. The refusals
-the services raise (:mod:`memory_service.domain_errors`, and the turn rules of
+the services raise (:mod:`memories.errors`, and the turn rules of
 :mod:`core.errors`) are mapped onto their answers here, in :func:`answer_for`, and nowhere else.
 """
 
 from __future__ import annotations
 
-import json
 import logging
 from typing import Any
 
@@ -16,25 +15,24 @@ import falcon
 
 from core.errors import (
     DatabaseUnavailableError,
+    DomainError,
     ImmutableTurnError,
     SchemaNotReadyError,
     TurnGapError,
     UserConflictError,
 )
-from memory_service.domain_errors import (
-    AdminScopeError,
+from memories.errors import AdminScopeError, MemoryNotFoundError, UserForbiddenError
+from schema import describe_errors
+from schema.bodies import error_body
+from sessions.errors import (
     AgentNotFoundError,
-    DomainError,
-    MemoryNotFoundError,
     NoSuchOrgError,
     SessionDeletedError,
     SessionNotFoundError,
     UnknownAgentError,
     UnknownUserIdError,
-    UserForbiddenError,
     UserNotFoundError,
 )
-from schema import describe_errors
 
 log = logging.getLogger(__name__)
 
@@ -65,14 +63,6 @@ class ApiError(falcon.HTTPError):
         self.error_code = code
         self.message = message
         self.extra = extra
-
-
-def dumps(value: Any) -> bytes:
-    return json.dumps(value, ensure_ascii=False, separators=(",", ":")).encode("utf-8")
-
-
-def error_body(code: str, message: str, **extra: Any) -> bytes:
-    return dumps({"error": {"code": code, "message": message, **extra}})
 
 
 def validation_error(messages: dict[str, Any] | list[Any]) -> ApiError:

@@ -48,7 +48,7 @@ from gunicorn.http2 import negotiation
 from gunicorn.workers.gthread import TConn, ThreadWorker
 
 from core.config import Settings
-from memory_service.errors import error_body
+from schema.bodies import error_body
 
 #: The largest request head (request line and headers) read; beyond it: 431.
 MAX_HEAD_BYTES = 64 * 1024

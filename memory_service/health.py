@@ -15,8 +15,8 @@ import redis
 from core.db import db_errors
 from core.errors import SchemaNotReadyError
 from core.migrate import verify_schema
-from memory_service.errors import dumps
-from memory_service.memories.store import MemoryStore
+from memories.store import MemoryStore
+from schema.bodies import dumps
 
 
 def describe_database(db: peewee.Database) -> str:

@@ -17,7 +17,7 @@ from typing import Any
 import falcon
 from marshmallow import Schema, ValidationError
 
-from memory_service.auth import (
+from memories.auth import (
     Authenticator,
     AuthError,
     Principal,
@@ -25,7 +25,8 @@ from memory_service.auth import (
     resolve_org,
 )
 from memory_service.cursor import InvalidCursorError, Position, decode_cursor
-from memory_service.errors import ApiError, dumps, validation_error
+from memory_service.errors import ApiError, validation_error
+from schema.bodies import dumps
 from schema.common import may_hold_unstorable, unstorable
 
 

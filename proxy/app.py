@@ -17,12 +17,12 @@ What a call does (the headers are the contract, docs/operations.md):
   it, since the content encoding is not passed on).
 - ``X-IBEX-Agent`` and ``X-IBEX-Session-ID`` (with ``X-IBEX-Token``, scope
   ``sessions:write``): the call is recorded as the session's next turn. Recording happens after
-  the answer, through the spool (:mod:`proxy.recording`); nothing about it can fail or delay
-  the answer. Without those headers nothing is recorded.
+  the answer, through the spool (:mod:`proxy.spool`; the message is :mod:`sessions.chat`'s);
+  nothing about it can fail or delay the answer. Without those headers nothing is recorded.
 - ``X-IBEX-Memory: inject`` (scope ``memory:read``): the context block is added to the system
   prompt before the call goes upstream (:mod:`proxy.injection`).
 
-The token is checked as the web process checks it (:class:`memory_service.auth.Authenticator`):
+The token is checked as the web process checks it (:class:`memories.auth.Authenticator`):
 an unknown token is 401, a missing scope 403. When the database cannot be reached the call is
 still answered: without injection, and its turn spooled with the token's hash for the worker
 to check once the database is back.
@@ -49,18 +49,20 @@ from starlette.routing import Route
 from starlette.types import Receive, Scope, Send
 
 from core.config import Settings
+from core.db import make_pool
 from core.errors import ConfigError, DatabaseUnavailableError
 from embeddings import QueryCache, embedder_from_settings
-from memory_service.auth import Authenticator, AuthError, Principal, require_scope, resolve_org
-from memory_service.search.context import estimate_tokens
-from memory_service.tokens.store import TokenStore, hash_token
+from memories.auth import Authenticator, AuthError, Principal, require_scope, resolve_org
+from memories.search.context import estimate_tokens
+from memories.tokens import TokenStore, hash_token
 from proxy import metrics
-from proxy.conversation import assistant_message, request_hash
 from proxy.injection import Injector, memory_tokens, with_block
-from proxy.recording import DramatiqSpool, Recording, Spool, spool_message
+from proxy.spool import DramatiqSpool, Spool
 from proxy.streaming import StreamAssembler
 from schema import describe_errors
 from schema.common import may_hold_unstorable, unstorable
+from sessions.chat import Recording, spool_message
+from sessions.conversation import assistant_message, request_hash
 
 log = logging.getLogger(__name__)
 
@@ -527,10 +529,10 @@ def create_app(
     token_cache_seconds: float = 2.0,
 ) -> tuple[Starlette, ChatProxy]:
     """The ASGI app and its proxy (tests reach the proxy to wait for spool writes)."""
-    from memory_service.app import make_pool
-
     if db is None:
-        db = make_pool(settings.require_database_url(), max_connections=16)
+        db = make_pool(
+            settings.require_database_url(), max_connections=16, application_name="ibex-proxy"
+        )
     proxy = ChatProxy(
         settings,
         db=db,

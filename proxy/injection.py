@@ -1,6 +1,6 @@
 """``X-IBEX-Memory: inject``: the context block for the conversation, put into its system prompt.
 
-The block is the one ``POST /v1/context`` answers (:class:`~memory_service.search.service.
+The block is the one ``POST /v1/context`` answers (:class:`~memories.search.service.
 SearchService`: the query from the last user messages, the best memories of the user's scope
 packed into the token budget), delimited by ``<memories>`` ... ``</memories>``
 (:mod:`schema.recall`). It goes at the end of the first system message, or in a system message
@@ -20,10 +20,10 @@ import peewee
 
 from core.db import tenant
 from embeddings import QueryCache
-from memory_service.scope import AGENT_WIDE, ReadScope
-from memory_service.search.service import SearchService
-from memory_service.search.store import SearchStore
-from models.store import SessionStore
+from memories.scope import AGENT_WIDE, ReadScope
+from memories.search.service import SearchService
+from memories.search.store import SearchStore
+from sessions.store import SessionStore
 
 DEFAULT_MEMORY_TOKENS = 400
 MAX_MEMORY_TOKENS = 8000

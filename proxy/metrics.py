@@ -1,11 +1,9 @@
 """The chat path's Prometheus series (process-wide, created on first use).
 
 =============================  =======  =====================================================
-``ibex_chat_turns_total``      counter  turns by ``outcome``: ``spooled`` (proxy: on the
-                                        spool), ``recorded`` (worker: stored as a new turn),
-                                        ``replayed`` (worker: the session already held it),
-                                        ``failed`` (proxy: the spool write failed or the
-                                        answer could not be read; worker: refused for good)
+``ibex_chat_turns_total``      counter  turns by ``outcome`` (:mod:`sessions.chat`, which
+                                        the worker counts with too): ``spooled``,
+                                        ``recorded``, ``replayed``, ``failed``
 ``ibex_chat_injections_total`` counter  ``X-IBEX-Memory: inject`` calls by ``result``:
                                         ``injected``, ``empty`` (no memory matched),
                                         ``failed`` (answered without memories)
@@ -17,46 +15,43 @@ from __future__ import annotations
 import threading
 from typing import Any
 
-TURN_OUTCOMES = ("spooled", "recorded", "replayed", "failed")
+from sessions.chat import TURN_OUTCOMES, count_turn, turns_counted
 
 _lock = threading.Lock()
-_series: dict[str, Any] | None = None
+_injections: Any = None
 
 
-def _metrics() -> dict[str, Any]:
-    global _series
-    if _series is None:
+def _injection_counter() -> Any:
+    global _injections
+    if _injections is None:
         with _lock:
-            if _series is None:
+            if _injections is None:
                 import prometheus_client as prom
 
-                _series = {
-                    "turns": prom.Counter(
-                        "ibex_chat_turns_total", "Chat path turns by outcome.", ["outcome"]
-                    ),
-                    "injections": prom.Counter(
-                        "ibex_chat_injections_total", "Memory injections by result.", ["result"]
-                    ),
-                }
-    return _series
+                _injections = prom.Counter(
+                    "ibex_chat_injections_total", "Memory injections by result.", ["result"]
+                )
+    return _injections
 
 
 def turn(outcome: str) -> None:
-    assert outcome in TURN_OUTCOMES, outcome
-    _metrics()["turns"].labels(outcome).inc()
+    count_turn(outcome)
 
 
 def injection(result: str) -> None:
-    _metrics()["injections"].labels(result).inc()
+    _injection_counter().labels(result).inc()
 
 
 def count(outcome: str) -> float:
     """The current value of ``ibex_chat_turns_total{outcome}`` in this process."""
-    return float(_metrics()["turns"].labels(outcome)._value.get())
+    return turns_counted(outcome)
 
 
 def exposition() -> tuple[bytes, str]:
     import prometheus_client as prom
 
-    _metrics()
+    _injection_counter()
     return prom.generate_latest(), prom.CONTENT_TYPE_LATEST
+
+
+__all__ = ["TURN_OUTCOMES", "count", "exposition", "injection", "turn"]

@@ -365,6 +365,16 @@ class MemoryReadQuerySchema(UserReadFields):
         unknown = RAISE
 
 
+class MemoryDeleteQuerySchema(Schema):
+    """Query parameter of ``DELETE /v1/memories/{id}``: the person whose memory it is, for a
+    token that is not theirs (a token deletes only what it can read)."""
+
+    class Meta:
+        unknown = RAISE
+
+    user = user_field()
+
+
 class MemoryHistorySchema(Schema):
     """``GET /v1/memories/{id}/history``: the supersession chain, oldest first."""
 

@@ -1,7 +1,7 @@
 """Payloads of the read path: ``POST /v1/memories/search`` and ``POST /v1/context``.
 
 Scores and signals are in ``[0, 1]`` and higher is better on every backend; how each is
-computed is documented on the fields (and in ``memory_service.search.store``). No I/O here.
+computed is documented on the fields (and in ``memories.search.store``). No I/O here.
 """
 
 from __future__ import annotations

@@ -178,7 +178,7 @@ def db(session_db):  # type: ignore[no-untyped-def]
 
 @pytest.fixture
 def store(db):  # type: ignore[no-untyped-def]
-    from models.store import SessionStore
+    from sessions.store import SessionStore
 
     return SessionStore(db)
 

@@ -1,7 +1,7 @@
 """The memories routes: ``/v1/memories`` and ``/v1/memories/{id}`` (parse, call, respond).
 
 Resources authenticate, parse and respond; what a write does is decided by
-:class:`~memory_service.memories.service.MemoryService`. ``POST /v1/memories`` in order:
+:class:`~memories.service.MemoryService`. ``POST /v1/memories`` in order:
 authenticate, check the scope and the org, check the idempotency key header, read at most the
 body limit, parse, and hand the document to the service, which validates it before it touches
 the key.
@@ -13,9 +13,10 @@ import uuid
 
 import falcon
 
-from memory_service.agents import AgentResolver
+from memories.service import MemoryService
+from memories.users import UserService
 from memory_service.cursor import encode_cursor
-from memory_service.errors import ApiError, dumps
+from memory_service.errors import ApiError
 from memory_service.http import (
     Api,
     authenticate,
@@ -27,18 +28,20 @@ from memory_service.http import (
     respond_json,
 )
 from memory_service.http import load as load_query
-from memory_service.memories.service import MemoryService
-from memory_service.users.service import UserService
+from schema.bodies import dumps
 from schema.memory import (
     MAX_IDEMPOTENCY_KEY_CHARS,
+    MemoryDeleteQuerySchema,
     MemoryListQuerySchema,
     MemoryReadQuerySchema,
 )
+from sessions.agents import AgentResolver
 
 READ, WRITE = "memory:read", "memory:write"
 # Built once: a marshmallow Schema is costly to instantiate and safe to share for load().
 LIST_QUERY_SCHEMA = MemoryListQuerySchema()
 READ_QUERY_SCHEMA = MemoryReadQuerySchema()
+DELETE_QUERY_SCHEMA = MemoryDeleteQuerySchema()
 
 
 def idempotency_key(req: falcon.Request) -> str | None:
@@ -112,7 +115,7 @@ class MemoryResource:
         token, a request naming the user (``?user=``), or the ``memory:admin`` scope; another
         person's memory is not found, exactly as an unknown one."""
         principal, org_id = authenticate(self.api, req, WRITE)
-        query = load_query(READ_QUERY_SCHEMA, query_params(req))
+        query = load_query(DELETE_QUERY_SCHEMA, query_params(req))
         self.service.delete(org_id, memory_id, self.users.deleter_of(principal, org_id, query))
         resp.status = 204
 

@@ -31,6 +31,7 @@ from schema.memory import (
     ErrorSchema,
     HealthSchema,
     MemoryCreateSchema,
+    MemoryDeleteQuerySchema,
     MemoryHistorySchema,
     MemoryListQuerySchema,
     MemoryPageSchema,
@@ -212,14 +213,14 @@ def build_spec(max_body_bytes: int, embedding: tuple[str, int] | None = None) ->
                 "operationId": "deleteMemory",
                 "summary": "Soft-delete a memory; its content may be written again. A token"
                 " deletes only what it can read: a person's memory needs that person's"
-                " token, the person named in the query (user or user_id), or the"
-                " memory:admin scope; a user-bound token deletes its user's own memories"
-                " only. Anything else is 404, as an unknown id.",
+                " token, the person named in the query (user), or the memory:admin scope;"
+                " a user-bound token deletes its user's own memories only. Anything else is"
+                " 404, as an unknown id.",
                 "security": secured,
                 "parameters": [
                     MEMORY_ID,
                     ORG_HEADER,
-                    {"in": "query", "schema": MemoryReadQuerySchema},
+                    {"in": "query", "schema": MemoryDeleteQuerySchema},
                 ],
                 "responses": with_org_errors(
                     {

@@ -7,7 +7,7 @@ from typing import Any
 
 import falcon
 
-from memory_service.errors import dumps
+from schema.bodies import dumps
 
 
 class OpenApiResource:

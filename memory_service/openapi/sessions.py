@@ -9,6 +9,7 @@ from typing import Any
 
 from apispec import APISpec
 
+from memories.scope import USER_HEADER
 from memory_service.openapi.parts import (
     ONE_USER,
     ORG_HEADER,
@@ -18,7 +19,6 @@ from memory_service.openapi.parts import (
     exactly_one_of,
     with_org_errors,
 )
-from memory_service.scope import USER_HEADER
 from memory_service.sessions.endpoints import SESSION_HEADER
 from schema.imports import FORBIDDEN_FREE_PATTERN
 from schema.sessions import (

@@ -4,7 +4,7 @@ Both validate the body with the schemas of :mod:`schema.search` (422 field by fi
 the org the same way as every other route and the agent (``agent``, a slug, or ``agent_id``;
 one the org does not have is a 404 ``UNKNOWN_AGENT``, not an empty answer) through
 :class:`~memory_service.agents.AgentResolver`, and hand the body to
-:class:`~memory_service.search.service.SearchService`, which ranks in Postgres under row-level
+:class:`~memories.search.service.SearchService`, which ranks in Postgres under row-level
 security: another org's memories are never candidates.
 """
 
@@ -15,13 +15,13 @@ from typing import Any
 
 import falcon
 
-from memory_service.agents import AgentResolver
+from memories.scope import ReadScope
+from memories.search.service import SearchService
+from memories.users import UserService
 from memory_service.http import Api, authenticate, json_body, respond_json
 from memory_service.memories.endpoints import READ
-from memory_service.scope import ReadScope
-from memory_service.search.service import SearchService
-from memory_service.users.service import UserService
 from schema.search import ContextRequestSchema, SearchRequestSchema
+from sessions.agents import AgentResolver
 
 SEARCH_SCHEMA = SearchRequestSchema()
 CONTEXT_SCHEMA = ContextRequestSchema()

@@ -2,7 +2,7 @@
 
 ``POST /v1/sessions`` opens (or finds, by external id) a session; ``POST .../turns`` appends
 turns through the same function as ``ibex import`` (see
-:class:`~memory_service.sessions.service.SessionService`), so a retried request is a replay,
+:class:`~sessions.service.SessionService`), so a retried request is a replay,
 never a second copy; ``complete`` makes the session a scan candidate, ``abandon`` keeps it out
 of extraction; ``DELETE`` soft-deletes the session and its memories in one transaction. Every
 route runs under row-level security for the caller's org: another org's session is a 404.
@@ -19,6 +19,8 @@ from typing import Any
 import falcon
 import peewee
 
+from memories.scope import USER_HEADER, UserRef
+from memories.users import UserService
 from memory_service.cursor import encode_cursor
 from memory_service.errors import ApiError, validation_error
 from memory_service.http import (
@@ -28,12 +30,6 @@ from memory_service.http import (
     list_request,
     respond_json,
 )
-from memory_service.memories.store import MemoryStore
-from memory_service.scope import USER_HEADER, UserRef
-from memory_service.sessions.service import SessionService
-from memory_service.users.service import UserService
-from models.session_status import SessionInfo
-from models.store import TurnInput
 from schema.sessions import (
     MAX_EXTERNAL_ID_CHARS,
     SessionCreateSchema,
@@ -41,6 +37,9 @@ from schema.sessions import (
     TurnsAppendSchema,
 )
 from schema.users import MAX_USER_KEY_CHARS
+from sessions.service import SessionService
+from sessions.status import SessionInfo
+from sessions.store import TurnInput
 
 SESSIONS_READ, SESSIONS_WRITE = "sessions:read", "sessions:write"
 MEMORY_WRITE = "memory:write"
@@ -241,11 +240,9 @@ class SessionsResource:
         self._status(req, resp, session_id, "abandoned")
 
 
-def add_routes(
-    app: falcon.App, api: Api, db: peewee.Database, memories: MemoryStore, users: UserService
-) -> None:
+def add_routes(app: falcon.App, api: Api, db: peewee.Database, users: UserService) -> None:
     """Serve the sessions API on ``app``."""
-    resource = SessionsResource(api, SessionService(db, memories), users)
+    resource = SessionsResource(api, SessionService(db), users)
     one = "/v1/sessions/{session_id:uuid}"
     app.add_route("/v1/sessions", resource)
     app.add_route(one, resource, suffix="one")

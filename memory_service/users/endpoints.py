@@ -12,10 +12,10 @@ from __future__ import annotations
 
 import falcon
 
-from memory_service.domain_errors import UserNotFoundError
+from memories.users import UserService
 from memory_service.http import Api, authenticate, respond_json
-from memory_service.users.service import UserService
 from schema.users import MAX_USER_KEY_CHARS
+from sessions.errors import UserNotFoundError
 
 USERS_DELETE = "users:delete"
 

@@ -19,7 +19,7 @@ from typing import Any
 
 from bench.fake_llm import turn_key
 from extraction.prompt import build_messages
-from models.store import SessionStore
+from sessions.store import SessionStore
 from tests.chaos.stack import FaultRecord, TurnId
 from tests.integration.pipeline.helpers import pointers
 

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from memory_service.tokens.store import TokenStore
+from memories.tokens import TokenStore
 from tests.chaos.stack import ChaosConfig, ChaosStack, PrivatePostgres
 from tests.servers import temp_folder
 

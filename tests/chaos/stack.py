@@ -58,8 +58,8 @@ from cli.stack.processes import ROOT, Launcher, Process, ProcessError, free_port
 from core.db import connect_params, make_database
 from core.migrate import migrate
 from models import bind
-from models.store import SessionStore
 from schema.messages import Queue
+from sessions.store import SessionStore
 from tests.chaos.proxy import FaultProxy
 from tests.integration.pipeline.test_e2e_workers import BIN
 from tests.servers import PrivateRedis, with_database

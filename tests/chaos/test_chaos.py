@@ -18,9 +18,9 @@ from typing import Any
 import pytest
 
 from cli.stack.processes import ROOT
-from models.importer import import_lines
-from models.store import SessionStore
 from schema.messages import Queue
+from sessions.importer import import_lines
+from sessions.store import SessionStore
 from tests.chaos.checks import PointerSampler, end_state, longest_wait, wait_until
 from tests.chaos.stack import ChaosConfig, ChaosStack, PrivatePostgres
 from tests.integration.pipeline.test_e2e_workers import BIN

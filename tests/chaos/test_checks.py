@@ -13,7 +13,7 @@ from typing import Any
 
 import pytest
 
-from models.store import SessionStore
+from sessions.store import SessionStore
 from tests.chaos.checks import PointerSampler, _turn_keys, end_state, longest_wait
 from tests.chaos.stack import FaultRecord
 from tests.integration.pipeline.helpers import SessionRef, make_session

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from models.store import SessionStore, TurnInput
+from sessions.store import SessionStore, TurnInput
 
 
 def turn(text: str, reply: str = "ok") -> TurnInput:

@@ -1,6 +1,6 @@
 """The memory service's tables, memories, API tokens and vectors, as the drift test expects
 them (``000003_memory.sql`` and later). The service reads and writes them with SQL of its own
-(``memory_service/memories/store.py``, ``memory_service/tokens/store.py``), so no product code
+(``memories/store.py``, ``memories/tokens.py``), so no product code
 needs these models."""
 
 from __future__ import annotations

@@ -69,6 +69,6 @@ def test_import_imports_no_broker(db, database_url: str, tmp_path: Path) -> None
     assert done.returncode == 0, done.stderr[-2000:]
     assert json.loads(done.stdout.splitlines()[-1])["turns_added"] == 1
     imported = _imported(done.stderr)
-    assert "models.importer" in imported
+    assert "sessions.importer" in imported
     loaded = sorted(m for m in imported if m.split(".")[0] in BROKER_MODULES)
     assert loaded == []

@@ -21,7 +21,7 @@ from cli import main
 from cli.scheduler import prune_hourly
 from core.config import Settings
 from core.db import connect_params
-from memory_service.tokens.store import TokenStore
+from memories.tokens import TokenStore
 from models import Session
 from tests.integration.foundation.helpers import make_session
 

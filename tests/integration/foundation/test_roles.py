@@ -39,7 +39,7 @@ import pytest
 from psycopg2 import sql
 
 from core.db import connect_params
-from memory_service.tokens.store import TokenStore
+from memories.tokens import TokenStore
 from tests.integration.foundation.helpers import make_session
 
 SCHEMAS = ("ibex_core", "ibex_memory")
@@ -226,6 +226,9 @@ KNOWN_FUNCTIONS = {
     "ibex_core.directive_version_detach()",
     "ibex_core.extraction_result_first_wins()",
     "ibex_memory.memory_of_deleted_session()",
+    # 000021: a session's memories follow the session (its user given late, its deletion).
+    "ibex_core.session_given_user()",
+    "ibex_core.session_deleted()",
     "ibex_memory.create_memory(uuid,uuid,uuid,integer,integer,text,text,text,jsonb,text,text,uuid,"
     "uuid[],boolean,real)",
     # 000016: the same write with the memory's vector and its model.

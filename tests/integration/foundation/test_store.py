@@ -11,7 +11,7 @@ from core.db import tenant
 from core.errors import ConfigError, ImmutableTurnError, NotFoundError
 from extraction.scan_queries import CANDIDATES_SQL, ScanQueries
 from extraction.turns import TurnStore
-from models.store import SessionStore
+from sessions.store import SessionStore
 from tests.integration.foundation.helpers import make_session, turn
 
 

@@ -16,7 +16,7 @@ from cli import main
 from core.db import connect_params
 from core.errors import UserConflictError
 from models import Session, User
-from models.store import UnknownUserError
+from sessions.users import UnknownUserError
 from tests.integration.foundation.helpers import make_session, turn
 
 

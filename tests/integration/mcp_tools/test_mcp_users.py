@@ -8,7 +8,7 @@ from __future__ import annotations
 import uuid
 from typing import Any
 
-from memory_service.tokens.store import TokenStore
+from memories.tokens import TokenStore
 from tests.integration.mcp_tools.conftest import Connect, run
 from tests.integration.memory_service.helpers import make_tenant
 

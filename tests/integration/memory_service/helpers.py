@@ -7,10 +7,10 @@ from dataclasses import dataclass
 from typing import Any
 
 from core.db import tenant
-from memory_service.canonical import content_hash
-from memory_service.idempotency import FINGERPRINT_BYTES, record_key
-from memory_service.memories.store import NewMemory
-from memory_service.tokens.store import TokenStore
+from memories.canonical import content_hash
+from memories.idempotency import FINGERPRINT_BYTES, record_key
+from memories.store import NewMemory
+from memories.tokens import TokenStore
 
 BASE_URL = "http://memory.test"
 

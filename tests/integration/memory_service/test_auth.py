@@ -8,7 +8,7 @@ import uuid
 import httpx
 import pytest
 
-from memory_service.tokens.store import TokenStore
+from memories.tokens import TokenStore
 from tests.integration.memory_service.helpers import Tenant, make_token, memory_body, memory_count
 
 

@@ -8,7 +8,7 @@ from typing import Any
 
 import httpx
 
-from memory_service.canonical import canonical_request
+from memories.canonical import canonical_request
 from schema.memory import MemoryHistorySchema, MemorySchema
 from tests.integration.memory_service.helpers import Tenant, memory_body
 

@@ -9,7 +9,7 @@ import httpx
 import pytest
 
 from core.config import Settings
-from memory_service.search.context import estimate_tokens
+from memories.search.context import estimate_tokens
 from schema.search import ContextResultSchema
 from tests.integration.memory_service.helpers import Tenant
 from tests.integration.memory_service.test_search import write

@@ -9,9 +9,9 @@ from typing import Any
 import pytest
 import redis
 
-from memory_service.idempotency import IdempotencyStore
-from memory_service.memories.service import Created, DuplicateContent, Invalid, MemoryService
-from memory_service.memories.store import MemoryStore
+from memories.idempotency import IdempotencyStore
+from memories.service import Created, DuplicateContent, Invalid, MemoryService
+from memories.store import MemoryStore
 from memory_service.metrics import Metrics
 from tests.integration.memory_service.helpers import Tenant, memory_body, source_session_of
 

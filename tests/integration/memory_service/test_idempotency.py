@@ -21,8 +21,8 @@ import pytest
 import redis
 
 from core.errors import DatabaseUnavailableError
-from memory_service.idempotency import IdempotencyStore, record_key
-from memory_service.memories.store import CREATE_SQL, MemoryStore, create_params
+from memories.idempotency import IdempotencyStore, record_key
+from memories.store import CREATE_SQL, MemoryStore, create_params
 from tests.integration.memory_service.helpers import (
     Tenant,
     idempotency_record,
@@ -580,7 +580,7 @@ def test_deleted_content_can_be_written_again_but_the_key_stays_bound(
 def _fingerprint_of(body: dict[str, Any]) -> str:
     from marshmallow import Schema
 
-    from memory_service.canonical import canonical_request, fingerprint_digest
+    from memories.canonical import canonical_request, fingerprint_digest
     from schema.memory import MemoryCreateSchema
 
     schema: Schema = MemoryCreateSchema()

@@ -19,7 +19,7 @@ import pytest
 import redis
 
 from core.config import Settings
-from memory_service import idempotency
+from memories import idempotency
 from memory_service.app import create_app
 from tests.integration.memory_service.helpers import (
     BASE_URL,

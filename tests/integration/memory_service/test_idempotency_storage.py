@@ -13,7 +13,7 @@ import uuid
 import httpx
 import redis
 
-from memory_service.idempotency import IdempotencyStore
+from memories.idempotency import IdempotencyStore
 from tests.integration.memory_service.helpers import (
     Tenant,
     idempotency_record,

@@ -16,8 +16,8 @@ from typing import Any
 import pytest
 
 from core.db import tenant
-from memory_service.canonical import content_hash
-from memory_service.memories.store import MemoryStore, WriteOutcome
+from memories.canonical import content_hash
+from memories.store import MemoryStore, WriteOutcome
 from tests.integration.memory_service.helpers import Tenant, new_fact
 
 THRESHOLD = 0.9

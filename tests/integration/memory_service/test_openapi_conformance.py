@@ -20,8 +20,8 @@ from schemathesis.config import SchemathesisConfig
 from schemathesis.core.failures import Failure, FailureGroup
 
 from memory_service.cursor import encode_cursor
-from models.store import SessionStore
 from schema.memory import CURSOR_FORMAT
+from sessions.store import SessionStore
 from tests.conftest import examples
 from tests.integration.memory_service.helpers import Tenant, make_token
 

@@ -10,7 +10,7 @@ from typing import Any
 import httpx
 import pytest
 
-from memory_service.search.store import WORD_CANDIDATES, SearchStore
+from memories.search.store import WORD_CANDIDATES, SearchStore
 from schema.memory import ErrorSchema
 from schema.search import SearchResultSchema
 from tests.integration.memory_service.helpers import Tenant, memory_body

@@ -8,7 +8,7 @@ from typing import Any
 import pytest
 
 from cli import main
-from memory_service.memories.store import MemoryStore, NewMemory
+from memories.store import MemoryStore, NewMemory
 
 
 @pytest.fixture

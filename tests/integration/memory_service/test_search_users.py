@@ -7,8 +7,8 @@ from __future__ import annotations
 import uuid
 from typing import Any
 
-from memory_service.scope import ReadScope
-from memory_service.search.store import WORD_CANDIDATES, SearchStore
+from memories.scope import ReadScope
+from memories.search.store import WORD_CANDIDATES, SearchStore
 from tests.integration.memory_service.helpers import Tenant
 
 

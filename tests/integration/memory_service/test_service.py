@@ -9,15 +9,15 @@ from typing import Any
 import pytest
 import redis
 
-from memory_service.idempotency import IdempotencyStore
-from memory_service.memories.service import (
+from memories.idempotency import IdempotencyStore
+from memories.service import (
     Created,
     DuplicateContent,
     Invalid,
     MemoryService,
     Replayed,
 )
-from memory_service.memories.store import MemoryStore
+from memories.store import MemoryStore
 from memory_service.metrics import Metrics
 from tests.integration.memory_service.helpers import Tenant, memory_body, memory_count
 

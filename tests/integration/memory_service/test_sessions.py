@@ -12,11 +12,11 @@ import httpx
 import pytest
 
 from core.db import make_database, tenant
-from memory_service.canonical import content_hash
-from memory_service.memories.store import MemoryStore, NewMemory
-from models.store import SessionStore, content_digest
+from memories.canonical import content_hash
+from memories.store import MemoryStore, NewMemory
 from schema.memory import ErrorSchema
 from schema.sessions import SessionPageSchema, SessionSchema, TurnsAppendedSchema
+from sessions.store import SessionStore, content_digest
 from tests.integration.memory_service.helpers import BASE_URL, Tenant, make_token
 from tests.integration.pipeline.helpers import wait_for
 
@@ -514,8 +514,8 @@ def test_a_memory_written_while_its_session_is_deleted_is_deleted_too(  # type: 
     ).json()["id"]
     sessions = SessionStore(other, bind_models=False)
     with tenant(other, acme.org_id):
+        # (its memories are soft-deleted by the same statement's trigger)
         assert sessions.delete_live_session(acme.org_id, uuid.UUID(second))
-        MemoryStore(other).soft_delete_session_memories(acme.org_id, uuid.UUID(second))
         body = {
             "agent_id": agent_id,
             "content": "Dana has a dog.",

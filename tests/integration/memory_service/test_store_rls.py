@@ -14,8 +14,8 @@ from typing import Any
 import peewee
 import pytest
 
-from memory_service.canonical import content_hash
-from memory_service.memories.store import (
+from memories.canonical import content_hash
+from memories.store import (
     CREATE_SQL,
     MemoryStore,
     NewMemory,

@@ -12,7 +12,7 @@ import peewee
 import pytest
 
 from core.db import tenant
-from memory_service.tokens.store import TokenStore, hash_token
+from memories.tokens import TokenStore, hash_token
 from tests.integration.memory_service.helpers import Tenant
 
 

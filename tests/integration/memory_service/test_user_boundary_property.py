@@ -49,7 +49,7 @@ from hypothesis.stateful import (
 )
 
 from cli.stack.processes import ROOT, Launcher, free_port
-from memory_service.tokens.store import TokenStore
+from memories.tokens import TokenStore
 from tests.conftest import examples
 
 pytestmark = [pytest.mark.slow]

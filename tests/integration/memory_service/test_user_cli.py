@@ -11,8 +11,8 @@ from typing import Any
 import pytest
 
 from cli import main
-from memory_service.memories.store import MemoryStore, NewMemory
-from memory_service.tokens.store import TokenStore, hash_token
+from memories.store import MemoryStore, NewMemory
+from memories.tokens import TokenStore, hash_token
 
 
 def _write(store: Any, org_id: uuid.UUID, agent_id: uuid.UUID, content: str, user: Any) -> str:

@@ -12,7 +12,7 @@ from typing import Any
 import httpx
 import pytest
 
-from memory_service.tokens.store import TokenStore
+from memories.tokens import TokenStore
 from tests.integration.memory_service.helpers import Tenant, make_token
 
 ALL_SCOPES = ["memory:read", "memory:write", "sessions:read", "sessions:write"]

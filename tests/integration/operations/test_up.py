@@ -177,7 +177,7 @@ def test_a_restart_keeps_its_tokens_and_the_data_folder_is_the_owners_only(
             env_values.append(values)
             if start == 1:
                 from core.db import make_database
-                from memory_service.tokens.store import TokenStore
+                from memories.tokens import TokenStore
 
                 db = make_database(values["DATABASE_URL"])
                 try:

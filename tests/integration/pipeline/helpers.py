@@ -40,7 +40,7 @@ from extraction.memory_client import WriteOutcome
 from extraction.result import ExtractedMemory, ExtractionResult
 from extraction.retry import RetryPolicy
 from extraction.stages import Send, StageDeps
-from models.store import SessionStore, Turn, TurnInput
+from sessions.store import SessionStore, Turn, TurnInput
 
 PIPELINE_ENV = {
     "MAX_RETRIES": "3",

@@ -27,11 +27,11 @@ from extraction.memory_client import MemoryClient
 from extraction.providers import make_provider
 from extraction.scan_queries import ScanQueries
 from extraction.stages import StageDeps, scan
+from memories.tokens import TokenStore
 from memory_service.app import create_app, make_pool
-from memory_service.tokens.store import TokenStore
-from models.importer import import_lines
-from models.session_status import SessionStatusStore
-from models.store import SessionStore, TurnInput
+from sessions.importer import import_lines
+from sessions.status import SessionStatusStore
+from sessions.store import SessionStore, TurnInput
 from tests.integration.pipeline.helpers import pipeline_settings
 
 BASE_URL = "http://memory.test"

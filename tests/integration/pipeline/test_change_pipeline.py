@@ -28,10 +28,10 @@ from extraction.metrics import PipelineMetrics
 from extraction.providers import OpenAICompatibleProvider, RulesProvider
 from extraction.stages import Send, StageDeps, extract_turn, scan
 from extraction.status import collect
+from memories.tokens import TokenStore
 from memory_service.app import create_app, make_pool
-from memory_service.tokens.store import TokenStore
-from models.store import TurnInput
 from schema.messages import ActorName
+from sessions.store import TurnInput
 from tests.integration.pipeline.helpers import Crash, Harness, crash_at, pipeline_settings
 
 BASE_URL = "http://memory.test"

@@ -21,7 +21,7 @@ import pytest
 from bench.fake_embeddings import FakeEmbeddings
 from bench.fake_llm import FakeLLM
 from cli.stack.processes import ROOT, Launcher, Process, free_port
-from memory_service.tokens.store import TokenStore
+from memories.tokens import TokenStore
 
 pytestmark = [pytest.mark.chaos, pytest.mark.slow]
 

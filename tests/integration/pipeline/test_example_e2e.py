@@ -19,7 +19,7 @@ from typing import Any
 import pytest
 
 from cli.stack.processes import ROOT, Launcher, free_port
-from memory_service.tokens.store import TokenStore
+from memories.tokens import TokenStore
 
 pytestmark = pytest.mark.slow
 

@@ -19,8 +19,8 @@ from core.errors import LLMUnavailableError, MemoryRejectedError, MemoryUnavaila
 from extraction.memory_client import MemoryClient
 from extraction.stages import StageDeps, extract_turn, memory_body, scan, write_memory
 from extraction.values import TurnRef
+from memories.tokens import TokenStore
 from memory_service.app import create_app, make_pool
-from memory_service.tokens.store import TokenStore
 from schema.messages import ActorName
 from tests.integration.pipeline.helpers import (
     FakeProvider,

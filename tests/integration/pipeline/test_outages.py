@@ -25,8 +25,8 @@ from core.errors import DatabaseUnavailableError, TurnBusyError
 from extraction.dispatch import run_message
 from extraction.stages import Delivery, Send, StageDeps, scan
 from extraction.values import TurnRef
-from models.store import SessionStore
 from schema.messages import ActorName
+from sessions.store import SessionStore
 from tests.integration.pipeline.helpers import (
     FakeMemoryService,
     FakeProvider,

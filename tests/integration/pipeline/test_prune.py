@@ -21,8 +21,8 @@ from core.config import Settings
 from extraction.dispatch import run_message
 from extraction.stages import scan
 from extraction.turns import Pruned, TurnStore
-from models.store import TurnInput
 from schema.messages import ActorName
+from sessions.store import TurnInput
 from tests.integration.pipeline.helpers import (
     FakeMemoryService,
     FakeProvider,

@@ -22,8 +22,8 @@ from core.errors import TurnBusyError
 from extraction.dispatch import run_message
 from extraction.result import ExtractionResult
 from extraction.stages import Send, StageDeps, complete_turn, extract_turn, scan, write_memory
-from models.store import Turn
 from schema.messages import ActorName
+from sessions.store import Turn
 from tests.integration.pipeline.helpers import (
     FakeMemoryService,
     FakeProvider,

@@ -19,7 +19,7 @@ import pytest
 
 from bench.fake_llm import FakeLLM
 from cli.stack.processes import ROOT, Launcher, free_port
-from memory_service.tokens.store import TokenStore
+from memories.tokens import TokenStore
 
 pytestmark = [pytest.mark.slow]
 

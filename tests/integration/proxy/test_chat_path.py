@@ -257,7 +257,7 @@ def test_the_user_header_makes_the_user_the_sessions_own(
 
 
 def test_a_turn_drained_before_its_predecessor_waits_for_it(store: Any, acme: Org) -> None:
-    from proxy.recording import EarlierTurnPending, Recording, spool_message, store_chat_turn
+    from sessions.chat import EarlierTurnPending, Recording, spool_message, store_chat_turn
 
     recording = Recording("support-bot", "conv-order", None, acme.org_id, None, None)
 

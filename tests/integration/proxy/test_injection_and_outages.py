@@ -20,8 +20,8 @@ from extraction.prompt import render_turn
 from extraction.stages import StageDeps
 from memory_service.app import create_app as create_memory_app
 from memory_service.app import make_pool
-from models.store import SessionStore
 from proxy.app import create_app
+from sessions.store import SessionStore
 from tests.integration.memory_service.helpers import Tenant, make_tenant
 from tests.integration.memory_service.test_search import write
 from tests.integration.pipeline.helpers import pipeline_settings
@@ -253,7 +253,7 @@ def test_with_redis_hanging_the_call_answers_and_the_lost_turn_is_counted(
     import socket
 
     from proxy import metrics
-    from proxy.recording import DramatiqSpool
+    from proxy.spool import DramatiqSpool
 
     failed = metrics.count("failed")
     # A "Redis" that accepts connections and never answers: the spool write hangs until its
@@ -324,7 +324,7 @@ def test_a_user_bound_token_reads_and_records_as_its_user_whatever_the_header_sa
     acme: Org,
     memories: tuple[Tenant, httpx.Client],
 ) -> None:
-    from memory_service.tokens.store import TokenStore
+    from memories.tokens import TokenStore
 
     tenant_, http = memories
     users = {}

@@ -7,8 +7,8 @@ import json
 import pytest
 
 from core.errors import InvalidMessageError
-from models.importer import parse_line
 from schema.imports import MAX_DEPTH
+from sessions.importer import parse_line
 
 
 def test_a_minimal_line_gets_defaults() -> None:

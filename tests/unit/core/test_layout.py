@@ -10,7 +10,20 @@ import pytest
 ROOT = Path(__file__).resolve().parents[3]
 
 
-@pytest.mark.parametrize("name", ["actors", "models", "schema", "core", "extraction", "cli"])
+@pytest.mark.parametrize(
+    "name",
+    [
+        "actors",
+        "models",
+        "schema",
+        "core",
+        "extraction",
+        "cli",
+        "sessions",
+        "memories",
+        "embeddings",
+    ],
+)
 def test_generic_package_names_resolve_inside_this_repository(name: str) -> None:
     # `actors`, `models`, `schema` and `cli` are also names of unrelated packages on PyPI.
     module = importlib.import_module(name)
@@ -53,8 +66,13 @@ def test_imports_flow_one_way() -> None:
 PACKAGES = (
     "cli",
     "actors",
-    "extraction",
+    "proxy",
+    "mcp_server",
     "memory_service",
+    "extraction",
+    "memories",
+    "sessions",
+    "embeddings",
     "models",
     "schema",
     "core",
@@ -120,11 +138,16 @@ def test_the_packages_type_check() -> None:
         pytest.skip("mypy is not installed (pip install -e '.[test]')")
     packages = [
         "core",
+        "embeddings",
         "models",
         "schema",
+        "sessions",
+        "memories",
         "extraction",
         "memory_service",
         "actors",
+        "proxy",
+        "mcp_server",
         "cli",
         "client/ibex_client",
     ]

@@ -15,8 +15,8 @@ from core.errors import EmbeddingsUnavailable
 from extraction.metrics import PipelineMetrics
 from extraction.stages import _embedded, memory_body
 from extraction.values import Answer, PersistedResult, TurnRef
-from memory_service.memories.service import new_memory
-from memory_service.validation import quick_load_create
+from memories.service import new_memory
+from memories.validation import quick_load_create
 
 REF = TurnRef.of(uuid.uuid4(), uuid.uuid4(), 1)
 
@@ -105,7 +105,7 @@ def test_the_write_body_carries_the_vector_outside_the_fingerprint() -> None:
 
 
 def test_a_stored_vector_is_unit_and_fits_a_real() -> None:
-    from memory_service.memories.service import unit_vector
+    from memories.service import unit_vector
 
     assert unit_vector([0.0, 0.0]) is None
     huge = unit_vector([3e200, 4e200, 1e-300])

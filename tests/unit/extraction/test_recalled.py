@@ -7,7 +7,7 @@ import json
 
 from extraction.prompt import build_messages
 from extraction.rules import extract_rules
-from memory_service.search.context import pack
+from memories.search.context import pack
 from schema.recall import strip_message, strip_recalled
 from tests.unit.extraction.helpers import make_turn
 

@@ -9,7 +9,7 @@ import pytest
 from extraction.prompt import RelatedMemory
 from extraction.providers import RulesProvider
 from extraction.rules import extract_changes, slot_of
-from models.store import Turn
+from sessions.store import Turn
 
 RELATED = [
     ("m1", "The user lives in Lisbon."),

@@ -7,14 +7,14 @@ import uuid
 
 import pytest
 
-from memory_service.auth import (
+from memories.auth import (
     Authenticator,
     AuthError,
     Principal,
     require_scope,
     resolve_org,
 )
-from memory_service.tokens.store import TokenRow, generate_token, hash_token
+from memories.tokens import TokenRow, generate_token, hash_token
 
 ORG = uuid.UUID("11111111-1111-4111-8111-111111111111")
 OTHER = uuid.UUID("22222222-2222-4222-8222-222222222222")

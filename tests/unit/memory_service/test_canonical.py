@@ -10,7 +10,7 @@ from typing import Any
 from hypothesis import given
 from hypothesis import strategies as st
 
-from memory_service.canonical import (
+from memories.canonical import (
     content_hash,
     fingerprint,
     fingerprint_digest,
@@ -93,7 +93,7 @@ def test_fingerprint_format() -> None:
 
 
 def test_the_user_is_fingerprinted_only_when_there_is_one() -> None:
-    from memory_service.canonical import canonical_request
+    from memories.canonical import canonical_request
 
     body = {
         "agent_id": "22222222-2222-4222-8222-222222222222",

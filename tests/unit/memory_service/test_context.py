@@ -5,7 +5,7 @@ from __future__ import annotations
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from memory_service.search.context import (
+from memories.search.context import (
     _words,
     estimate_tokens,
     near_duplicate,

@@ -11,8 +11,8 @@ import uuid
 import fakeredis
 import pytest
 
-from memory_service import idempotency
-from memory_service.idempotency import (
+from memories import idempotency
+from memories.idempotency import (
     Answer,
     ClaimState,
     IdempotencyStore,

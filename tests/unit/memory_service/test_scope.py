@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import uuid
 
-from memory_service.scope import AGENT_WIDE, ReadScope
+from memories.scope import AGENT_WIDE, ReadScope
 
 DANA = uuid.UUID("55555555-5555-4555-8555-555555555555")
 

@@ -16,13 +16,13 @@ import fakeredis
 import pytest
 
 from core.errors import DatabaseUnavailableError
-from memory_service.idempotency import (
+from memories.idempotency import (
     ClaimState,
     IdempotencyStore,
     compact_fingerprint,
     record_key,
 )
-from memory_service.memories.service import (
+from memories.service import (
     CREATE_SCHEMA,
     Created,
     DuplicateContent,
@@ -34,7 +34,7 @@ from memory_service.memories.service import (
     UnknownOrg,
     new_memory,
 )
-from memory_service.memories.store import CreateResult, MemoryRow, NewMemory, WriteOutcome
+from memories.store import CreateResult, MemoryRow, NewMemory, WriteOutcome
 from memory_service.metrics import Metrics
 
 ORG = uuid.UUID("11111111-1111-4111-8111-111111111111")

@@ -11,7 +11,7 @@ from hypothesis import event, given, settings
 from hypothesis import strategies as st
 from marshmallow import ValidationError
 
-from memory_service.validation import quick_load_create
+from memories.validation import quick_load_create
 from schema.memory import MemoryCreateSchema
 from tests.conftest import examples
 

@@ -9,9 +9,9 @@ from typing import Any
 
 import pytest
 
-import models.importer as importer
+import sessions.importer as importer
 from core.errors import DatabaseUnavailableError
-from models.importer import ImportStopped, OversizeLine, import_lines, read_lines
+from sessions.importer import ImportStopped, OversizeLine, import_lines, read_lines
 
 
 class RecordingStream(io.BytesIO):

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import json
 
-from proxy.conversation import StoredTurn, assistant_message, plan_turn, request_hash
 from proxy.injection import memory_tokens, with_block
 from proxy.streaming import StreamAssembler
+from sessions.conversation import StoredTurn, assistant_message, plan_turn, request_hash
 
 SYSTEM = {"role": "system", "content": "Be brief."}
 U1 = {"role": "user", "content": "I like tea."}

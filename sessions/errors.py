@@ -1,23 +1,8 @@
-"""What a service refuses, in the domain's words and without HTTP.
-
-Services raise these; :func:`memory_service.errors.register` maps each onto its answer (status,
-code, message) once for the whole app, so no resource maps a refusal inline.
-"""
+"""What the sessions domain refuses (orgs, agents, users, sessions), without HTTP."""
 
 from __future__ import annotations
 
-
-class DomainError(Exception):
-    """A request the domain refuses; ``str(exc)`` is :attr:`message`, what the caller reads."""
-
-    message = "the request was refused"
-
-    def __init__(self) -> None:
-        super().__init__(self.message)
-
-
-class MemoryNotFoundError(DomainError):
-    message = "no such memory"
+from core.errors import DomainError
 
 
 class SessionNotFoundError(DomainError):
@@ -52,22 +37,10 @@ class AgentNotFoundError(DomainError):
         Exception.__init__(self, self.message)
 
 
-class UserForbiddenError(DomainError):
-    """A user-bound token named another user, or asked for every user's memories."""
-
-    message = "this token is bound to one user and cannot act for another"
-
-
 class UserNotFoundError(DomainError):
     """``DELETE /v1/users/{user}``: no live user of the org has this key or id."""
 
     message = "no such user"
-
-
-class AdminScopeError(DomainError):
-    """``all_users: true`` without the ``memory:admin`` scope."""
-
-    message = "all_users needs the memory:admin scope"
 
 
 class UnknownUserIdError(DomainError):

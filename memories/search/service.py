@@ -1,9 +1,9 @@
 """The read flows: a search, and the context block built from one. No HTTP.
 
-A search ranks in Postgres (:class:`~memory_service.search.store.SearchStore`, under row-level
+A search ranks in Postgres (:class:`~memories.search.store.SearchStore`, under row-level
 security); the context takes its query from the request or from the conversation's last user
 messages, searches with the widest limit, and packs the best memories into the token budget
-(:mod:`memory_service.search.context`).
+(:mod:`memories.search.context`).
 
 With an embedder the query is embedded first (a per-process LRU of query vectors, so a
 repeated question costs nothing) and the ranking fuses the semantic signal. When the embedder
@@ -21,10 +21,10 @@ from typing import Any
 
 from core.errors import EmbeddingsUnavailable
 from embeddings import QueryCache
-from memory_service.metrics import Metrics
-from memory_service.scope import AGENT_WIDE, ReadScope
-from memory_service.search.context import Packed, pack, query_from_messages
-from memory_service.search.store import SearchHit, SearchStore, SemanticQuery
+from memories.metrics import MemoryMetrics
+from memories.scope import AGENT_WIDE, ReadScope
+from memories.search.context import Packed, pack, query_from_messages
+from memories.search.store import SearchHit, SearchStore, SemanticQuery
 from schema.search import MAX_SEARCH_LIMIT
 
 log = logging.getLogger(__name__)
@@ -56,7 +56,7 @@ class SearchService:
         searches: SearchStore,
         queries: QueryCache | None = None,
         *,
-        metrics: Metrics | None = None,
+        metrics: MemoryMetrics | None = None,
     ) -> None:
         self.searches = searches
         #: The query embedder (with its cache); None: lexical search only.

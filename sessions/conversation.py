@@ -34,8 +34,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from models.store import content_digest
 from schema.recall import strip_recalled
+from sessions.store import content_digest
 
 #: The message keys that say what a message is; everything else (``refusal: null``, provider
 #: extras) is ignored when messages are compared.

@@ -18,16 +18,11 @@ import uuid
 from collections.abc import Mapping
 from typing import Any
 
-from memory_service.auth import Principal
-from memory_service.domain_errors import (
-    AdminScopeError,
-    UnknownUserIdError,
-    UserForbiddenError,
-    UserNotFoundError,
-)
-from memory_service.scope import ReadScope, UserRef
-from memory_service.users.store import Forgotten, UserStore
-from models.store import UnknownUserError
+from memories.auth import Principal
+from memories.errors import AdminScopeError, UserForbiddenError
+from memories.scope import ReadScope, UserRef
+from sessions.errors import UnknownUserIdError, UserNotFoundError
+from sessions.users import Forgotten, UnknownUserError, UserStore
 
 ADMIN_SCOPE = "memory:admin"
 
@@ -82,7 +77,7 @@ class UserService:
         include_shared: bool = True,
         all_users: bool = False,
     ) -> ReadScope:
-        """Whose memories a read sees (:class:`~memory_service.scope.ReadScope`)."""
+        """Whose memories a read sees (:class:`~memories.scope.ReadScope`)."""
         if all_users:
             if principal.user_id is not None:
                 raise UserForbiddenError()
@@ -103,16 +98,18 @@ class UserService:
     def deleter_of(
         self, principal: Principal, org_id: uuid.UUID, fields: Mapping[str, Any]
     ) -> ReadScope:
-        """Whose memories a delete may reach: what the same token may read (delete follows
-        read), and no more. A user-bound token: its user's own memories (not the agent-wide
-        ones everyone shares); an org token: the scope its request names (no user: the
-        agent-wide memories), every user's with ``memory:admin``."""
+        """Whose memories a delete may reach (``fields``: the ``user`` its query names): what
+        the same token may read (delete follows read), and no more. A user-bound token: its
+        user's own memories (not the agent-wide ones everyone shares); an org token: the scope
+        its request names (no user: the agent-wide memories), every user's with
+        ``memory:admin``."""
+        named = UserRef(key=fields.get("user"))
         if principal.user_id is not None:
-            scope = self.reader_of(principal, org_id, fields)
+            scope = self.reader(principal, org_id, named)
             return ReadScope(user_id=scope.user_id, include_shared=False, named=True)
-        if ADMIN_SCOPE in principal.scopes and not UserRef.of(fields).named:
+        if ADMIN_SCOPE in principal.scopes and not named.named:
             return ReadScope(all_users=True)
-        return self.reader_of(principal, org_id, fields)
+        return self.reader(principal, org_id, named)
 
     def owner(self, principal: Principal) -> uuid.UUID | None:
         """The only user whose rows a token may reach by id (sessions, memories); None: any."""

@@ -3,7 +3,7 @@
 Tenant operations open a :func:`core.db.tenant` transaction for the org they name. Extraction
 progress is not here: the pointer (``sessions.last_extracted_turn``) is moved by
 ``extraction.turns``, and the scan's cross-org reads are ``extraction.scan_queries``; the
-listing with progress and the idle closing are :mod:`models.session_status`.
+listing with progress and the idle closing are :mod:`sessions.status`.
 
 Over 400 lines but one idea: storing one session aggregate (its org, agent, session row and
 append-only turns), whose writes all take the same session-row lock and share its checks.
@@ -11,6 +11,7 @@ append-only turns), whose writes all take the same session-row lock and share it
 
 from __future__ import annotations
 
+import datetime as dt
 import hashlib
 import uuid
 from collections.abc import Mapping, Sequence
@@ -31,6 +32,7 @@ from core.errors import (
 )
 from models.base import bind
 from models.sessions import Checkpoint, CheckpointPayload, Session
+from sessions import users
 
 
 def content_digest(value: Any) -> str:
@@ -115,34 +117,9 @@ class UnknownOrgError(NotFoundError):
     """The org a tenant operation names does not exist."""
 
 
-class UnknownUserError(NotFoundError):
-    """A user named by id is not a live user of the org (unknown, of another org, or
-    forgotten)."""
-
-
-#: How many times a user's key is looked up again when the row that won its insert vanished
-#: (forgotten in between): the key is then free, and the next insert takes it.
-_USER_ATTEMPTS = 3
-
 #: The unique key of a session's external id: one per agent and user (migration 000019); the
 #: agent-wide sessions (no user) are one namespace of their own.
 _USER_KEY = "COALESCE(user_id, '00000000-0000-0000-0000-000000000000'::uuid)"
-
-#: Memories of a session that had no user, when it gets one: they are about that user. One
-#: that would repeat a live memory of the user (same agent and content) is a duplicate and is
-#: soft-deleted; the others take the user.
-_SESSION_MEMORIES_DUPLICATE = """
-UPDATE ibex_memory.memories m SET deleted_at = now()
- WHERE m.org_id = %(org)s AND m.session_id = %(session)s AND m.user_id IS NULL
-   AND m.deleted_at IS NULL
-   AND EXISTS (SELECT 1 FROM ibex_memory.memories d
-                WHERE d.org_id = m.org_id AND d.agent_id = m.agent_id AND d.user_id = %(user)s
-                  AND d.content_hash = m.content_hash AND d.deleted_at IS NULL)
-"""
-_SESSION_MEMORIES_TO_USER = """
-UPDATE ibex_memory.memories m SET user_id = %(user)s
- WHERE m.org_id = %(org)s AND m.session_id = %(session)s AND m.user_id IS NULL
-"""
 
 
 def select_turns(session_id: uuid.UUID, first: int, last: int) -> list[Turn]:
@@ -244,8 +221,8 @@ class SessionStore:
         user_id: uuid.UUID | None = None,
     ) -> uuid.UUID:
         """The live user of the org named by the application's key (created when missing) or
-        by id (:class:`UnknownUserError` unless it is a live user of the org). Exactly one of
-        the two must be given."""
+        by id (:class:`UnknownUserError` unless it is a live user of the org): see
+        :func:`sessions.users.resolve_user`."""
         with tenant(self.db, org_id):
             return self._resolve_user(org_id, external_id=external_id, user_id=user_id)
 
@@ -256,43 +233,12 @@ class SessionStore:
         external_id: str | None = None,
         user_id: uuid.UUID | None = None,
     ) -> uuid.UUID:
-        if (external_id is None) == (user_id is None):
-            raise ValueError("name a user by its external id or by its id, not both or neither")
-        if user_id is not None:
-            row = self.db.execute_sql(
-                "SELECT id FROM ibex_core.users WHERE id = %s AND org_id = %s"
-                " AND deleted_at IS NULL",
-                (str(user_id), str(org_id)),
-            ).fetchone()
-            if row is None:
-                raise UnknownUserError(f"user {user_id} not found")
-            return uuid.UUID(str(row[0]))
-        for _ in range(_USER_ATTEMPTS):
-            row = self.db.execute_sql(
-                "INSERT INTO ibex_core.users (org_id, external_id) VALUES (%s, %s)"
-                " ON CONFLICT (org_id, external_id) WHERE deleted_at IS NULL"
-                " DO NOTHING RETURNING id",
-                (str(org_id), external_id),
-            ).fetchone()
-            if row is None:
-                row = self.db.execute_sql(
-                    "SELECT id FROM ibex_core.users WHERE org_id = %s AND external_id = %s"
-                    " AND deleted_at IS NULL",
-                    (str(org_id), external_id),
-                ).fetchone()
-            if row is not None:
-                return uuid.UUID(str(row[0]))
-        raise UnknownUserError(f"user {external_id!r} kept being forgotten while it was named")
+        return users.resolve_user(self.db, org_id, external_id=external_id, user_id=user_id)
 
     def find_user(self, org_id: uuid.UUID, external_id: str) -> uuid.UUID | None:
         """The live user of the org with the application's key ``external_id``, or None."""
         with tenant(self.db, org_id):
-            row = self.db.execute_sql(
-                "SELECT id FROM ibex_core.users WHERE org_id = %s AND external_id = %s"
-                " AND deleted_at IS NULL",
-                (str(org_id), external_id),
-            ).fetchone()
-        return uuid.UUID(str(row[0])) if row else None
+            return users.find_user(self.db, org_id, external_id)
 
     def session_user(
         self, org_id: uuid.UUID, session_id: uuid.UUID
@@ -337,13 +283,12 @@ class SessionStore:
                     requested=user_id,
                 )
             return
+        # The memories drawn from the session take the user in the same statement's trigger
+        # (ibex_core.session_given_user, migration 000021).
         self.db.execute_sql(
             "UPDATE ibex_core.sessions SET user_id = %s WHERE id = %s",
             (str(user_id), str(session.id)),
         )
-        params = {"org": str(session.org_id), "session": str(session.id), "user": str(user_id)}
-        self.db.execute_sql(_SESSION_MEMORIES_DUPLICATE, params)
-        self.db.execute_sql(_SESSION_MEMORIES_TO_USER, params)
         session.user_id = user_id
 
     # -- sessions --------------------------------------------------------------------------
@@ -755,6 +700,49 @@ class SessionStore:
         if not turns:
             raise NotFoundError(f"turn {turn_index} of session {session_id} not found")
         return turns[0]
+
+
+# -- erasure (``ibex prune --deleted-older-than``): the owner role, across orgs ---------------
+
+
+def deleted_sessions(db: peewee.Database, cutoff: dt.datetime, after: str, limit: int) -> list[str]:
+    """The next ``limit`` sessions soft-deleted before ``cutoff``, by id after ``after``,
+    locked (ones another transaction holds are skipped: a later prune takes them)."""
+    rows = db.execute_sql(
+        "SELECT s.id::text FROM ibex_core.sessions s"
+        " WHERE s.deleted_at < %s AND s.id > %s::uuid ORDER BY s.id LIMIT %s"
+        " FOR UPDATE SKIP LOCKED",
+        (cutoff, after, limit),
+    ).fetchall()
+    return [r[0] for r in rows]
+
+
+def erase_sessions(db: peewee.Database, ids: Sequence[str]) -> tuple[int, int, int]:
+    """Hard-delete these sessions with their turns (payload archive, then checkpoints); the
+    other owners' rows that name them must be gone first. (sessions, checkpoints, payloads)."""
+    payloads = db.execute_sql(
+        "DELETE FROM ibex_core.checkpoint_payloads WHERE session_id = ANY(%s::uuid[])", (ids,)
+    ).rowcount
+    checkpoints = db.execute_sql(
+        "DELETE FROM ibex_core.checkpoints WHERE session_id = ANY(%s::uuid[])", (ids,)
+    ).rowcount
+    sessions = db.execute_sql(
+        "DELETE FROM ibex_core.sessions WHERE id = ANY(%s::uuid[])", (ids,)
+    ).rowcount
+    return int(sessions), int(checkpoints), int(payloads)
+
+
+def count_erasable_sessions(db: peewee.Database, cutoff: dt.datetime) -> tuple[int, int, int]:
+    """What :func:`erase_sessions` would delete of the sessions deleted before ``cutoff``."""
+    row = db.execute_sql(
+        "WITH gone AS (SELECT s.id FROM ibex_core.sessions s WHERE s.deleted_at < %(cutoff)s)"
+        " SELECT (SELECT count(*) FROM gone),"
+        " (SELECT count(*) FROM ibex_core.checkpoints c JOIN gone g ON g.id = c.session_id),"
+        " (SELECT count(*) FROM ibex_core.checkpoint_payloads p"
+        "   JOIN gone g ON g.id = p.session_id)",
+        {"cutoff": cutoff},
+    ).fetchone()
+    return int(row[0]), int(row[1]), int(row[2])
 
 
 __all__ = [

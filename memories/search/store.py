@@ -61,8 +61,8 @@ from typing import Any
 import peewee
 
 from core.db import db_errors, tenant
-from memory_service.memories.store import COLUMNS, MemoryRow
-from memory_service.scope import AGENT_WIDE, ReadScope
+from memories.scope import AGENT_WIDE, ReadScope
+from memories.store import COLUMNS, MemoryRow
 
 #: Rows taken from each index before ranking; bounds the work of a search. The branch of all
 #: the query's words finds a memory with every word beyond the per-word cap.

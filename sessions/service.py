@@ -1,13 +1,12 @@
 """The sessions flows: open, list, read, append turns, change status, delete. No HTTP.
 
-The SQL is the pipeline's own: sessions, agents and turns are owned by
-:class:`models.store.SessionStore` (the same ``sync_turns`` as ``ibex import``: same hashes,
-same payload archive, same immutability rule) and read with their progress by
-:class:`models.session_status.SessionStatusStore`; a session's memories by
-:class:`~memory_service.memories.store.MemoryStore`. This module decides what each call does
-across them (a delete spans two stores in one transaction) and raises the domain's refusals
-(:mod:`memory_service.domain_errors`, :class:`~core.errors.TurnGapError`,
-:class:`~core.errors.ImmutableTurnError`), which the app maps onto HTTP in one place.
+Sessions, agents and turns are owned by :class:`sessions.store.SessionStore` (the same
+``sync_turns`` as ``ibex import``: same hashes, same payload archive, same immutability rule)
+and read with their progress by :class:`sessions.status.SessionStatusStore`. A deleted
+session's memories go with it by the database's rule (a trigger, migration 000021), so this
+module writes sessions only. It raises the domain's refusals (:mod:`sessions.errors`,
+:class:`~core.errors.TurnGapError`, :class:`~core.errors.ImmutableTurnError`), which the web
+door maps onto HTTP in one place.
 """
 
 from __future__ import annotations
@@ -20,18 +19,16 @@ from typing import cast
 import peewee
 from playhouse.postgres_ext import PostgresqlExtDatabase
 
-from core.db import tenant
 from core.errors import NotFoundError
-from memory_service.agents import AgentResolver
-from memory_service.domain_errors import (
+from sessions.agents import AgentResolver
+from sessions.errors import (
     AgentNotFoundError,
     NoSuchOrgError,
     SessionDeletedError,
     SessionNotFoundError,
 )
-from memory_service.memories.store import MemoryStore
-from models.session_status import SessionInfo, SessionStatusStore
-from models.store import SessionStore, TurnInput, UnknownOrgError
+from sessions.status import SessionInfo, SessionStatusStore
+from sessions.store import SessionStore, TurnInput, UnknownOrgError
 
 
 class SessionService:
@@ -39,12 +36,11 @@ class SessionService:
     (another user's session, or an agent-wide one, is not found, as another org's is); None
     reaches every session of the org."""
 
-    def __init__(self, db: peewee.Database, memories: MemoryStore) -> None:
+    def __init__(self, db: peewee.Database) -> None:
         self.db = db
         # The service's pool; the models stay bound to whatever the process bound them to.
         self.sessions = SessionStore(cast(PostgresqlExtDatabase, db), bind_models=False)
         self.status = SessionStatusStore(db)
-        self.memories = memories
         self.agents = AgentResolver(db)
 
     def info(
@@ -129,10 +125,10 @@ class SessionService:
         """The session and every memory whose source it is, in one transaction: a reader sees
         both or neither."""
         self._reachable(org_id, session_id, owner)
-        with tenant(self.db, org_id):
-            if not self.sessions.delete_live_session(org_id, session_id):
-                raise SessionNotFoundError()
-            self.memories.soft_delete_session_memories(org_id, session_id)
+        # Its memories are soft-deleted by the same statement's trigger (ibex_core.
+        # session_deleted, migration 000021), in the same transaction.
+        if not self.sessions.delete_live_session(org_id, session_id):
+            raise SessionNotFoundError()
 
     def append_turns(
         self,

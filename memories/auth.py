@@ -1,6 +1,6 @@
 """Bearer authentication: token lookup with a short in-process cache, scopes, org resolution.
 
-Tokens, their hashing and their table are :mod:`memory_service.tokens.store`. The database finds the
+Tokens, their hashing and their table are :mod:`memories.tokens`. The database finds the
 row by hash, and the hash is compared once more with :func:`hmac.compare_digest`, so nothing
 about the stored value leaks through timing. Tokens are never logged: they live in the request
 header and in the cache key's hash only.
@@ -18,7 +18,7 @@ import uuid
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from memory_service.tokens.store import TokenRow, TokenStore, hash_token
+from memories.tokens import TokenRow, TokenStore, hash_token
 
 CACHE_MAX_ENTRIES = 10_000
 

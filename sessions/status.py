@@ -2,7 +2,7 @@
 
 :class:`SessionStatusStore` answers the sessions API's reads (``GET /v1/sessions``, one
 session) and closes the sessions left ``active`` too long (the scheduler's step before each
-scan). Storing sessions and their turns is :class:`models.store.SessionStore`'s; how far
+scan). Storing sessions and their turns is :class:`sessions.store.SessionStore`'s; how far
 extraction has got is counted by ``ibex_core.session_progress`` (migration 000008), the
 schema's one read of the pipeline's per-turn state for code that may not import the pipeline.
 """

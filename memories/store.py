@@ -39,7 +39,7 @@ from core.db import (
     uuid_column,
 )
 from core.errors import ConfigError, DatabaseUnavailableError
-from memory_service.scope import AGENT_WIDE, ReadScope
+from memories.scope import AGENT_WIDE, ReadScope
 
 COLUMNS = (
     "id, org_id, agent_id, session_id, turn_index, ordinal, content, content_hash, kind,"
@@ -84,7 +84,7 @@ SELECT {COLUMNS} FROM ibex_memory.memories WHERE org_id = %s AND idempotency_key
 """
 
 # GET and DELETE by id: the trailing condition is the reader's user scope
-# (memory_service.scope.ReadScope.condition), so another user's memory is not found.
+# (memories.scope.ReadScope.condition), so another user's memory is not found.
 GET_SQL = f"""
 SELECT {COLUMNS} FROM ibex_memory.memories WHERE org_id = %s AND id = %s AND deleted_at IS NULL
    AND {{user_scope}}
@@ -218,7 +218,7 @@ class MemoryRow:
 
 
 class WriteOutcome(enum.Enum):
-    """What a write did; :mod:`memory_service.memories.service` decides what it answers."""
+    """What a write did; :mod:`memories.service` decides what it answers."""
 
     CREATED = "created"
     #: A row with this key exists (compare fingerprints: a replay or a conflict).
@@ -385,20 +385,64 @@ class MemoryStore:
             cursor = self.db.execute_sql(sql, (str(org_id), str(memory_id), *params))
             return bool(cursor.rowcount)
 
-    def soft_delete_session_memories(self, org_id: uuid.UUID, session_id: uuid.UUID) -> int:
-        """Soft-delete every live memory whose source is the session; how many. Joins the
-        caller's transaction when there is one."""
-        with tenant(self.db, org_id):
-            cursor = self.db.execute_sql(
-                "UPDATE ibex_memory.memories SET deleted_at = now()"
-                " WHERE org_id = %s AND session_id = %s AND deleted_at IS NULL",
-                (str(org_id), str(session_id)),
-            )
-            return int(cursor.rowcount)
-
     def ping(self) -> None:
         with transaction(self.db):  # a dead pooled connection is replaced, not reported
             self.db.execute_sql("SELECT 1").fetchone()
+
+
+# -- erasure (``ibex prune --deleted-older-than``): the owner role, across orgs ---------------
+
+
+def erase_of_sessions(db: peewee.Database, session_ids: Sequence[str]) -> int:
+    """Hard-delete every memory drawn from these (erased) sessions (their vectors go with
+    them: the foreign key cascades)."""
+    return int(
+        db.execute_sql(
+            "DELETE FROM ibex_memory.memories WHERE session_id = ANY(%s::uuid[])",
+            (list(session_ids),),
+        ).rowcount
+    )
+
+
+def deleted_memories(db: peewee.Database, cutoff: dt.datetime, after: str, limit: int) -> list[str]:
+    """The next ``limit`` memories soft-deleted before ``cutoff``, by id after ``after``,
+    locked (ones another transaction holds are skipped)."""
+    rows = db.execute_sql(
+        "SELECT m.id::text FROM ibex_memory.memories m"
+        " WHERE m.deleted_at < %s AND m.id > %s::uuid ORDER BY m.id LIMIT %s"
+        " FOR UPDATE SKIP LOCKED",
+        (cutoff, after, limit),
+    ).fetchall()
+    return [r[0] for r in rows]
+
+
+def erase_memories(db: peewee.Database, ids: Sequence[str]) -> int:
+    return int(
+        db.execute_sql(
+            "DELETE FROM ibex_memory.memories WHERE id = ANY(%s::uuid[])", (list(ids),)
+        ).rowcount
+    )
+
+
+def count_erasable_memories(db: peewee.Database, cutoff: dt.datetime) -> int:
+    """Memories an erasure would delete: those of sessions deleted before ``cutoff``, and
+    those deleted before it."""
+    row = db.execute_sql(
+        "SELECT count(*) FROM ibex_memory.memories m"
+        " WHERE m.deleted_at < %(cutoff)s OR m.session_id IN"
+        " (SELECT s.id FROM ibex_core.sessions s WHERE s.deleted_at < %(cutoff)s)",
+        {"cutoff": cutoff},
+    ).fetchone()
+    return int(row[0])
+
+
+def users_named(db: peewee.Database, user_ids: Sequence[str]) -> set[str]:
+    """Which of these users a memory still names (an erasure keeps those users)."""
+    rows = db.execute_sql(
+        "SELECT DISTINCT user_id::text FROM ibex_memory.memories WHERE user_id = ANY(%s::uuid[])",
+        (list(user_ids),),
+    ).fetchall()
+    return {r[0] for r in rows}
 
 
 def create_params(

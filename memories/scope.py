@@ -2,7 +2,7 @@
 
 Pure values, no I/O. A request names a user by the application's key (``user``) or by id
 (``user_id``), or by neither; a user-bound token names its own user whatever the request says
-(:class:`~memory_service.users.service.UserService` resolves and checks both). A read's
+(:class:`~memories.users.UserService` resolves and checks both). A read's
 :class:`ReadScope` is then a condition on ``memories.user_id``:
 
 - a user: that user's memories and the agent-wide ones (``user_id IS NULL``), or that user's

@@ -2,7 +2,7 @@
 
 Tokens are ``ibex_`` + 43 URL-safe characters (256 random bits). Only their SHA-256 is stored;
 the first characters are kept as a display prefix. Issuing, listing and revoking are operator
-actions (``ibex token``); the service only looks a hash up (:mod:`memory_service.auth`).
+actions (``ibex token``); the service only looks a hash up (:mod:`memories.auth`).
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ from typing import Any
 import peewee
 
 from core.db import APP_ROLE, db_errors, transaction
-from models.store import upsert_org
+from sessions.store import upsert_org
 
 TOKEN_PREFIX = "ibex_"  # noqa: S105 (a format marker, not a secret)
 DISPLAY_PREFIX_CHARS = 12
@@ -178,3 +178,22 @@ class TokenStore:
             user_id=user_id,
         )
         return row, token
+
+
+def erase_tokens_of(db: peewee.Database, user_ids: Sequence[str]) -> int:
+    """Hard-delete the tokens bound to these (erased) users (revoked when they were
+    forgotten)."""
+    return int(
+        db.execute_sql(
+            "DELETE FROM ibex_memory.api_tokens WHERE user_id = ANY(%s::uuid[])",
+            (list(user_ids),),
+        ).rowcount
+    )
+
+
+def count_tokens_of(db: peewee.Database, user_ids: Sequence[str]) -> int:
+    row = db.execute_sql(
+        "SELECT count(*) FROM ibex_memory.api_tokens WHERE user_id = ANY(%s::uuid[])",
+        (list(user_ids),),
+    ).fetchone()
+    return int(row[0])

@@ -1,36 +1,34 @@
-"""Recording a chat call as a session's turn: the spooled message, and storing it.
+"""A chat call recorded as its session's turn: the spooled message, and storing it.
 
 The proxy never writes the session store on the chat path. When the answer is in, it puts one
-message on the spool: a Dramatiq message to the ``record_chat_turn`` actor on the
-``chat_turns`` queue (:class:`DramatiqSpool`), which the Redis broker writes with one
-command. The worker drains it with :func:`store_chat_turn`, retried with backoff while the
-database is away and dead-lettered like any message when it cannot be stored. So an outage
-of Postgres delays the turn, never the answer.
+message on the spool (:func:`spool_message` builds it): a Dramatiq message to the
+``record_chat_turn`` actor on the ``chat_turns`` queue, which the worker drains with
+:func:`store_chat_turn`, retried with backoff while the database is away and dead-lettered
+like any message when it cannot be stored. So an outage of Postgres delays the turn, never the
+answer.
 
 Storing is safe to repeat: the turn is computed from the session's stored conversation
-(:func:`proxy.conversation.plan_turn`), so a redelivered message, a retried chat call or a late
-copy of an earlier call stores nothing, and two messages of one session stored at once are
+(:func:`sessions.conversation.plan_turn`), so a redelivered message, a retried chat call or a
+late copy of an earlier call stores nothing, and two messages of one session stored at once are
 settled by the store's turn check (the loser recomputes).
+
+A spooled turn names its org when the proxy could check the token; else it carries the token's
+hash, which the worker checks (the memories domain owns tokens: the worker's actor resolves
+the org and passes it in).
 """
 
 from __future__ import annotations
 
-import logging
+import threading
 import uuid
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any, Protocol
-
-import peewee
+from typing import Any
 
 from core.errors import ImmutableTurnError, PermanentError, TransientError, TurnGapError
-from memory_service.auth import AuthError, Principal, require_scope, resolve_org
-from memory_service.tokens.store import TokenStore
-from models.store import SessionStore, TurnInput
-from proxy.conversation import StoredTurn, answers_in, plan_turn
 from schema.messages import CHAT_TURNS_QUEUE
-
-log = logging.getLogger(__name__)
+from sessions.conversation import StoredTurn, answers_in, plan_turn
+from sessions.store import SessionStore, TurnInput
 
 SPOOL_QUEUE = CHAT_TURNS_QUEUE
 SPOOL_ACTOR = "record_chat_turn"
@@ -88,69 +86,8 @@ def spool_message(
     }
 
 
-class Spool(Protocol):
-    def put(self, message: dict[str, Any]) -> None: ...
-
-
-class DramatiqSpool:
-    """Enqueue on the worker's Redis broker (same namespace and queue layout) without
-    importing the worker: one ``EVALSHA`` of Dramatiq's enqueue script per turn."""
-
-    def __init__(self, redis_url: str, *, timeout_seconds: float = 1.0) -> None:
-        import redis
-        from dramatiq.brokers.redis import RedisBroker
-
-        client = redis.Redis.from_url(
-            redis_url, socket_timeout=timeout_seconds, socket_connect_timeout=timeout_seconds
-        )
-        self.client = client
-        self.broker = RedisBroker(client=client, middleware=[])
-        self.broker.declare_queue(SPOOL_QUEUE)
-
-    def put(self, message: dict[str, Any]) -> None:
-        import dramatiq
-
-        self.broker.enqueue(
-            dramatiq.Message(
-                queue_name=SPOOL_QUEUE,
-                actor_name=SPOOL_ACTOR,
-                args=(message,),
-                kwargs={},
-                options={},
-            )
-        )
-
-    def close(self) -> None:
-        self.broker.close()
-        self.client.close()
-
-
 class RecordRefused(PermanentError):
     """A spooled turn that can never be stored (bad token, unknown org, deleted session)."""
-
-
-def _principal(db: peewee.Database, token_hash: str) -> Principal:
-    row = TokenStore(db).lookup(token_hash)
-    if row is None or row.revoked_at is not None:
-        raise RecordRefused("the call's X-IBEX-Token is unknown or revoked")
-    return Principal(row.id, row.org_id, frozenset(row.scopes), row.is_service, row.user_id)
-
-
-def org_of(db: peewee.Database, message: Mapping[str, Any]) -> tuple[uuid.UUID, uuid.UUID | None]:
-    """The org a spooled turn is for (named by the proxy, or from the token it carries), and
-    the user its token is bound to, if any."""
-    if message.get("org_id"):
-        bound = message.get("user_id")
-        return uuid.UUID(str(message["org_id"])), uuid.UUID(str(bound)) if bound else None
-    token_hash = message.get("token_hash")
-    if not token_hash:
-        raise RecordRefused("the spooled turn names neither an org nor a token")
-    principal = _principal(db, str(token_hash))
-    try:
-        require_scope(principal, "sessions:write")
-        return resolve_org(principal, message.get("org_header")), principal.user_id
-    except AuthError as exc:
-        raise RecordRefused(exc.message) from None
 
 
 class EarlierTurnPending(TransientError):
@@ -158,14 +95,32 @@ class EarlierTurnPending(TransientError):
     probably still on the spool. Retried (with backoff), then stored as it is."""
 
 
+def org_named(message: Mapping[str, Any]) -> tuple[uuid.UUID, uuid.UUID | None] | None:
+    """The org a spooled turn names (the proxy checked its token) and the user that token is
+    bound to; None when it carries the token's hash instead, for the worker to check."""
+    if not message.get("org_id"):
+        return None
+    bound = message.get("user_id")
+    return uuid.UUID(str(message["org_id"])), uuid.UUID(str(bound)) if bound else None
+
+
 def store_chat_turn(
-    store: SessionStore, message: Mapping[str, Any], *, first_attempt: bool = False
+    store: SessionStore,
+    message: Mapping[str, Any],
+    *,
+    first_attempt: bool = False,
+    org: tuple[uuid.UUID, uuid.UUID | None] | None = None,
 ) -> int | None:
     """Store a spooled turn in the session it names; the turn index it was stored as, or None
-    when the session already held it (a retry, a redelivery, a late copy). On the
-    ``first_attempt``, a turn that would be stored whole although it holds earlier answers
-    raises :class:`EarlierTurnPending` instead (see :mod:`proxy.conversation`)."""
-    org_id, bound = org_of(store.db, message)
+    when the session already held it (a retry, a redelivery, a late copy). ``org``: the org
+    and the token's bound user, when the message carries a token's hash (else the message's
+    own, :func:`org_named`). On the ``first_attempt``, a turn that would be stored whole
+    although it holds earlier answers raises :class:`EarlierTurnPending` instead (see
+    :mod:`sessions.conversation`)."""
+    org = org or org_named(message)
+    if org is None:
+        raise RecordRefused("the spooled turn names no org, and its token was not checked")
+    org_id, bound = org
     sessions = store
     user_id = None
     if bound is not None:
@@ -212,3 +167,38 @@ def store_chat_turn(
             continue  # another turn of the session landed first: plan again on top of it
         return count + 1 if result.turns_added else None
     raise TransientError(f"session {session.id} kept changing while its turn was stored")
+
+
+# -- the chat path's turn counter -----------------------------------------------------------
+
+#: ``ibex_chat_turns_total`` by ``outcome``: ``spooled`` (proxy: on the spool), ``recorded``
+#: (worker: stored as a new turn), ``replayed`` (worker: the session already held it),
+#: ``failed`` (proxy: the spool write failed or the answer could not be read; worker: refused
+#: for good). Process-wide, created on first use.
+TURN_OUTCOMES = ("spooled", "recorded", "replayed", "failed")
+
+_lock = threading.Lock()
+_turns: Any = None
+
+
+def _counter() -> Any:
+    global _turns
+    if _turns is None:
+        with _lock:
+            if _turns is None:
+                import prometheus_client as prom
+
+                _turns = prom.Counter(
+                    "ibex_chat_turns_total", "Chat path turns by outcome.", ["outcome"]
+                )
+    return _turns
+
+
+def count_turn(outcome: str) -> None:
+    assert outcome in TURN_OUTCOMES, outcome
+    _counter().labels(outcome).inc()
+
+
+def turns_counted(outcome: str) -> float:
+    """The current value of ``ibex_chat_turns_total{outcome}`` in this process."""
+    return float(_counter().labels(outcome)._value.get())

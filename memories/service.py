@@ -2,14 +2,14 @@
 
 No Falcon and no request: each outcome of a create carries the answer it gives (status, body,
 headers) as bytes, because a replay must give the response first given byte for byte; reads
-and deletes raise :class:`~memory_service.domain_errors.MemoryNotFoundError`, which the app
+and deletes raise :class:`~memories.errors.MemoryNotFoundError`, which the app
 maps onto HTTP in one place.
 
 In order: validate the document (a 422 outcome field by field), fingerprint the validated body,
 and only then touch the idempotency key, because the fingerprint is taken over the validated
 body; so a document that fails validation never claims, and never consumes, its key.
 
-With a key, the Redis record (:mod:`memory_service.idempotency`) is claimed first:
+With a key, the Redis record (:mod:`memories.idempotency`) is claimed first:
 
 - another fingerprint under the key is a conflict; a finished record answers as it records
   (a created memory is replayed from its row, read by key from Postgres; a 409 is rebuilt
@@ -18,7 +18,7 @@ With a key, the Redis record (:mod:`memory_service.idempotency`) is claimed firs
   lease (the record then expired with the lease) it may have committed: the write answers
   with the row holding the key when there is one. The decided answer is stored under the key
   (``complete``) when it is one the key keeps (its
-  :class:`~memory_service.idempotency.StoredAnswer`), else the key is freed (``release``), and
+  :class:`~memories.idempotency.StoredAnswer`), else the key is freed (``release``), and
   freed as well when the write raised, so a 5xx never consumes a key;
 - when Redis is unavailable the write runs on the Postgres keys alone: the unique constraints
   still allow one row per key and per content, so a repeat is answered from the row.
@@ -42,29 +42,29 @@ from marshmallow import ValidationError
 
 from core.errors import ConfigError, DatabaseUnavailableError, EmbeddingsUnavailable
 from embeddings import Embedder
-from memory_service.auth import Principal
-from memory_service.canonical import canonical_request, content_hash, fingerprint_digest
-from memory_service.domain_errors import MemoryNotFoundError
-from memory_service.errors import dumps, error_body
-from memory_service.idempotency import (
+from memories.auth import Principal
+from memories.canonical import canonical_request, content_hash, fingerprint_digest
+from memories.errors import MemoryNotFoundError
+from memories.idempotency import (
     Answer,
     Claim,
     ClaimState,
     IdempotencyStore,
     StoredAnswer,
 )
-from memory_service.memories.store import (
+from memories.metrics import MemoryMetrics
+from memories.scope import AGENT_WIDE, ReadScope, UserRef
+from memories.store import (
     EmbeddingStore,
     MemoryRow,
     MemoryStore,
     NewMemory,
     WriteOutcome,
 )
-from memory_service.metrics import Metrics
-from memory_service.scope import AGENT_WIDE, ReadScope, UserRef
-from memory_service.users.service import UserService
-from memory_service.validation import quick_load_create
+from memories.users import UserService
+from memories.validation import quick_load_create
 from schema import describe_errors
+from schema.bodies import dumps, error_body
 from schema.memory import MemoryCreateSchema
 
 log = logging.getLogger(__name__)
@@ -265,7 +265,7 @@ class MemoryService:
         self,
         store: MemoryStore,
         idempotency: IdempotencyStore,
-        metrics: Metrics,
+        metrics: MemoryMetrics,
         users: UserService | None = None,
         embedder: Embedder | None = None,
         embeddings: EmbeddingStore | None = None,
@@ -425,7 +425,7 @@ class MemoryService:
 
     def delete(self, org_id: uuid.UUID, memory_id: uuid.UUID, scope: ReadScope) -> None:
         """Soft-delete the memory if it is in ``scope`` (whose memories the deleter reaches:
-        :meth:`~memory_service.users.service.UserService.deleter_of`); else not found."""
+        :meth:`~memories.users.UserService.deleter_of`); else not found."""
         if scope.empty or not self.store.soft_delete(org_id, memory_id, scope):
             raise MemoryNotFoundError()
 
@@ -555,7 +555,7 @@ def backfill(
     stored in its own statement: an interrupted run loses at most a batch, and a rerun
     continues with what is still missing. Raises
     :class:`~core.errors.EmbeddingsUnavailable` when the embedder fails (what was stored
-    stays) and :class:`~memory_service.memories.store.EmbeddingDimensionError` when the model
+    stays) and :class:`~memories.store.EmbeddingDimensionError` when the model
     was stored with another dimension."""
     embeddings.register(embedder.model, embedder.dimension)
     report = BackfillReport()
