@@ -11,7 +11,7 @@ Settings chosen on purpose (Dramatiq's delivery facts behind them: docs/reliabil
   Dramatiq's maintenance on its queue every 10 s (:mod:`actors.guard`): a killed worker's
   unacked messages come back within about 40 s instead of Dramatiq's default of tens of
   minutes. The scan's leases remain the real backstop (some retries are dropped).
-- Retries from the one :class:`~extraction.retry.RetryPolicy` (``MAX_RETRIES``,
+- Retries from the one :class:`~extraction.retry.RedeliveryPolicy` (``MAX_RETRIES``,
   ``RETRY_MIN_BACKOFF_MS``, ``RETRY_MAX_BACKOFF_MS``); permanent
   errors are in every actor's ``throws`` and never retried.
 - The time limit sits above the LLM and HTTP timeouts, so a slow call fails as a timeout (a
@@ -42,7 +42,7 @@ from dramatiq.middleware import (
 
 from core.config import Settings, export_environment
 from core.errors import ConfigError
-from extraction.retry import RetryPolicy
+from extraction.retry import RedeliveryPolicy
 from extraction.stages import Send
 from schema.messages import Queue
 
@@ -76,7 +76,7 @@ def retry_when(max_retries: int) -> Callable[[int, BaseException], bool]:
 
 
 def base_middleware(settings: Settings) -> list[Middleware]:
-    policy = RetryPolicy.from_settings(settings)
+    policy = RedeliveryPolicy.from_settings(settings)
     return [
         AgeLimit(),
         TimeLimit(time_limit=time_limit_ms(settings)),
@@ -87,7 +87,7 @@ def base_middleware(settings: Settings) -> list[Middleware]:
             max_backoff=policy.max_backoff_ms,
             retry_when=retry_when(policy.max_retries),
         ),
-        # The running message, for the stage shell: what a retry carries (actors/shell.py).
+        # The running message, for the stage actors: what a retry carries (actors/stage.py).
         CurrentMessage(),
     ]
 

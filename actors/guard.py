@@ -57,7 +57,7 @@ from dramatiq.brokers.redis import RedisBroker, _RedisConsumer
 from dramatiq.common import compute_backoff, current_millis, q_name
 from dramatiq.errors import ConnectionClosed
 
-from actors.envelope import message_problem
+from extraction.envelope import message_problem
 
 log = logging.getLogger(__name__)
 

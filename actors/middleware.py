@@ -1,6 +1,7 @@
 """Worker middleware: resource lifetimes and the dead-letter mirror.
 
-- :class:`PipelineRuntime` builds the process's stage dependencies once, at process boot: the
+- :class:`PipelineRuntime` builds the process's stage dependencies once, at process boot, into
+  the runtime every actor is declared with (:data:`actors.stage.WORKER`): the
   database (a small connection pool), the LLM provider and one :class:`MemoryClient` (one
   pooled httpx client per process). Without ``DATABASE_URL`` (or ``MEMORY_SERVICE_TOKEN``) the
   worker process exits at once with a one-line error naming the variable: extraction without
@@ -8,10 +9,6 @@
   (:data:`WORKER_SWITCH_INTERVAL_S`).
 - :class:`DatabaseConnection` checks a connection out of the pool for each message and gives it
   back when the message is acked or nacked.
-- :class:`MessageShape` validates a message against its actor's route (the one dispatch table,
-  :mod:`extraction.dispatch`): one whose arguments do not bind to the actor's signature or do
-  not pass its schema (a hand-made or corrupted payload) is failed at once instead of retried;
-  a valid one is handed to the actor (:func:`take_validated`), which does not check it again.
 - :class:`DeadLetterMirror` (``after_nack``) writes every failed message into
   ``ibex_core.dead_letters`` (payload, actor, queue, exception type and message, traceback,
   attempts, slot identity) and marks its turn ``failed`` with the reason, so the pointer of
@@ -23,28 +20,26 @@
 from __future__ import annotations
 
 import contextlib
-import functools
 import inspect
 import logging
 import sys
-import threading
 import traceback
 import uuid
 from typing import Any
 
 import dramatiq
 from dramatiq.errors import ActorNotFound
-from dramatiq.middleware import CurrentMessage, Middleware, SkipMessage
+from dramatiq.middleware import Middleware
 from playhouse.postgres_ext import PooledPostgresqlExtDatabase
 
-from actors.envelope import MALFORMED, decode_problem, salvage
 from actors.logs import describe
+from actors.runtime import WORKER
 from core.config import Settings
 from core.db import make_pool, transaction
-from core.errors import ConfigError, DatabaseUnavailableError, InvalidMessageError, PermanentError
+from core.errors import ConfigError, DatabaseUnavailableError, PermanentError
 from extraction import deadletter_rows
 from extraction.deadletter_rows import DeadLetterRecord
-from extraction.dispatch import ROUTES
+from extraction.envelope import MALFORMED, decode_problem, salvage
 from extraction.stages import StageDeps
 from extraction.values import TurnRef
 from schema.messages import ActorName
@@ -52,14 +47,10 @@ from sessions.store import SessionStore
 
 log = logging.getLogger(__name__)
 
-_deps: StageDeps | None = None
-_deps_lock = threading.Lock()
 
 #: The actors whose messages name one turn: a dead letter of theirs fails that turn.
 TURN_ACTORS = frozenset({ActorName.EXTRACT, ActorName.WRITE, ActorName.POINTER})
 
-#: The message the shape check validated, for the actor running next in this worker thread.
-_validated = threading.local()
 
 #: The worker process's thread switch interval (``sys.setswitchinterval``; Python's default is
 #: 5 ms). A worker thread spends its message waiting on I/O (the LLM, the memory service,
@@ -72,20 +63,7 @@ WORKER_SWITCH_INTERVAL_S = 0.001
 
 def install_deps(deps: StageDeps | None) -> None:
     """Set the stage dependencies of this process (tests, the CLI); None removes them."""
-    global _deps
-    with _deps_lock:
-        _deps = deps
-
-
-def current_deps() -> StageDeps:
-    """The stage dependencies of this process; a ConfigError when nothing installed them."""
-    deps = _deps
-    if deps is None:
-        raise ConfigError(
-            "the pipeline is not configured in this process (DATABASE_URL is not set?)",
-            variable="DATABASE_URL",
-        )
-    return deps
+    WORKER.install(deps)
 
 
 def pooled_database(url: str, max_connections: int) -> PooledPostgresqlExtDatabase:
@@ -139,7 +117,7 @@ class PipelineRuntime(Middleware):
         sys.setswitchinterval(WORKER_SWITCH_INTERVAL_S)
         # httpx logs every request at INFO: five lines a turn, and nothing an operator needs.
         logging.getLogger("httpx").setLevel(logging.WARNING)
-        if _deps is not None:
+        if WORKER.installed is not None:
             return
         try:
             install_deps(build_worker_deps(Settings.from_env()))
@@ -149,7 +127,7 @@ class PipelineRuntime(Middleware):
             raise SystemExit(1) from None
 
     def before_worker_shutdown(self, broker: dramatiq.Broker, worker: Any) -> None:
-        deps = _deps
+        deps = WORKER.installed
         if deps is None:
             return
         for resource in (getattr(deps, "memory", None), getattr(deps, "provider", None)):
@@ -165,11 +143,12 @@ class DatabaseConnection(Middleware):
     """One database connection per message, from the process's pool."""
 
     def before_process_message(self, broker: dramatiq.Broker, message: Any) -> None:
-        if _deps is not None:
-            _deps.store.db.connect(reuse_if_open=True)
+        deps = WORKER.installed
+        if deps is not None:
+            deps.store.db.connect(reuse_if_open=True)
 
     def _release(self) -> None:
-        deps = _deps
+        deps = WORKER.installed
         if deps is None:
             return
         db = deps.store.db
@@ -184,64 +163,6 @@ class DatabaseConnection(Middleware):
 
     def after_nack(self, broker: dramatiq.Broker, message: Any) -> None:
         self._release()
-
-
-def take_validated() -> dict[str, Any] | None:
-    """The running message as :class:`MessageShape` validated it, once; None when no shape
-    check ran for it in this thread (an actor called outside a worker)."""
-    found: tuple[str, dict[str, Any]] | None = getattr(_validated, "message", None)
-    _validated.message = None
-    if found is None:
-        return None
-    current = CurrentMessage.get_current_message()
-    if current is None or current.message_id != found[0]:
-        return None
-    return found[1]
-
-
-@functools.lru_cache(maxsize=64)
-def _signature(fn: Any) -> inspect.Signature:
-    """``inspect.signature(fn)``, computed once per actor function rather than per message."""
-    return inspect.signature(fn)
-
-
-class MessageShape(Middleware):
-    """Validate a message once, by its route; fail (without retrying) one that is invalid."""
-
-    def before_process_message(self, broker: dramatiq.Broker, message: Any) -> None:
-        _validated.message = None
-        route = ROUTES.get(message.actor_name)
-        try:
-            actor = broker.get_actor(message.actor_name)
-        except ActorNotFound:
-            return  # the worker dead-letters unknown actors itself
-        try:
-            bound = _signature(actor.fn).bind(*message.args, **message.kwargs)
-            if route is None:
-                return
-            loaded = route.load(bound.arguments)
-        except TypeError as exc:
-            self._reject(message, f"invalid {message.actor_name} message: {exc}")
-        except InvalidMessageError as exc:
-            self._reject(message, str(exc), cause=exc)
-        _validated.message = (message.message_id, loaded)
-
-    def after_process_message(
-        self,
-        broker: dramatiq.Broker,
-        message: Any,
-        *,
-        result: Any = None,
-        exception: BaseException | None = None,
-    ) -> None:
-        _validated.message = None
-
-    @staticmethod
-    def _reject(message: Any, reason: str, *, cause: BaseException | None = None) -> None:
-        # The dead letter's traceback shows the schema's complaint (the cause), if any.
-        message.options["ibex_invalid"] = reason
-        message.fail()
-        raise SkipMessage(reason) from cause
 
 
 def _identity(message: Any, actor_fn: Any | None) -> dict[str, Any]:
@@ -284,10 +205,7 @@ class DeadLetterMirror(Middleware):
 
     def _mirror(self, broker: dramatiq.Broker, message: Any) -> None:
         exc = getattr(message, "_exception", None)
-        invalid = message.options.get("ibex_invalid")
-        if invalid:
-            exc_type, exc_message = "InvalidMessageError", str(invalid)
-        elif exc is not None:
+        if exc is not None:
             exc_type, exc_message = type(exc).__name__, str(exc)
         else:
             exc_type, exc_message = None, None
@@ -297,7 +215,7 @@ class DeadLetterMirror(Middleware):
             actor_fn = None
         retries = int(message.options.get("retries", 0) or 0)
         # Exhausted retries were already counted for this delivery; a thrown error was not.
-        thrown = invalid or exc is None or isinstance(exc, PermanentError | ActorNotFound)
+        thrown = exc is None or isinstance(exc, PermanentError | ActorNotFound)
         ident = _identity(message, actor_fn)
         record = DeadLetterRecord(
             redis_message_id=str(message.options.get("redis_message_id") or message.message_id),
@@ -314,7 +232,7 @@ class DeadLetterMirror(Middleware):
         # By actor, id, the ids it carries and the error's class: the error's message may
         # quote the payload (a conversation, a memory), which stays in the mirror.
         log.error("dead letter: %s: %s", describe(message), exc_type)
-        deps = _deps
+        deps = WORKER.installed
         if deps is None:
             log.error("no database in this process: dead letter %s not mirrored", record.message_id)
             return
@@ -349,7 +267,7 @@ def mirror_malformed(queue: str, redis_message_id: str, raw: bytes, reason: str)
         traceback=None,
         attempts=1,
     )
-    deps = _deps
+    deps = WORKER.installed
     if deps is None:
         log.error(
             "no database in this process: malformed message %s not mirrored", redis_message_id
@@ -367,20 +285,17 @@ def mirror_malformed(queue: str, redis_message_id: str, raw: bytes, reason: str)
 def pipeline_middleware() -> list[Middleware]:
     """The pipeline's middleware in order; ``after_*`` hooks run in reverse, so the mirror
     writes before the connection is given back."""
-    return [MessageShape(), PipelineRuntime(), DatabaseConnection(), DeadLetterMirror()]
+    return [PipelineRuntime(), DatabaseConnection(), DeadLetterMirror()]
 
 
 __all__ = [
     "WORKER_SWITCH_INTERVAL_S",
     "DatabaseConnection",
     "DeadLetterMirror",
-    "MessageShape",
     "PipelineRuntime",
     "build_worker_deps",
-    "current_deps",
     "install_deps",
     "mirror_malformed",
     "pipeline_middleware",
     "pooled_database",
-    "take_validated",
 ]

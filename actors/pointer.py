@@ -8,22 +8,11 @@ and nothing ever moves the pointer backwards.
 
 from __future__ import annotations
 
-import dramatiq
-
-from actors.broker import broker
-from actors.shell import run_route
-from core.errors import PermanentError
+from actors.stage import stage_actor
 from extraction.dispatch import ROUTES
 from schema.messages import ActorName
 
-ROUTE = ROUTES[ActorName.POINTER]
 
-
-@dramatiq.actor(
-    actor_name=ROUTE.actor.value,
-    queue_name=ROUTE.queue.value,
-    throws=(PermanentError,),
-    broker=broker,
-)
+@stage_actor(ROUTES[ActorName.POINTER])
 def advance_pointer(org_id: str, session_id: str, turn_index: int) -> None:
-    run_route(ROUTE, {"org_id": org_id, "session_id": session_id, "turn_index": turn_index})
+    """Mark a turn done and move the pointer: :func:`extraction.stages.complete_turn`."""

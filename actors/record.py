@@ -19,7 +19,7 @@ import dramatiq
 from dramatiq.middleware import CurrentMessage
 
 from actors.broker import broker
-from actors.middleware import current_deps
+from actors.runtime import WORKER
 from core.db import db_errors
 from core.errors import PermanentError
 from memories.auth import AuthError, Principal, require_scope, resolve_org
@@ -43,7 +43,7 @@ log = logging.getLogger(__name__)
     broker=broker,
 )
 def record_chat_turn(turn: dict[str, Any]) -> None:
-    deps = current_deps()
+    deps = WORKER.deps
     current = CurrentMessage.get_current_message()
     first_attempt = current is not None and not current.options.get("retries")
     try:

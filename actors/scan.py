@@ -12,38 +12,22 @@ from __future__ import annotations
 import logging
 from functools import partial
 
-import dramatiq
-
-from actors.broker import broker, current_broker
-from actors.middleware import current_deps
-from actors.queue_stats import queue_counts
-from actors.shell import run_route
-from core.errors import PermanentError
+from actors.broker import current_broker
+from actors.stage import stage_actor
 from extraction.dispatch import ROUTES
 from extraction.metrics import PipelineMetrics
+from extraction.queues import queue_counts
+from extraction.stages import StageDeps
 from extraction.status import collect
 from schema.messages import WORKER_QUEUES, ActorName
 
 log = logging.getLogger(__name__)
 
-ROUTE = ROUTES[ActorName.SCAN]
 
-
-@dramatiq.actor(
-    actor_name=ROUTE.actor.value,
-    queue_name=ROUTE.queue.value,
-    throws=(PermanentError,),
-    broker=broker,
-)
-def scan_sessions(session_id: str | None = None) -> None:
-    sent = run_route(ROUTE, {"session_id": session_id})
+def observe_backlog(deps: StageDeps, sent: int) -> None:
+    """Log what the scan sent and refresh the backlog gauges (when metrics are on): once per
+    scan is often enough."""
     log.info("scan: sent %d turn%s to extract", sent, "" if sent == 1 else "s")
-    observe_backlog()
-
-
-def observe_backlog() -> None:
-    """Refresh the backlog gauges (when metrics are on): once per scan is often enough."""
-    deps = current_deps()
     metrics = getattr(deps, "metrics", None)
     if metrics is None or type(metrics) is PipelineMetrics:
         return
@@ -58,3 +42,8 @@ def observe_backlog() -> None:
     except Exception:
         # Metrics never fail a scan.
         log.warning("could not refresh the backlog gauges", exc_info=True)
+
+
+@stage_actor(ROUTES[ActorName.SCAN], after=observe_backlog)
+def scan_sessions(session_id: str | None = None) -> None:
+    """One scan: :func:`extraction.stages.scan`."""

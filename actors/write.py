@@ -8,25 +8,11 @@ POSTed again; and recording the slot is ``ON CONFLICT DO NOTHING`` under the tur
 
 from __future__ import annotations
 
-import dramatiq
-
-from actors.broker import broker
-from actors.shell import run_route
-from core.errors import PermanentError
+from actors.stage import stage_actor
 from extraction.dispatch import ROUTES
 from schema.messages import ActorName
 
-ROUTE = ROUTES[ActorName.WRITE]
 
-
-@dramatiq.actor(
-    actor_name=ROUTE.actor.value,
-    queue_name=ROUTE.queue.value,
-    throws=(PermanentError,),
-    broker=broker,
-)
+@stage_actor(ROUTES[ActorName.WRITE])
 def write_memory(org_id: str, session_id: str, turn_index: int, ordinal: int) -> None:
-    run_route(
-        ROUTE,
-        {"org_id": org_id, "session_id": session_id, "turn_index": turn_index, "ordinal": ordinal},
-    )
+    """Write one memory slot: :func:`extraction.stages.write_memory`."""

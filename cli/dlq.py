@@ -37,7 +37,7 @@ def add_parser(sub: Any) -> None:
 
 
 def run(args: argparse.Namespace, settings: Settings) -> int:
-    from actors.deadletters import DeadLetterStore
+    from extraction.deadletters import DeadLetterStore
 
     store = DeadLetterStore(
         database(settings), redis_client(settings), lease_seconds=settings.extraction_lease_seconds

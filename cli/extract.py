@@ -75,11 +75,11 @@ class InlineReport:
 def drain_inline(deps: Any, first: Sequence[Any], report: InlineReport) -> None:
     """Run ``first`` and everything it leads to, one message at a time, in this thread."""
     from extraction.dispatch import run_message
-    from extraction.retry import RetryPolicy
+    from extraction.retry import RedeliveryPolicy
     from extraction.stages import Delivery
     from schema.messages import ActorName
 
-    policy = RetryPolicy.from_settings(deps.settings)
+    policy = RedeliveryPolicy.from_settings(deps.settings)
     # Each message keeps its Delivery across its retries, as a worker's message keeps its id.
     queue = deque((m, 0, Delivery()) for m in first)
     while queue:

@@ -39,7 +39,7 @@ def run(args: argparse.Namespace, settings: Settings) -> int:
 
     import redis
 
-    from actors.queue_stats import queue_counts
+    from extraction.queues import queue_counts
     from extraction.status import collect
     from schema.messages import WORKER_QUEUES
 

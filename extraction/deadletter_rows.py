@@ -3,7 +3,7 @@ worker writes a row per failed message (:func:`mirror`); ``ibex dlq`` reads the 
 claims one for a replay (which returns its failed turn to the pipeline) or purges it.
 
 What a dead message looks like in Redis, and how it is enqueued again, is the broker's side
-(``actors.deadletters``).
+(``extraction.deadletters``).
 """
 
 from __future__ import annotations

@@ -1,9 +1,11 @@
-"""The one retry policy: how long a runner waits before it runs a failed message again.
+"""The one redelivery policy: how long a runner waits before it runs a failed message again.
 
 Built from the settings (``RETRY_MIN_BACKOFF_MS``, ``RETRY_MAX_BACKOFF_MS``, ``MAX_RETRIES``,
-``EXTRACTION_CLAIM_SECONDS``) and used by every runner: the worker (``actors.shell`` turns it
+``EXTRACTION_CLAIM_SECONDS``) and used by every runner: the worker (``actors.stage`` turns it
 into ``dramatiq.Retry`` delays, and the broker's Retries middleware takes its backoff bounds
-from it), ``ibex extract``'s inline driver and the tests' harness.
+from it), ``ibex extract``'s inline driver and the tests' harness. (The public client's own
+``RetryPolicy`` is how an application repeats a call; this is how the queue repeats a
+message.)
 """
 
 from __future__ import annotations
@@ -20,14 +22,14 @@ _MAX_EXPONENT = 32
 
 
 @dataclass(frozen=True)
-class RetryPolicy:
+class RedeliveryPolicy:
     min_backoff_ms: int
     max_backoff_ms: int
     max_retries: int
     claim_ms: int
 
     @classmethod
-    def from_settings(cls, settings: Settings) -> RetryPolicy:
+    def from_settings(cls, settings: Settings) -> RedeliveryPolicy:
         return cls(
             min_backoff_ms=settings.retry_min_backoff_ms,
             max_backoff_ms=settings.retry_max_backoff_ms,
@@ -67,4 +69,4 @@ class RetryPolicy:
         return isinstance(exception, MemoryUnavailableError) and exception.retry_after is not None
 
 
-__all__ = ["RETRY_MARGIN_MS", "RetryPolicy"]
+__all__ = ["RETRY_MARGIN_MS", "RedeliveryPolicy"]

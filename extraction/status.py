@@ -12,7 +12,7 @@ of completed sessions (everything above each session's pointer):
 deleted; ``pointer_lag`` is the number of turns
 above the pointers, i.e. the sum of the four above.
 
-The queues' own counts come from the broker's side (``actors.queue_stats``), passed in as a
+The queues' own counts come from the broker's side (``extraction.queues``), passed in as a
 function: this module reads Postgres only. The table for terminals is ``cli/status.py``'s.
 """
 

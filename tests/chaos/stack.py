@@ -52,11 +52,11 @@ import httpx
 import psycopg2
 
 from actors.broker import HEARTBEAT_TIMEOUT_MS
-from actors.queue_stats import NAMESPACE, dead_key, delayed_key, queue_key
 from bench.dbadmin import database_name
 from cli.stack.processes import ROOT, Launcher, Process, ProcessError, free_port
 from core.db import connect_params, make_database
 from core.migrate import migrate
+from extraction.queues import NAMESPACE, dead_key, delayed_key, queue_key
 from models import bind
 from schema.messages import Queue
 from sessions.store import SessionStore

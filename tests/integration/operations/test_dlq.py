@@ -18,8 +18,8 @@ import dramatiq
 import pytest
 import redis
 
-from actors.deadletters import DeadLetterStore, fresh_payload
 from cli import main
+from extraction.deadletters import DeadLetterStore, fresh_payload
 from extraction.stages import StageDeps
 from tests.integration.pipeline.helpers import (
     FakeMemoryService,

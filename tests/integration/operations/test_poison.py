@@ -18,8 +18,8 @@ import dramatiq
 import pytest
 import redis
 
-from actors.deadletters import DeadLetterStore
-from actors.envelope import MALFORMED
+from extraction.deadletters import DeadLetterStore
+from extraction.envelope import MALFORMED
 from extraction.stages import StageDeps, scan
 from tests.integration.operations.test_dlq import _cli, redis_worker, wait_for
 from tests.integration.pipeline.helpers import (

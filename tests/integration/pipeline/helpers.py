@@ -38,7 +38,7 @@ from extraction.dispatch import run_message
 from extraction.keys import idempotency_key
 from extraction.memory_client import WriteOutcome
 from extraction.result import ExtractedMemory, ExtractionResult
-from extraction.retry import RetryPolicy
+from extraction.retry import RedeliveryPolicy
 from extraction.stages import Send, StageDeps
 from sessions.store import SessionStore, Turn, TurnInput
 
@@ -279,7 +279,7 @@ class Harness:
         ``dead_letter`` accepts it."""
         queue: deque[Send] = deque(first)
         retries: Counter[str] = Counter()
-        policy = RetryPolicy.from_settings(self.deps.settings)
+        policy = RedeliveryPolicy.from_settings(self.deps.settings)
         waits: Counter[str] = Counter()
         steps = 0
         while queue:

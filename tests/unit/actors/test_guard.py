@@ -14,8 +14,8 @@ import pytest
 import redis
 from dramatiq.errors import ConnectionClosed
 
-from actors.envelope import decode_problem, message_problem
 from actors.guard import IDLE_MISSES, GuardedConsumer, GuardedRedisBroker
+from extraction.envelope import decode_problem, message_problem
 
 
 def envelope(**overrides: Any) -> dict[str, Any]:
@@ -158,7 +158,7 @@ def test_the_envelope_check_knows_exactly_dramatiqs_message_fields() -> None:
     message in production."""
     import dataclasses
 
-    from actors.envelope import _FIELDS
+    from extraction.envelope import _FIELDS
 
     assert set(_FIELDS) == {f.name for f in dataclasses.fields(dramatiq.Message)}
 

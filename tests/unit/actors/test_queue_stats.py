@@ -1,4 +1,4 @@
-"""``actors.queue_stats`` reads the keys a real RedisBroker writes (on fakeredis): a message
+"""``extraction.queues`` reads the keys a real RedisBroker writes (on fakeredis): a message
 sent now is ``ready``, one sent with a delay is ``delayed``, and nothing else is counted."""
 
 from __future__ import annotations
@@ -7,7 +7,7 @@ import dramatiq
 import fakeredis
 from dramatiq.brokers.redis import RedisBroker
 
-from actors.queue_stats import dead_key, queue_counts
+from extraction.queues import dead_key, queue_counts
 from schema.messages import Queue
 
 

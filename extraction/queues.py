@@ -3,7 +3,7 @@
 A queue ``q`` of namespace ``ns`` is the list ``ns:q`` (ready message ids) with its payloads in
 ``ns:q.msgs``; delayed messages (retries waiting their backoff) are ``ns:q.DQ``; dead ones are
 the sorted set ``ns:q.XQ`` (by failure time) with payloads in ``ns:q.XQ.msgs``. Only this
-module and :mod:`actors.deadletters` read those keys.
+module and :mod:`extraction.deadletters` read those keys.
 """
 
 from __future__ import annotations

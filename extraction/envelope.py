@@ -1,8 +1,8 @@
 """What a runnable message looks like: the check of a Dramatiq message's envelope.
 
 The consumer's guard (:mod:`actors.guard`) runs it on every fetched payload, the worker's
-dead-letter mirror (:mod:`actors.middleware`) and ``ibex dlq`` (:mod:`actors.deadletters`) use it
-to tell a malformed letter, which can never be replayed, from a failed one.
+dead-letter mirror (:mod:`actors.middleware`) and ``ibex dlq`` (:mod:`extraction.deadletters`)
+use it to tell a malformed letter, which can never be replayed, from a failed one.
 """
 
 from __future__ import annotations

@@ -22,7 +22,7 @@ A message whose Redis copy was swept (the 7-day TTL) is replayed from the mirror
 
 A letter may hold anything (a producer's bug, a hand-made payload): reading never assumes its
 shape. One whose payload is not a runnable message (:func:`message_problem`) is marked
-``malformed`` with the reason (:mod:`actors.envelope`); it can be listed, shown and purged,
+``malformed`` with the reason (:mod:`extraction.envelope`); it can be listed, shown and purged,
 and replay refuses it.
 
 Over 400 lines but one idea: a dead letter's two copies (Redis and the mirror) read, replayed
@@ -42,9 +42,9 @@ from typing import Any
 import peewee
 import redis
 
-from actors.envelope import MALFORMED, decode_problem, message_problem, salvage
-from actors.queue_stats import NAMESPACE, dead_key, queue_key
 from extraction import deadletter_rows
+from extraction.envelope import MALFORMED, decode_problem, message_problem, salvage
+from extraction.queues import NAMESPACE, dead_key, queue_key
 
 # KEYS: xq, xq.msgs, queue, queue.msgs  ARGV: old id, new id, payload, only-if-present flag
 _MOVE = """
