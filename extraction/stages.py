@@ -91,7 +91,7 @@ class ProviderLike(Protocol):
     ) -> ExtractionResult: ...
 
 
-class WriteOutcomeLike(Protocol):
+class WriteResultLike(Protocol):
     @property
     def status(self) -> int: ...
     @property
@@ -105,7 +105,7 @@ class WriteOutcomeLike(Protocol):
 class MemoryWriter(Protocol):
     def create_memory(
         self, org_id: uuid.UUID | str, body: Mapping[str, Any], idempotency_key: str
-    ) -> WriteOutcomeLike: ...
+    ) -> WriteResultLike: ...
 
 
 @dataclass(frozen=True)
@@ -531,7 +531,7 @@ def memory_body(
     return body
 
 
-def _outcome_label(outcome: WriteOutcomeLike) -> str:
+def _outcome_label(outcome: WriteResultLike) -> str:
     if outcome.code:
         return outcome.code.lower()
     return "replayed" if outcome.replayed else "created"

@@ -2,8 +2,9 @@
 
 :class:`IbexClient` and :class:`AsyncIbexClient` are the public API for applications
 (sessions, turns, memories, search, context), typed, retrying what is safe to retry. The
-package depends on httpx alone. (The pipeline's own client of ``/v1/memories``, which maps
-every answer onto what the queue should do, is ``extraction.memory_client``.)
+package depends on httpx alone. A caller that holds a request in the service's wire form
+sends it with ``send`` and :mod:`ibex_client.wire` (the pipeline does, without retries: its
+queue retries).
 
     with IbexClient("https://ibex.example.com", token) as ibex:
         hits = ibex.search("what is Dana allergic to?", agent_id=agent_id)

@@ -367,6 +367,12 @@ class IbexClient:
 
     # -- plumbing ----------------------------------------------------------------------------
 
+    def send(self, call: Call[T]) -> T:
+        """Send a prepared call (:mod:`ibex_client.wire`) as every method sends its own: this
+        client's headers, retry policy and typed errors; returns what ``call.parse`` makes
+        of a 2xx answer."""
+        return self._run(call)
+
     def _run(self, call: Call[T]) -> T:
         request = self._base.request(self._http, call)
         attempt = 0

@@ -36,7 +36,7 @@ from core.errors import (
 )
 from extraction.dispatch import run_message
 from extraction.keys import idempotency_key
-from extraction.memory_client import WriteOutcome
+from extraction.memory_client import WriteResult
 from extraction.result import ExtractedMemory, ExtractionResult
 from extraction.retry import RedeliveryPolicy
 from extraction.stages import Send, StageDeps
@@ -197,7 +197,7 @@ class FakeMemoryService:
 
     def create_memory(
         self, org_id: uuid.UUID | str, body: Mapping[str, Any], idempotency_key: str
-    ) -> WriteOutcome:
+    ) -> WriteResult:
         raw = canonical_json(body).encode()
         fingerprint = hashlib.sha256(raw).hexdigest()
         org = str(org_id)
@@ -212,20 +212,20 @@ class FakeMemoryService:
             if existing is not None:
                 if existing.fingerprint == fingerprint:
                     self.replays += 1
-                    return WriteOutcome(201, existing.memory_id, None, True)
+                    return WriteResult(201, existing.memory_id, None, True)
                 self.conflicts += 1
-                return WriteOutcome(409, existing.memory_id, "IDEMPOTENCY_CONFLICT", False)
+                return WriteResult(409, existing.memory_id, "IDEMPOTENCY_CONFLICT", False)
             content_key = (org, str(body["agent_id"]), str(body["content"]).strip().lower())
             if content_key in self.by_content:
                 self.duplicates += 1
-                return WriteOutcome(409, self.by_content[content_key], "DUPLICATE_CONTENT", False)
+                return WriteResult(409, self.by_content[content_key], "DUPLICATE_CONTENT", False)
             memory_id = uuid.uuid4()
             self.rows[(org, idempotency_key)] = StoredRow(memory_id, fingerprint, dict(body))
             self.by_content[content_key] = memory_id
             if idempotency_key in self.lose_response_for:
                 self.lose_response_for.discard(idempotency_key)
                 raise MemoryUnavailableError("connection reset after the commit")
-            return WriteOutcome(201, memory_id, None, False)
+            return WriteResult(201, memory_id, None, False)
 
     def slots(self) -> Counter[tuple[str, int, int]]:
         """Rows per (session, turn, ordinal): at most one each is invariant 1."""

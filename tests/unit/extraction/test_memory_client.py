@@ -1,7 +1,9 @@
-"""MemoryClient: every status the service can answer, mapped onto what the queue does."""
+"""MemoryClient (the public client without retries): every status the service can answer,
+mapped onto what the queue does."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import uuid
 from collections.abc import Callable
@@ -10,7 +12,7 @@ import httpx
 import pytest
 
 from core.errors import MemoryRejectedError, MemoryUnavailableError
-from extraction.memory_client import MemoryClient, WriteOutcome
+from extraction.memory_client import MemoryClient, WriteResult
 from ibex_client import canonical_body, parse_retry_after
 
 ORG = uuid.UUID("11111111-1111-4111-8111-111111111111")
@@ -49,9 +51,9 @@ def test_201_returns_the_memory_id_and_sends_the_headers() -> None:
         seen.append(request)
         return httpx.Response(201, json={"id": str(MEMORY_ID)})
 
-    with client_for(handler) as client:
+    with contextlib.closing(client_for(handler)) as client:
         outcome = client.create_memory(ORG, BODY, KEY)
-    assert outcome == WriteOutcome(201, MEMORY_ID, None, False)
+    assert outcome == WriteResult(201, MEMORY_ID, None, False)
     (request,) = seen
     assert request.method == "POST"
     assert request.url.path == "/v1/memories"
@@ -74,7 +76,7 @@ def test_replayed_201_is_flagged() -> None:
             201, json={"id": str(MEMORY_ID)}, headers={"Idempotent-Replayed": "true"}
         )
 
-    assert client_for(handler).create_memory(ORG, BODY, KEY) == WriteOutcome(
+    assert client_for(handler).create_memory(ORG, BODY, KEY) == WriteResult(
         201, MEMORY_ID, None, True
     )
 
@@ -82,19 +84,19 @@ def test_replayed_201_is_flagged() -> None:
 @pytest.mark.parametrize("status", [200, 202, 204])
 def test_other_2xx_are_success(status: int) -> None:
     outcome = client_for(lambda r: httpx.Response(status)).create_memory(ORG, BODY, KEY)
-    assert outcome == WriteOutcome(status, None, None, False)
+    assert outcome == WriteResult(status, None, None, False)
 
 
 def test_duplicate_content_is_success_with_the_existing_id() -> None:
     handler = error(409, "DUPLICATE_CONTENT", existing_id=str(MEMORY_ID))
-    assert client_for(handler).create_memory(ORG, BODY, KEY) == WriteOutcome(
+    assert client_for(handler).create_memory(ORG, BODY, KEY) == WriteResult(
         409, MEMORY_ID, "DUPLICATE_CONTENT", False
     )
 
 
 def test_idempotency_conflict_is_success_with_or_without_an_id() -> None:
     without = client_for(error(409, "IDEMPOTENCY_CONFLICT")).create_memory(ORG, BODY, KEY)
-    assert without == WriteOutcome(409, None, "IDEMPOTENCY_CONFLICT", False)
+    assert without == WriteResult(409, None, "IDEMPOTENCY_CONFLICT", False)
     with_id = client_for(
         error(409, "IDEMPOTENCY_CONFLICT", existing_id=str(MEMORY_ID))
     ).create_memory(ORG, BODY, KEY)
@@ -212,33 +214,3 @@ def test_retry_after_forms() -> None:
     assert parse_retry_after("soon") is None
     assert parse_retry_after("-5") == 0.0
     assert parse_retry_after("Wed, 21 Oct 2015 07:28:00 GMT") == 0.0  # in the past
-
-
-def test_get_and_list_and_delete() -> None:
-    def handler(request: httpx.Request) -> httpx.Response:
-        if request.method == "DELETE":
-            return httpx.Response(204 if request.url.path.endswith(str(MEMORY_ID)) else 404)
-        if request.url.path == f"/v1/memories/{MEMORY_ID}":
-            return httpx.Response(200, json={"id": str(MEMORY_ID)})
-        if request.url.path == "/v1/memories":
-            cursor = request.url.params.get("cursor")
-            if cursor is None:
-                assert request.url.params["limit"] == "1"
-                return httpx.Response(200, json={"items": [{"id": "a"}], "next_cursor": "c1"})
-            return httpx.Response(200, json={"items": [{"id": "b"}], "next_cursor": None})
-        return httpx.Response(404, json={"error": {"code": "NOT_FOUND", "message": "no"}})
-
-    client = client_for(handler)
-    assert client.get_memory(ORG, MEMORY_ID) == {"id": str(MEMORY_ID)}
-    assert client.get_memory(ORG, uuid.uuid4()) is None
-    assert [m["id"] for m in client.iter_memories(ORG, page_size=1)] == ["a", "b"]
-    assert client.delete_memory(ORG, MEMORY_ID) is True
-    assert client.delete_memory(ORG, uuid.uuid4()) is False
-
-
-def test_reads_classify_failures() -> None:
-    with pytest.raises(MemoryUnavailableError):
-        client_for(error(503, "UNAVAILABLE")).get_memory(ORG, MEMORY_ID)
-    with pytest.raises(MemoryRejectedError) as info:
-        client_for(error(403, "FORBIDDEN_ORG")).list_memories(ORG)
-    assert info.value.code == "FORBIDDEN_ORG"
