@@ -13,7 +13,7 @@ from collections.abc import Callable, Sequence
 from typing import Any, Protocol, TypeVar
 
 from core.config import Settings
-from core.errors import NotFoundError
+from core.errors import RowNotFoundError
 
 EXIT_OK, EXIT_FAILURE, EXIT_USAGE = 0, 1, 2
 
@@ -64,10 +64,10 @@ def session_id_arg(value: str) -> str:
 
 def resolve_session(store: Any, args: argparse.Namespace) -> uuid.UUID | None:
     """The session ``--session`` names (with ``--org``/``--agent``), or None without it.
-    Raises :class:`~core.errors.NotFoundError` when it names none or several."""
+    Raises :class:`~core.errors.RowNotFoundError` when it names none or several."""
     if args.session is None:
         if args.org or args.agent:
-            raise NotFoundError("--org and --agent narrow --session: give --session too")
+            raise RowNotFoundError("--org and --agent narrow --session: give --session too")
         return None
     found = store.find_sessions(args.session, org=args.org, agent=args.agent)
     narrowed = "".join(
@@ -76,9 +76,9 @@ def resolve_session(store: Any, args: argparse.Namespace) -> uuid.UUID | None:
         if value
     )
     if not found:
-        raise NotFoundError(f"no session {args.session!r}{narrowed}")
+        raise RowNotFoundError(f"no session {args.session!r}{narrowed}")
     if len(found) > 1:
-        raise NotFoundError(
+        raise RowNotFoundError(
             f"session {args.session!r}{narrowed} is ambiguous: "
             + ", ".join(str(name) for name in found)
             + "; add --org and/or --agent"

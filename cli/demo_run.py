@@ -27,7 +27,7 @@ from pathlib import Path
 from typing import Any
 
 from cli.common import EXIT_FAILURE, EXIT_OK
-from cli.progress import Progress
+from cli.progress import ProgressLine
 from cli.stack.embedded import EmbeddedPostgres, EmbeddedRedis, default_demo_folder
 from cli.stack.processes import ROOT, Launcher, ProcessError, free_port
 from core.config import Settings, child_environment
@@ -289,7 +289,7 @@ def _scan(env: dict[str, str]) -> None:
 
 def _wait_for_drain(db: Any, processes: Launcher, timeout: float) -> bool:
     done, lag, failed = _backlog(db)
-    progress = Progress("extracting", total=done + lag)
+    progress = ProgressLine("extracting", total=done + lag)
     deadline = time.monotonic() + timeout
     try:
         while lag > failed:

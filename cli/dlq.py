@@ -109,7 +109,7 @@ def _dlq_show(store: Any, args: argparse.Namespace) -> int:
 
 
 def _dlq_replay(store: Any, args: argparse.Namespace) -> int:
-    from cli.progress import Progress
+    from cli.progress import ProgressLine
 
     if args.all == bool(args.ids):
         print("ibex dlq replay: give dead letter IDs or --all (not both)", file=sys.stderr)
@@ -118,7 +118,7 @@ def _dlq_replay(store: Any, args: argparse.Namespace) -> int:
         refs = [letter.ref for letter in store.list(queue=args.queue, actor=args.actor)]
     else:
         refs = list(args.ids)
-    progress = Progress("replaying", total=len(refs))
+    progress = ProgressLine("replaying", total=len(refs))
     report = store.replay(refs, dry_run=args.dry_run, progress=progress.update)
     progress.close()
     for ref in report.missing:

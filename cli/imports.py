@@ -32,7 +32,7 @@ def add_parser(sub: Any) -> None:
 def run(args: argparse.Namespace, settings: Settings) -> int:
     import json
 
-    from cli.progress import Progress
+    from cli.progress import ProgressLine
     from sessions.importer import MAX_LINE_BYTES, ImportStopped, import_lines, read_lines
     from sessions.store import SessionStore
 
@@ -47,7 +47,7 @@ def run(args: argparse.Namespace, settings: Settings) -> int:
             print(f"ibex import: cannot read {args.file}: {exc.strerror}", file=sys.stderr)
             return EXIT_FAILURE
         close = True
-    progress = Progress("importing")
+    progress = ProgressLine("importing")
     stopped: ImportStopped | None = None
     try:
         report = import_lines(

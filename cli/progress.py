@@ -7,8 +7,8 @@ import time
 from typing import TextIO
 
 
-class Progress:
-    """``Progress(total=None).update(done, detail)`` redraws at most ten times a second."""
+class ProgressLine:
+    """``ProgressLine(total=None).update(done, detail)`` redraws at most ten times a second."""
 
     def __init__(self, label: str, total: int | None = None, stream: TextIO | None = None) -> None:
         self.label = label

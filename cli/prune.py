@@ -88,7 +88,7 @@ def run(args: argparse.Namespace, settings: Settings) -> int:
 
 def _erase_deleted(args: argparse.Namespace, settings: Settings) -> int:
     from cli.erasure import Erasure
-    from cli.progress import Progress
+    from cli.progress import ProgressLine
     from cli.status import database
 
     cutoff = dt.datetime.now(dt.UTC) - args.deleted_older_than
@@ -106,7 +106,7 @@ def _erase_deleted(args: argparse.Namespace, settings: Settings) -> int:
     refused = _unconfirmed(args, f"Erase {what}?", "nothing erased")
     if refused is not None:
         return refused
-    progress = Progress("erasing", total=found.total)
+    progress = ProgressLine("erasing", total=found.total)
     started = time.monotonic()
     erased = erasure.erase(
         cutoff,
@@ -152,7 +152,7 @@ def _print_erased_json(erased: Any, cutoff: dt.datetime, *, dry_run: bool, secon
 
 
 def _prune_done(args: argparse.Namespace, settings: Settings) -> int:
-    from cli.progress import Progress
+    from cli.progress import ProgressLine
     from cli.status import database
     from extraction.turns import TurnStore
 
@@ -174,7 +174,7 @@ def _prune_done(args: argparse.Namespace, settings: Settings) -> int:
     refused = _unconfirmed(args, f"Delete {what}?", "nothing pruned")
     if refused is not None:
         return refused
-    progress = Progress("pruning", total=found.turns)
+    progress = ProgressLine("pruning", total=found.turns)
     started = time.monotonic()
     pruned = turns.prune_done(
         cutoff,

@@ -3,7 +3,7 @@ live memories that lack a vector of the configured embedder's model (``EMBEDDING
 org unless ``--org``. After a model change every memory lacks one, so this is also how vectors
 of a new model are made; ``--all`` replaces the current model's vectors too. Batches of
 ``--batch-size`` texts, one embedder request and one statement each, in id order: safe to
-interrupt and to run again (it continues with what is still missing). Progress on stderr; the
+interrupt and to run again (it continues with what is still missing). ProgressLine on stderr; the
 totals on stdout (``--json``: one object). Where pgvector is installed it first creates the
 HNSW index of the model's dimension, if missing (as the table's owner)."""
 
@@ -48,7 +48,7 @@ def _fail(message: str) -> int:
 
 
 def run(args: argparse.Namespace, settings: Settings) -> int:
-    from cli.progress import Progress
+    from cli.progress import ProgressLine
     from core.db import make_database
     from core.errors import EmbeddingsUnavailable
     from embeddings import embedder_from_settings
@@ -85,13 +85,13 @@ def run(args: argparse.Namespace, settings: Settings) -> int:
             total = embeddings.count_missing(
                 org_id, embedder.model, agent_id=agent_id, replace=args.all
             )
-            progress = Progress(f"reembed {slug}", total=total)
+            progress = ProgressLine(f"reembed {slug}", total=total)
 
             def on_batch(
                 report: BackfillReport,
                 slug: str = slug,
                 total: int = total,
-                progress: Progress = progress,
+                progress: ProgressLine = progress,
             ) -> None:
                 progress.update(report.memories, f"{report.embedded} stored")
                 if not progress.enabled:

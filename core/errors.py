@@ -37,7 +37,7 @@ class InvalidMessageError(PermanentError):
         self.messages = messages if messages is not None else {}
 
 
-class NotFoundError(PermanentError):
+class RowNotFoundError(PermanentError):
     """The session, turn or record a message names does not exist (or is not visible)."""
 
 
@@ -74,7 +74,7 @@ class ImmutableTurnError(PermanentError):
         self.turn_index = turn_index
 
 
-class UserConflictError(PermanentError):
+class SessionUserConflictError(PermanentError):
     """A session's user is set once: naming another user for it later is refused (the HTTP API
     answers 409 ``USER_CONFLICT``)."""
 
@@ -85,7 +85,7 @@ class UserConflictError(PermanentError):
         self.requested = requested
 
 
-class TurnGapError(PermanentError):
+class TurnIndexGapError(PermanentError):
     """Turns were offered starting past the session's next turn index: none may be skipped."""
 
     def __init__(self, message: str, *, expected_turn_index: int) -> None:

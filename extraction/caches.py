@@ -7,7 +7,7 @@ import threading
 import uuid
 from collections import OrderedDict
 
-from extraction.values import Answer, PersistedResult, TurnRef
+from extraction.values import LlmAnswer, PersistedResult, TurnRef
 
 
 class SlotCache:
@@ -68,16 +68,16 @@ class AnswerCache:
     def __init__(self, max_turns: int = 1024) -> None:
         self.max_turns = max_turns
         self._lock = threading.Lock()
-        self._answers: OrderedDict[TurnRef, Answer] = OrderedDict()
+        self._answers: OrderedDict[TurnRef, LlmAnswer] = OrderedDict()
 
-    def put(self, ref: TurnRef, answer: Answer) -> None:
+    def put(self, ref: TurnRef, answer: LlmAnswer) -> None:
         with self._lock:
             self._answers[ref] = answer
             self._answers.move_to_end(ref)
             while len(self._answers) > self.max_turns:
                 self._answers.popitem(last=False)
 
-    def get(self, ref: TurnRef) -> Answer | None:
+    def get(self, ref: TurnRef) -> LlmAnswer | None:
         with self._lock:
             return self._answers.get(ref)
 

@@ -30,7 +30,7 @@ from typing import Any
 
 from schema.extraction import MAX_MEMORIES
 from schema.recall import strip_messages
-from sessions.store import Turn
+from sessions.store import TurnRecord
 
 #: Earlier turns beyond this many characters are left out, oldest first: the context helps to
 #: resolve references ("she", "that city"); it is not worth a prompt that overflows the model.
@@ -91,7 +91,7 @@ def _dump(value: Any) -> str:
     return json.dumps(value, ensure_ascii=False, indent=1)
 
 
-def render_turn(turn: Turn) -> str:
+def render_turn(turn: TurnRecord) -> str:
     """The turn's messages and completion, verbatim, as one JSON document, except for recalled
     ``<memories>`` blocks (our own context fed back by the application), which are removed:
     extracting them again would store copies of memories already held."""
@@ -101,7 +101,7 @@ def render_turn(turn: Turn) -> str:
     )
 
 
-def _context_block(context: Sequence[Turn]) -> str | None:
+def _context_block(context: Sequence[TurnRecord]) -> str | None:
     rendered: list[str] = []
     budget = MAX_CONTEXT_CHARS
     # Newest first, so it is the oldest turns that fall outside the budget.
@@ -124,7 +124,7 @@ def _related_block(related: Sequence[RelatedMemory]) -> str | None:
 
 
 def build_messages(
-    turn: Turn, context: Sequence[Turn], related: Sequence[RelatedMemory] = ()
+    turn: TurnRecord, context: Sequence[TurnRecord], related: Sequence[RelatedMemory] = ()
 ) -> list[dict[str, Any]]:
     """The ``messages`` of the chat completion request that extracts ``turn``."""
     messages: list[dict[str, Any]] = [{"role": "system", "content": SYSTEM_PROMPT}]
@@ -148,7 +148,11 @@ def build_messages(
 
 
 def input_hash(
-    scope: Sequence[object], provider: str, model: str, turn: Turn, context: Sequence[Turn]
+    scope: Sequence[object],
+    provider: str,
+    model: str,
+    turn: TurnRecord,
+    context: Sequence[TurnRecord],
 ) -> str:
     """SHA-256 (hex) of what identifies an extraction's input: the scope (org, agent, user),
     :data:`PROMPT_VERSION`, the provider and model, and the messages :func:`build_messages`

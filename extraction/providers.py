@@ -25,7 +25,7 @@ from core.errors import ConfigError, LLMRejectedError, LLMUnavailableError
 from extraction.prompt import RelatedMemory, build_messages
 from extraction.result import ExtractionResult, parse_llm_content
 from extraction.rules import RULES_MODEL, extract_changes
-from sessions.store import Turn
+from sessions.store import TurnRecord
 
 #: How much of an error response body an exception message quotes.
 ERROR_BODY_CHARS = 300
@@ -38,7 +38,7 @@ class Provider(Protocol):
     model: str
 
     def extract(
-        self, turn: Turn, context: Sequence[Turn], related: Sequence[RelatedMemory] = ()
+        self, turn: TurnRecord, context: Sequence[TurnRecord], related: Sequence[RelatedMemory] = ()
     ) -> ExtractionResult:
         """The memories of ``turn``; ``context`` holds earlier turns, not to be extracted;
         ``related`` the scope's current memories a new memory may replace (by ref)."""
@@ -52,7 +52,7 @@ class RulesProvider:
     model = RULES_MODEL
 
     def extract(
-        self, turn: Turn, context: Sequence[Turn], related: Sequence[RelatedMemory] = ()
+        self, turn: TurnRecord, context: Sequence[TurnRecord], related: Sequence[RelatedMemory] = ()
     ) -> ExtractionResult:
         listed = [(m.ref, m.content) for m in related]
         return ExtractionResult(
@@ -113,7 +113,7 @@ class OpenAICompatibleProvider:
         return headers
 
     def request_body(
-        self, turn: Turn, context: Sequence[Turn], related: Sequence[RelatedMemory] = ()
+        self, turn: TurnRecord, context: Sequence[TurnRecord], related: Sequence[RelatedMemory] = ()
     ) -> dict[str, Any]:
         return {
             "model": self.model,
@@ -123,7 +123,7 @@ class OpenAICompatibleProvider:
         }
 
     def extract(
-        self, turn: Turn, context: Sequence[Turn], related: Sequence[RelatedMemory] = ()
+        self, turn: TurnRecord, context: Sequence[TurnRecord], related: Sequence[RelatedMemory] = ()
     ) -> ExtractionResult:
         body = self.request_body(turn, context, related)
         try:

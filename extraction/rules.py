@@ -52,7 +52,7 @@ from typing import Any
 
 from extraction.result import ExtractedMemory, dedupe
 from schema.recall import strip_recalled
-from sessions.store import Turn
+from sessions.store import TurnRecord
 
 #: Recorded as the "model" of a rules result; bump when the wording of memories changes.
 RULES_MODEL = "rules-v3"
@@ -244,7 +244,7 @@ def message_text(message: Any) -> str:
     return ""
 
 
-def new_user_texts(turn: Turn) -> list[str]:
+def new_user_texts(turn: TurnRecord) -> list[str]:
     """The text of the user messages after the last assistant message of the turn, without
     recalled-memories blocks."""
     messages = turn.messages if isinstance(turn.messages, list) else []
@@ -914,7 +914,7 @@ def extract_text(text: str) -> list[ExtractedMemory]:
     return dedupe(out)
 
 
-def extract_rules(turn: Turn) -> list[ExtractedMemory]:
+def extract_rules(turn: TurnRecord) -> list[ExtractedMemory]:
     """Memories from the first-person statements in the turn's new user messages."""
     memories: list[ExtractedMemory] = []
     for text in new_user_texts(turn):
@@ -1023,7 +1023,9 @@ def mark_replaces(
     return out
 
 
-def extract_changes(turn: Turn, related: Sequence[tuple[str, str]] = ()) -> list[ExtractedMemory]:
+def extract_changes(
+    turn: TurnRecord, related: Sequence[tuple[str, str]] = ()
+) -> list[ExtractedMemory]:
     """:func:`extract_rules`, plus "I started a new job at X", without the words of change in
     the memories' wording, and with ``replaces`` (:func:`mark_replaces`): what the rules
     provider answers."""

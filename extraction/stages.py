@@ -49,8 +49,8 @@ from core.errors import (
     LLMUnavailableError,
     MemoryRejectedError,
     MemoryUnavailableError,
-    NotFoundError,
     PermanentError,
+    RowNotFoundError,
     TurnBusyError,
 )
 from embeddings import Embedder
@@ -62,17 +62,17 @@ from extraction.scan_queries import ScanQueries
 from extraction.turns import TurnStore
 from extraction.values import (
     AlreadyDone,
-    Answer,
     Busy,
     Candidate,
     Claimed,
     GaveUp,
+    LlmAnswer,
     Persisted,
     PersistedResult,
     TurnRef,
 )
 from schema.messages import ActorName
-from sessions.store import SessionStore, Turn
+from sessions.store import SessionStore, TurnRecord
 
 log = logging.getLogger(__name__)
 
@@ -87,7 +87,7 @@ class ProviderLike(Protocol):
     model: str
 
     def extract(
-        self, turn: Turn, context: Sequence[Turn], related: Sequence[RelatedMemory] = ()
+        self, turn: TurnRecord, context: Sequence[TurnRecord], related: Sequence[RelatedMemory] = ()
     ) -> ExtractionResult: ...
 
 
@@ -317,12 +317,14 @@ def extract_turn(
     return _fan_out(ref, stored)
 
 
-def _call_llm(deps: StageDeps, ref: TurnRef, begun: Claimed, delivery: Delivery | None) -> Answer:
+def _call_llm(
+    deps: StageDeps, ref: TurnRef, begun: Claimed, delivery: Delivery | None
+) -> LlmAnswer:
     try:
         provider = deps.need_provider()
         turns = begun.turns  # read in the claim's transaction
         if not turns or turns[-1].turn_index != ref.turn_index:
-            raise NotFoundError(f"turn {ref.turn_index} of {ref.session_id} not found")
+            raise RowNotFoundError(f"turn {ref.turn_index} of {ref.session_id} not found")
         name, model = getattr(provider, "name", ""), getattr(provider, "model", "")
         digest = input_hash(
             (ref.org_id, begun.agent_id, begun.user_id), name, model, turns[-1], turns[:-1]
@@ -333,7 +335,7 @@ def _call_llm(deps: StageDeps, ref: TurnRef, begun: Claimed, delivery: Delivery 
             stored, stored_provider, stored_model = found
             deps.metrics.repeated_turn()
             log.info("turn %s: input seen before, its persisted result is reused", ref)
-            return Answer(stored, stored_provider, stored_model, 0, 0, digest, reused=True)
+            return LlmAnswer(stored, stored_provider, stored_model, 0, 0, digest, reused=True)
         refs = {f"m{i + 1}": memory for i, memory in enumerate(begun.related)}
         related = [RelatedMemory(r, content, kind) for r, (_, content, kind) in refs.items()]
         try:
@@ -347,7 +349,7 @@ def _call_llm(deps: StageDeps, ref: TurnRef, begun: Claimed, delivery: Delivery 
             prompt_tokens=result.prompt_tokens,
             completion_tokens=result.completion_tokens,
         )
-        return Answer(
+        return LlmAnswer(
             _validated(_resolve_refs(deps, result, {r: m[0] for r, m in refs.items()})),
             provider=result.provider or getattr(provider, "name", None),
             model=result.model or getattr(provider, "model", None),
@@ -371,7 +373,7 @@ def _call_llm(deps: StageDeps, ref: TurnRef, begun: Claimed, delivery: Delivery 
 VECTOR_DIGITS = 7
 
 
-def _embedded(deps: StageDeps, ref: TurnRef, answer: Answer) -> Answer:
+def _embedded(deps: StageDeps, ref: TurnRef, answer: LlmAnswer) -> LlmAnswer:
     """The answer with each memory's vector, from ONE embedding request for the turn, so the
     vectors are persisted with the result (the same statement) and no retry, redelivery or
     replay pays for them again. An answer already embedded with the current model (a kept
@@ -436,7 +438,7 @@ def _persist(
     deps: StageDeps,
     ref: TurnRef,
     token: uuid.UUID,
-    answer: Answer,
+    answer: LlmAnswer,
     delivery: Delivery | None,
     claim_ends: float,
 ) -> Persisted:
@@ -560,11 +562,13 @@ def write_memory(
         if view.state == "done":
             return []
         if view.result is None:
-            raise NotFoundError(f"turn {ref.turn_index} of {ref.session_id} has no stored result")
+            raise RowNotFoundError(
+                f"turn {ref.turn_index} of {ref.session_id} has no stored result"
+            )
         agent_id, user_id, result = view.agent_id, view.user_id, view.result
         recorded = view.recorded
     if ordinal >= len(result.memories):
-        raise NotFoundError(
+        raise RowNotFoundError(
             f"turn {ref.turn_index} of {ref.session_id} has {len(result.memories)}"
             f" memories, no ordinal {ordinal}"
         )

@@ -49,7 +49,7 @@ from typing import Any
 import peewee
 
 from core.db import one_statement, require_bypass_rls, tenant, transaction
-from core.errors import NotFoundError
+from core.errors import RowNotFoundError
 from extraction.caches import AnswerCache, SlotCache
 from extraction.values import (
     AlreadyDone,
@@ -66,7 +66,7 @@ from extraction.values import (
     UUIDLike,
     uuid_text,
 )
-from sessions.store import Turn
+from sessions.store import TurnRecord
 
 # The stage functions of migration 000010: each one round trip in its own implicit transaction.
 # 000014 added begin_extract's related-memories count and persist_result's input hash.
@@ -154,9 +154,9 @@ def _user(value: object) -> uuid.UUID | None:
     return None if value is None else uuid.UUID(str(value))
 
 
-def _turn(session_id: uuid.UUID, row: dict[str, Any]) -> Turn:
+def _turn(session_id: uuid.UUID, row: dict[str, Any]) -> TurnRecord:
     """A turn as ``ibex_core.begin_extract`` returns it with the claim (a JSON object)."""
-    return Turn(
+    return TurnRecord(
         session_id,
         int(row["turn_index"]),
         row["messages"],
@@ -233,9 +233,9 @@ class TurnStore:
         (outcome, turn_count, result, provider, model, pt, ct, written, retry_after, attempts,
          last_error, turns, related_rows, agent, user) = row  # fmt: skip
         if outcome == "no_session":
-            raise NotFoundError(f"session {ref.session_id} not found")
+            raise RowNotFoundError(f"session {ref.session_id} not found")
         if outcome == "no_turn":
-            raise NotFoundError(
+            raise RowNotFoundError(
                 f"turn {ref.turn_index} of session {ref.session_id} not found"
                 f" (the session has {turn_count})"
             )
@@ -366,7 +366,7 @@ class TurnStore:
             ),
         ).fetchone()
         if row is None:
-            raise NotFoundError(f"turn {ref.turn_index} of {ref.session_id} vanished")
+            raise RowNotFoundError(f"turn {ref.turn_index} of {ref.session_id} vanished")
         mine, stored_result, stored_provider, stored_model, pt, ct, written, agent, user = row
         stored = PersistedResult.from_row(stored_result, stored_provider, stored_model, pt, ct)
         if mine:
@@ -383,7 +383,7 @@ class TurnStore:
             (str(ref.org_id), str(ref.session_id), ref.turn_index, ordinal),
         ).fetchone()
         if row is None:
-            raise NotFoundError(
+            raise RowNotFoundError(
                 f"turn {ref.turn_index} of session {ref.session_id} has no extraction state"
             )
         state, agent, result, provider, model, pt, ct, recorded, user = row
@@ -419,7 +419,7 @@ class TurnStore:
             ),
         ).fetchone()[0]
         if complete is None:
-            raise NotFoundError(f"turn {ref.turn_index} of {ref.session_id} has no result")
+            raise RowNotFoundError(f"turn {ref.turn_index} of {ref.session_id} has no result")
         return bool(complete)
 
     # -- advance_pointer -------------------------------------------------------------------
@@ -441,7 +441,7 @@ class TurnStore:
                 if row is not None and row[0]:
                     fault("after_mark_done")
         if row is None:
-            raise NotFoundError(f"session {ref.session_id} not found")
+            raise RowNotFoundError(f"session {ref.session_id} not found")
         completed, newly_done, before, after = row
         return PointerOutcome(bool(completed), bool(newly_done), int(before), int(after))
 
@@ -454,7 +454,7 @@ class TurnStore:
     def _advance_pointer(self, session_id: UUIDLike, turn: int) -> int:
         row = self._sql(_ADVANCE_POINTER, (turn, uuid_text(session_id))).fetchone()
         if row is None:
-            raise NotFoundError(f"session {session_id} not found")
+            raise RowNotFoundError(f"session {session_id} not found")
         return int(row[0])
 
     # -- failures --------------------------------------------------------------------------

@@ -11,7 +11,7 @@ import uuid
 from dataclasses import dataclass
 from typing import Any
 
-from sessions.store import Turn
+from sessions.store import TurnRecord
 
 UUIDLike = uuid.UUID | str
 
@@ -98,7 +98,7 @@ class PersistedResult:
 
 
 @dataclass(frozen=True)
-class Answer:
+class LlmAnswer:
     """A validated LLM answer for a turn, in its persisted form, not yet stored."""
 
     result: dict[str, Any]
@@ -142,7 +142,7 @@ class Claimed:
     token: uuid.UUID
     attempt: int
     #: The turn and up to ``context_turns`` turns before it, read in the claim's transaction.
-    turns: tuple[Turn, ...] = ()
+    turns: tuple[TurnRecord, ...] = ()
     #: The scope's current memories most related to the turn, best first, read in the same
     #: transaction: (memory id, content, kind).
     related: tuple[tuple[str, str, str], ...] = ()
@@ -200,12 +200,12 @@ class TurnStatus:
 
 __all__ = [
     "AlreadyDone",
-    "Answer",
     "BeginOutcome",
     "Busy",
     "Candidate",
     "Claimed",
     "GaveUp",
+    "LlmAnswer",
     "Persisted",
     "PersistedResult",
     "PointerOutcome",

@@ -107,7 +107,7 @@ class MemoryOut(BaseModel):
     created_at: str
 
 
-class Signals(BaseModel):
+class SignalsOut(BaseModel):
     """Why a memory matched, each in [0, 1], higher is better."""
 
     text: float = Field(description="Full-text rank.")
@@ -125,7 +125,7 @@ class Hit(BaseModel):
 
     memory: MemoryOut
     score: float = Field(description="The fused score in [0, 1], higher is better.")
-    signals: Signals
+    signals: SignalsOut
     snippet: str = Field(description="The content with the matched words in <mark> tags.")
 
 
@@ -147,7 +147,7 @@ class PackedContext(BaseModel):
     dropped: int = Field(description="Matching memories left out for the budget.")
 
 
-class Forgotten(BaseModel):
+class ForgottenOut(BaseModel):
     memory_id: str
     forgotten: bool
 
@@ -175,7 +175,7 @@ def _hit(h: SearchHit) -> Hit:
     return Hit(
         memory=_memory(h.memory),
         score=h.score,
-        signals=Signals(
+        signals=SignalsOut(
             text=h.signals.text,
             trigram=h.signals.trigram,
             recency=h.signals.recency,
@@ -495,7 +495,7 @@ def build_server(config: McpConfig) -> MCPServer[Any]:
         memory_id: Annotated[uuid.UUID, Field(description="The id of the memory to forget.")],
         ctx: Context,
         user: UserArg = None,
-    ) -> Forgotten:
+    ) -> ForgottenOut:
         """Forget one memory (a soft delete: it is never recalled again). A memory this token
         cannot see (another org's, another user's, or already forgotten) is NOT_FOUND."""
         token = calls.token(ctx)
@@ -505,7 +505,7 @@ def build_server(config: McpConfig) -> MCPServer[Any]:
             deleted = await calls.run(lambda: ibex.delete_memory(memory_id, user=who))
         if not deleted:
             raise ToolError(f"NOT_FOUND: no memory {memory_id} (or it is already forgotten)")
-        return Forgotten(memory_id=str(memory_id), forgotten=True)
+        return ForgottenOut(memory_id=str(memory_id), forgotten=True)
 
     @server.tool(annotations=reads)
     async def list_memories(

@@ -7,7 +7,7 @@ replay decision need, in fixed binary fields:
 - running: the first 128 bits of a hash of the request fingerprint (enough to tell the same
   request from another under one key), ``R``, and the random token of the request that runs
   the key (8 bytes): 25 bytes;
-- done: the same fingerprint, ``D``, the memory's 16-byte UUID and :class:`Answer` (which
+- done: the same fingerprint, ``D``, the memory's 16-byte UUID and :class:`KeyAnswer` (which
   response the key gives).
 
 The commands of a POST, as ``INFO commandstats`` counts them (a script and each command it
@@ -105,7 +105,7 @@ class ClaimState(enum.StrEnum):
     UNAVAILABLE = "unavailable"
 
 
-class Answer(enum.StrEnum):
+class KeyAnswer(enum.StrEnum):
     """What a finished key answers, besides the memory it names."""
 
     #: The memory created under this key: replay it, rebuilt from its row.
@@ -120,7 +120,7 @@ class Answer(enum.StrEnum):
 class StoredAnswer:
     """A finished key's record: its answer and the memory that answer names."""
 
-    answer: Answer
+    answer: KeyAnswer
     memory_id: uuid.UUID
 
 
@@ -289,4 +289,4 @@ class IdempotencyStore:
 def _stored(record: bytes) -> StoredAnswer:
     start = FINGERPRINT_BYTES + 1
     memory_id = uuid.UUID(bytes=record[start : start + 16])
-    return StoredAnswer(Answer(record[start + 16 :].decode("ascii")), memory_id)
+    return StoredAnswer(KeyAnswer(record[start + 16 :].decode("ascii")), memory_id)

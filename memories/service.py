@@ -46,10 +46,10 @@ from memories.auth import Principal
 from memories.canonical import canonical_request, content_hash, fingerprint_digest
 from memories.errors import MemoryNotFoundError
 from memories.idempotency import (
-    Answer,
     Claim,
     ClaimState,
     IdempotencyStore,
+    KeyAnswer,
     StoredAnswer,
 )
 from memories.metrics import MemoryMetrics
@@ -200,11 +200,11 @@ def stored_answer(outcome: Outcome) -> StoredAnswer | None:
     if isinstance(outcome, Replayed):
         return stored_answer(outcome.first)
     if isinstance(outcome, Created):
-        return StoredAnswer(Answer.CREATED, outcome.row.id)
+        return StoredAnswer(KeyAnswer.CREATED, outcome.row.id)
     if isinstance(outcome, DuplicateContent):
-        return StoredAnswer(Answer.DUPLICATE, outcome.existing_id)
+        return StoredAnswer(KeyAnswer.DUPLICATE, outcome.existing_id)
     if isinstance(outcome, KeyConflict) and outcome.existing_id is not None:
-        return StoredAnswer(Answer.CONFLICT, outcome.existing_id)
+        return StoredAnswer(KeyAnswer.CONFLICT, outcome.existing_id)
     return None
 
 
@@ -447,9 +447,9 @@ class MemoryService:
 
     def _answer(self, org_id: uuid.UUID, key: str, new: NewMemory, stored: StoredAnswer) -> Outcome:
         """The answer a finished record gives (its fingerprint matched this request's)."""
-        if stored.answer is Answer.DUPLICATE:
+        if stored.answer is KeyAnswer.DUPLICATE:
             return Replayed(DuplicateContent(stored.memory_id), "redis")
-        if stored.answer is Answer.CONFLICT:
+        if stored.answer is KeyAnswer.CONFLICT:
             return Replayed(KeyConflict(stored.memory_id), "redis")
         row = self.store.find_by_key(org_id, key)
         if row is None:

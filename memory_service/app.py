@@ -62,7 +62,9 @@ POOL_WAIT_SECONDS = 10
 REDIS_TIMEOUT_SECONDS = 2.0
 
 
-def make_pool(url: str | None, *, max_connections: int = POOL_MAX_CONNECTIONS) -> peewee.Database:
+def make_web_pool(
+    url: str | None, *, max_connections: int = POOL_MAX_CONNECTIONS
+) -> peewee.Database:
     """A pooled peewee database for ``url``: a request borrows one connection and returns it."""
     return db_pool(
         url,
@@ -117,7 +119,7 @@ def create_app(
     if embedder == "settings":
         embedder = embedder_from_settings(settings)
     if db is None:
-        db = make_pool(settings.database_url)
+        db = make_web_pool(settings.database_url)
     embeddings = EmbeddingStore(db)
     if redis_client is None:
         redis_client = make_redis(settings.idempotency_redis_url or settings.redis_url)

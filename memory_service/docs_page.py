@@ -16,7 +16,7 @@ from typing import Any
 
 import falcon
 
-from memory_service.errors import ApiError
+from memory_service.errors import ErrorAnswer
 
 #: The Swagger UI files the page loads, and their content types.
 ASSETS = {
@@ -72,7 +72,7 @@ class DocsAsset:
 
     def on_get(self, req: falcon.Request, resp: falcon.Response, name: str) -> None:
         if name not in self.files:
-            raise ApiError(404, "NOT_FOUND", f"no file {name!r} of the docs page")
+            raise ErrorAnswer(404, "NOT_FOUND", f"no file {name!r} of the docs page")
         resp.content_type = ASSETS[name]
         resp.data = self.files[name]
         resp.set_header("Cache-Control", "public, max-age=86400")

@@ -18,8 +18,8 @@ from core.errors import (
     DomainError,
     ImmutableTurnError,
     SchemaNotReadyError,
-    TurnGapError,
-    UserConflictError,
+    SessionUserConflictError,
+    TurnIndexGapError,
 )
 from memories.errors import AdminScopeError, MemoryNotFoundError, UserForbiddenError
 from schema import describe_errors
@@ -47,7 +47,7 @@ FALCON_CODES = {
 }
 
 
-class ApiError(falcon.HTTPError):
+class ErrorAnswer(falcon.HTTPError):
     """An answer with our error body: ``code``, ``message`` and any extra fields."""
 
     def __init__(
@@ -65,9 +65,9 @@ class ApiError(falcon.HTTPError):
         self.extra = extra
 
 
-def validation_error(messages: dict[str, Any] | list[Any]) -> ApiError:
+def validation_error(messages: dict[str, Any] | list[Any]) -> ErrorAnswer:
     """The 422 of a request that does not validate, field by field."""
-    return ApiError(
+    return ErrorAnswer(
         422,
         "VALIDATION_FAILED",
         f"invalid request: {describe_errors(messages)}",
@@ -75,44 +75,44 @@ def validation_error(messages: dict[str, Any] | list[Any]) -> ApiError:
     )
 
 
-def answer_for(exc: Exception) -> ApiError:
+def answer_for(exc: Exception) -> ErrorAnswer:
     """The HTTP answer of a refusal a service raised."""
     if isinstance(exc, MemoryNotFoundError | SessionNotFoundError | UserNotFoundError):
-        return ApiError(404, "NOT_FOUND", str(exc))
+        return ErrorAnswer(404, "NOT_FOUND", str(exc))
     if isinstance(exc, UserForbiddenError):
-        return ApiError(403, "FORBIDDEN_USER", str(exc))
+        return ErrorAnswer(403, "FORBIDDEN_USER", str(exc))
     if isinstance(exc, AdminScopeError):
-        return ApiError(403, "INSUFFICIENT_SCOPE", str(exc))
+        return ErrorAnswer(403, "INSUFFICIENT_SCOPE", str(exc))
     if isinstance(exc, UnknownUserIdError):
         return validation_error({exc.field: [str(exc)]})
-    if isinstance(exc, UserConflictError):
-        return ApiError(
+    if isinstance(exc, SessionUserConflictError):
+        return ErrorAnswer(
             409,
             "USER_CONFLICT",
             "this session belongs to another user; a session's user is set once",
             session_id=str(exc.session_id),
         )
     if isinstance(exc, NoSuchOrgError):
-        return ApiError(403, "FORBIDDEN_ORG", str(exc))
+        return ErrorAnswer(403, "FORBIDDEN_ORG", str(exc))
     if isinstance(exc, AgentNotFoundError):
-        return ApiError(404, "UNKNOWN_AGENT", str(exc))
+        return ErrorAnswer(404, "UNKNOWN_AGENT", str(exc))
     if isinstance(exc, UnknownAgentError):
         return validation_error({"agent_id": [str(exc)]})
     if isinstance(exc, SessionDeletedError):
-        return ApiError(409, "SESSION_DELETED", str(exc))
-    if isinstance(exc, TurnGapError):
-        return ApiError(409, "TURN_GAP", str(exc), expected_turn_index=exc.expected_turn_index)
+        return ErrorAnswer(409, "SESSION_DELETED", str(exc))
+    if isinstance(exc, TurnIndexGapError):
+        return ErrorAnswer(409, "TURN_GAP", str(exc), expected_turn_index=exc.expected_turn_index)
     if isinstance(exc, ImmutableTurnError):
-        return ApiError(409, "TURN_CONFLICT", str(exc), turn_index=exc.turn_index)
+        return ErrorAnswer(409, "TURN_CONFLICT", str(exc), turn_index=exc.turn_index)
     raise TypeError(f"no answer for {type(exc).__name__}")
 
 
 #: The refusals :func:`answer_for` answers, registered as error handlers.
 REFUSALS: tuple[type[Exception], ...] = (
     DomainError,
-    TurnGapError,
+    TurnIndexGapError,
     ImmutableTurnError,
-    UserConflictError,
+    SessionUserConflictError,
 )
 
 
@@ -124,8 +124,8 @@ def handle_refusal(
 
 
 def serialize_error(req: falcon.Request, resp: falcon.Response, exc: falcon.HTTPError) -> None:
-    """Falcon's error serializer: our body for ApiError and for Falcon's built-in errors."""
-    if isinstance(exc, ApiError):
+    """Falcon's error serializer: our body for ErrorAnswer and for Falcon's built-in errors."""
+    if isinstance(exc, ErrorAnswer):
         body = error_body(exc.error_code, exc.message, **exc.extra)
     else:
         status = exc.status_code

@@ -27,7 +27,7 @@ def describe_database(db: peewee.Database) -> str:
     return f"{host}:{port}/{db.database}"
 
 
-def check_schema(db: peewee.Database) -> None:
+def check_schema_current(db: peewee.Database) -> None:
     """Raise :class:`~core.errors.SchemaNotReadyError` (one line naming the database and what
     to do) unless every shipped migration is applied; a database that does not answer is a
     :class:`~core.errors.DatabaseUnavailableError`."""
@@ -50,7 +50,7 @@ class SchemaGate:
     def process_request(self, req: falcon.Request, resp: falcon.Response) -> None:
         if self.current or not req.path.startswith(self.PREFIX):
             return
-        check_schema(self.db)
+        check_schema_current(self.db)
         self.current = True
 
 
@@ -86,7 +86,7 @@ class ReadyResource:
             # Not ready until the schema is current: before `ibex migrate`, every request would
             # answer 500.
             try:
-                check_schema(self.store.db)
+                check_schema_current(self.store.db)
                 checks["schema"] = "ok"
             except Exception as exc:
                 checks["schema"] = f"error: {type(exc).__name__}"

@@ -1,7 +1,7 @@
 """What every resource of the service shares: the caller, the body, the cursor, the answer.
 
 A resource parses with these, calls its domain's service and answers with :func:`respond`.
-Each refuses the way the whole service refuses, with an :class:`~memory_service.errors.ApiError`
+Each refuses the way the whole service refuses, with an :class:`~memory_service.errors.ErrorAnswer`
 that the app's error serializer turns into the one error body.
 """
 
@@ -25,7 +25,7 @@ from memories.auth import (
     resolve_org,
 )
 from memory_service.cursor import InvalidCursorError, Position, decode_cursor
-from memory_service.errors import ApiError, validation_error
+from memory_service.errors import ErrorAnswer, validation_error
 from schema.bodies import dumps
 from schema.common import may_hold_unstorable, unstorable
 
@@ -38,9 +38,9 @@ class Api:
     max_body_bytes: int
 
 
-def _reject(exc: AuthError) -> ApiError:
+def _reject(exc: AuthError) -> ErrorAnswer:
     headers = {"WWW-Authenticate": "Bearer"} if exc.status == 401 else None
-    return ApiError(exc.status, exc.code, exc.message, headers=headers)
+    return ErrorAnswer(exc.status, exc.code, exc.message, headers=headers)
 
 
 def authenticate(api: Api, req: falcon.Request, scope: str | None) -> tuple[Principal, uuid.UUID]:
@@ -55,7 +55,7 @@ def authenticate(api: Api, req: falcon.Request, scope: str | None) -> tuple[Prin
         raise _reject(exc) from None
 
 
-def load(schema: Schema, data: Any) -> dict[str, Any]:
+def load_or_422(schema: Schema, data: Any) -> dict[str, Any]:
     """``schema.load(data)``, or a 422 field by field."""
     try:
         result: dict[str, Any] = schema.load(data)
@@ -83,7 +83,7 @@ def parse_json(raw: bytes) -> Any:
         text = raw.decode("utf-8")
         document = json.loads(text, parse_float=_finite_float, parse_constant=_reject_constant)
     except (UnicodeDecodeError, ValueError, RecursionError) as exc:
-        raise ApiError(400, "MALFORMED_JSON", f"the body is not valid JSON: {exc}") from None
+        raise ErrorAnswer(400, "MALFORMED_JSON", f"the body is not valid JSON: {exc}") from None
     if may_hold_unstorable(text):
         problems = unstorable(document)
         if problems is not None:
@@ -103,7 +103,7 @@ def query_params(req: falcon.Request) -> dict[str, Any]:
 def read_body(req: falcon.Request, limit: int) -> bytes:
     length = req.content_length
     if length is not None and length > limit:
-        raise ApiError(413, "BODY_TOO_LARGE", f"the body must be at most {limit} bytes")
+        raise ErrorAnswer(413, "BODY_TOO_LARGE", f"the body must be at most {limit} bytes")
     # A chunked body has no length; servers that de-chunk it (gunicorn) say so with
     # wsgi.input_terminated, and only then may the raw stream be read to its end.
     terminated = length is None and req.env.get("wsgi.input_terminated")
@@ -113,19 +113,19 @@ def read_body(req: falcon.Request, limit: int) -> bytes:
     except Exception as exc:
         # The WSGI server's own error for a body it cannot decode (a broken chunk, a client
         # gone mid-body): the client's mistake, whatever server raised it.
-        raise ApiError(400, "BAD_REQUEST", f"the body could not be read: {exc}") from None
+        raise ErrorAnswer(400, "BAD_REQUEST", f"the body could not be read: {exc}") from None
     if len(raw) > limit:
-        raise ApiError(413, "BODY_TOO_LARGE", f"the body must be at most {limit} bytes")
+        raise ErrorAnswer(413, "BODY_TOO_LARGE", f"the body must be at most {limit} bytes")
     return raw
 
 
 def json_body(req: falcon.Request, api: Api, schema: Schema) -> dict[str, Any]:
     """The request's JSON body, read within the size limit and loaded with ``schema``."""
-    return load(schema, parse_json(read_body(req, api.max_body_bytes)))
+    return load_or_422(schema, parse_json(read_body(req, api.max_body_bytes)))
 
 
-def cursor_error() -> ApiError:
-    return ApiError(
+def cursor_error() -> ErrorAnswer:
+    return ErrorAnswer(
         400,
         "INVALID_CURSOR",
         "cursor: not a cursor this service issued",
@@ -150,7 +150,7 @@ def list_request(
     read first: a malformed one is a 400 of its own, whatever else is wrong."""
     principal, org_id = authenticate(api, req, scope)
     after = cursor_param(req)
-    return principal, org_id, after, load(schema, query_params(req))
+    return principal, org_id, after, load_or_422(schema, query_params(req))
 
 
 def respond(

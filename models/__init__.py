@@ -7,22 +7,22 @@ those for itself)."""
 from models.base import BaseModel, bind, database_proxy
 from models.sessions import (
     SESSION_STATUSES,
-    Agent,
+    AgentRow,
     Checkpoint,
     CheckpointPayload,
     Directive,
     DirectiveVersion,
     Org,
-    Session,
+    SessionRow,
 )
 from models.users import EXTERNAL_ID_MAX, User
 
 ALL_MODELS: tuple[type[BaseModel], ...] = (
     Org,
-    Agent,
+    AgentRow,
     Directive,
     DirectiveVersion,
-    Session,
+    SessionRow,
     Checkpoint,
     CheckpointPayload,
     User,
@@ -32,14 +32,14 @@ __all__ = [
     "ALL_MODELS",
     "EXTERNAL_ID_MAX",
     "SESSION_STATUSES",
-    "Agent",
+    "AgentRow",
     "BaseModel",
     "Checkpoint",
     "CheckpointPayload",
     "Directive",
     "DirectiveVersion",
     "Org",
-    "Session",
+    "SessionRow",
     "User",
     "bind",
     "database_proxy",

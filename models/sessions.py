@@ -31,7 +31,7 @@ class Org(BaseModel):
         table_name = "orgs"
 
 
-class Agent(BaseModel):
+class AgentRow(BaseModel):
     id = UUIDField(primary_key=True)
     org_id = UUIDField()
     slug = TextField()
@@ -67,7 +67,7 @@ class DirectiveVersion(BaseModel):
         table_name = "directive_versions"
 
 
-class Session(BaseModel):
+class SessionRow(BaseModel):
     id = UUIDField(primary_key=True)
     org_id = UUIDField()
     agent_id = UUIDField()
@@ -128,11 +128,11 @@ class CheckpointPayload(BaseModel):
 
 __all__ = [
     "SESSION_STATUSES",
-    "Agent",
+    "AgentRow",
     "Checkpoint",
     "CheckpointPayload",
     "Directive",
     "DirectiveVersion",
     "Org",
-    "Session",
+    "SessionRow",
 ]

@@ -116,7 +116,7 @@ def _error(status: int, code: str, message: str) -> JSONResponse:
 
 
 @dataclass(frozen=True)
-class Call:
+class ChatCall:
     """One chat call as the proxy handles it."""
 
     body: dict[str, Any]
@@ -249,7 +249,7 @@ class ChatProxy:
                 assert agent is not None
                 user = (headers.get("x-ibex-user-id") or "").strip() or None
                 body = await self._inject(body, org_id, agent, budget, user, bound)
-        call = Call(body=body, recording=recording, started=started)
+        call = ChatCall(body=body, recording=recording, started=started)
         upstream_headers = self._upstream_headers(request)
         if body.get("stream") is True:
             return await self._stream(call, upstream_headers)
@@ -336,7 +336,7 @@ class ChatProxy:
 
     # -- non-streaming ---------------------------------------------------------------------
 
-    async def _plain(self, call: Call, headers: dict[str, str]) -> Response:
+    async def _plain(self, call: ChatCall, headers: dict[str, str]) -> Response:
         try:
             answer = await self.client.post(self.url, json=call.body, headers=headers)
         except httpx.HTTPError as exc:
@@ -367,7 +367,7 @@ class ChatProxy:
 
     # -- streaming -------------------------------------------------------------------------
 
-    async def _stream(self, call: Call, headers: dict[str, str]) -> Response:
+    async def _stream(self, call: ChatCall, headers: dict[str, str]) -> Response:
         request = self.client.build_request("POST", self.url, json=call.body, headers=headers)
         try:
             answer = await self.client.send(request, stream=True)
@@ -385,7 +385,7 @@ class ChatProxy:
 
     def _record(
         self,
-        call: Call,
+        call: ChatCall,
         *,
         model: Any,
         completion: dict[str, Any],
@@ -453,7 +453,7 @@ class _Relay(Response):
     """The upstream's stream relayed as it arrives, then recorded: complete when the upstream
     ended it with ``data: [DONE]``; cut when the upstream broke off or the client left."""
 
-    def __init__(self, proxy: ChatProxy, call: Call, answer: httpx.Response) -> None:
+    def __init__(self, proxy: ChatProxy, call: ChatCall, answer: httpx.Response) -> None:
         self.proxy = proxy
         self.call = call
         self.answer = answer

@@ -25,7 +25,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from core.errors import ImmutableTurnError, PermanentError, TransientError, TurnGapError
+from core.errors import ImmutableTurnError, PermanentError, TransientError, TurnIndexGapError
 from schema.messages import CHAT_TURNS_QUEUE
 from sessions.conversation import StoredTurn, answers_in, plan_turn
 from sessions.store import SessionStore, TurnInput
@@ -163,7 +163,7 @@ def store_chat_turn(
         )
         try:
             result = sessions.append_turns_at(org_id, session.id, count + 1, [turn])
-        except (ImmutableTurnError, TurnGapError):
+        except (ImmutableTurnError, TurnIndexGapError):
             continue  # another turn of the session landed first: plan again on top of it
         return count + 1 if result.turns_added else None
     raise TransientError(f"session {session.id} kept changing while its turn was stored")

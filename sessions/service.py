@@ -5,7 +5,7 @@ Sessions, agents and turns are owned by :class:`sessions.store.SessionStore` (th
 and read with their progress by :class:`sessions.status.SessionStatusStore`. A deleted
 session's memories go with it by the database's rule (a trigger, migration 000021), so this
 module writes sessions only. It raises the domain's refusals (:mod:`sessions.errors`,
-:class:`~core.errors.TurnGapError`, :class:`~core.errors.ImmutableTurnError`), which the web
+:class:`~core.errors.TurnIndexGapError`, :class:`~core.errors.ImmutableTurnError`), which the web
 door maps onto HTTP in one place.
 """
 
@@ -19,7 +19,7 @@ from typing import cast
 import peewee
 from playhouse.postgres_ext import PostgresqlExtDatabase
 
-from core.errors import NotFoundError
+from core.errors import RowNotFoundError
 from sessions.agents import AgentResolver
 from sessions.errors import (
     AgentNotFoundError,
@@ -92,7 +92,7 @@ class SessionService:
             )
         except UnknownOrgError:
             raise NoSuchOrgError() from None
-        except NotFoundError:
+        except RowNotFoundError:
             raise AgentNotFoundError(str(agent_id)) from None
         if session.deleted_at is not None:
             raise SessionDeletedError()
@@ -143,7 +143,7 @@ class SessionService:
         self._reachable(org_id, session_id, owner)
         try:
             result = self.sessions.append_turns_at(org_id, session_id, first, turns)
-        except NotFoundError:
+        except RowNotFoundError:
             raise SessionNotFoundError() from None
         return self.info(org_id, session_id), result.turns_added
 
@@ -153,6 +153,6 @@ class SessionService:
         self._reachable(org_id, session_id, owner)
         try:
             self.sessions.set_status(org_id, session_id, status)
-        except NotFoundError:
+        except RowNotFoundError:
             raise SessionNotFoundError() from None
         return self.info(org_id, session_id)

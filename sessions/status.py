@@ -20,14 +20,14 @@ import peewee
 
 from core.config import Settings
 from core.db import make_database, operator_scope, tenant
-from models.sessions import Session
+from models.sessions import SessionRow
 
 #: What ``close_idle`` may do to an idle session, and the status it then has.
 IDLE_ACTIONS = {"complete": "completed", "abandon": "abandoned"}
 
 
 @dataclass(frozen=True)
-class Progress:
+class ExtractionProgress:
     """How far extraction has got with a session's turns: ``done`` and ``failed`` turns (their
     state in the pipeline), ``pending`` (every other turn: not yet scanned, queued, or in
     flight), and the pointer (``last_extracted_turn``)."""
@@ -42,8 +42,8 @@ class Progress:
 class SessionInfo:
     """A session with its extraction progress."""
 
-    session: Session
-    progress: Progress
+    session: SessionRow
+    progress: ExtractionProgress
 
 
 class SessionStatusStore:
@@ -66,28 +66,29 @@ class SessionStatusStore:
     ) -> list[SessionInfo]:
         """Live sessions of the org, newest first, with their progress; ``after`` is the
         (created_at, id) of the last one already seen; ``user_id``: that user's only."""
-        query = Session.select().where(Session.deleted_at.is_null())
+        query = SessionRow.select().where(SessionRow.deleted_at.is_null())
         if session_id is not None:
-            query = query.where(Session.id == session_id)
+            query = query.where(SessionRow.id == session_id)
         if agent_id is not None:
-            query = query.where(Session.agent_id == agent_id)
+            query = query.where(SessionRow.agent_id == agent_id)
         if external_id is not None:
-            query = query.where(Session.external_id == external_id)
+            query = query.where(SessionRow.external_id == external_id)
         if status is not None:
-            query = query.where(Session.status == status)
+            query = query.where(SessionRow.status == status)
         if user_id is not None:
-            query = query.where(Session.user_id == user_id)
+            query = query.where(SessionRow.user_id == user_id)
         if after is not None:
             query = query.where(
-                peewee.Tuple(Session.created_at, Session.id) < peewee.Tuple(after[0], after[1])
+                peewee.Tuple(SessionRow.created_at, SessionRow.id)
+                < peewee.Tuple(after[0], after[1])
             )
-        query = query.order_by(Session.created_at.desc(), Session.id.desc()).limit(limit)
+        query = query.order_by(SessionRow.created_at.desc(), SessionRow.id.desc()).limit(limit)
         with tenant(self.db, org_id):
             sessions = list(query.bind(self.db))
             progress = self._progress(sessions)
         return [SessionInfo(s, progress[s.id]) for s in sessions]
 
-    def _progress(self, sessions: Sequence[Session]) -> dict[uuid.UUID, Progress]:
+    def _progress(self, sessions: Sequence[SessionRow]) -> dict[uuid.UUID, ExtractionProgress]:
         """The progress of ``sessions``, in the caller's tenant transaction."""
         counts: dict[uuid.UUID, tuple[int, int]] = defaultdict(lambda: (0, 0))
         if sessions:
@@ -101,7 +102,7 @@ class SessionStatusStore:
         for s in sessions:
             done, failed = counts[uuid.UUID(str(s.id))]
             pending = max(s.turn_count - done - failed, 0)
-            result[s.id] = Progress(done, pending, failed, s.last_extracted_turn)
+            result[s.id] = ExtractionProgress(done, pending, failed, s.last_extracted_turn)
         return result
 
     def close_idle(self, idle_seconds: int, action: str, *, batch: int = 500) -> int:
@@ -156,7 +157,7 @@ def close_idle_sessions(settings: Settings) -> int:
 
 __all__ = [
     "IDLE_ACTIONS",
-    "Progress",
+    "ExtractionProgress",
     "SessionInfo",
     "SessionStatusStore",
     "close_idle_sessions",

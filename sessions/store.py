@@ -26,12 +26,12 @@ from core.db import db_errors, make_database, operator_scope, tenant, transactio
 from core.errors import (
     ConfigError,
     ImmutableTurnError,
-    NotFoundError,
-    TurnGapError,
-    UserConflictError,
+    RowNotFoundError,
+    SessionUserConflictError,
+    TurnIndexGapError,
 )
 from models.base import bind
-from models.sessions import Checkpoint, CheckpointPayload, Session
+from models.sessions import Checkpoint, CheckpointPayload, SessionRow
 from sessions import users
 
 
@@ -80,7 +80,7 @@ class TurnInput:
 
 
 @dataclass(frozen=True)
-class Turn:
+class TurnRecord:
     """One stored turn with its content."""
 
     session_id: uuid.UUID
@@ -113,7 +113,7 @@ class AppendResult:
     turn_count: int
 
 
-class UnknownOrgError(NotFoundError):
+class UnknownOrgError(RowNotFoundError):
     """The org a tenant operation names does not exist."""
 
 
@@ -122,7 +122,7 @@ class UnknownOrgError(NotFoundError):
 _USER_KEY = "COALESCE(user_id, '00000000-0000-0000-0000-000000000000'::uuid)"
 
 
-def select_turns(session_id: uuid.UUID, first: int, last: int) -> list[Turn]:
+def select_turns(session_id: uuid.UUID, first: int, last: int) -> list[TurnRecord]:
     """Turns ``first..last`` (inclusive) of a session with their content, in order, in the
     current transaction (the caller has set the tenant)."""
     rows: Any = (
@@ -142,7 +142,9 @@ def select_turns(session_id: uuid.UUID, first: int, last: int) -> list[Turn]:
         .order_by(Checkpoint.turn_index)
         .tuples()
     )
-    return [Turn(session_id, ti, msgs, comp, pt, ct, lat) for ti, pt, ct, lat, msgs, comp in rows]
+    return [
+        TurnRecord(session_id, ti, msgs, comp, pt, ct, lat) for ti, pt, ct, lat, msgs, comp in rows
+    ]
 
 
 def upsert_org(db: peewee.Database, slug: str) -> uuid.UUID:
@@ -255,16 +257,16 @@ class SessionStore:
 
     def set_session_user(
         self, org_id: uuid.UUID, session_id: uuid.UUID, user_id: uuid.UUID
-    ) -> Session:
+    ) -> SessionRow:
         """Give a session its user (:meth:`resolve_user`); see :meth:`_apply_user`."""
         with tenant(self.db, org_id):
             session = self._get_session(session_id, for_update=True)
             self._apply_user(session, user_id)
             return session
 
-    def _apply_user(self, session: Session, user_id: uuid.UUID | None) -> None:
+    def _apply_user(self, session: SessionRow, user_id: uuid.UUID | None) -> None:
         """Set the (locked) session's user once: the same user again is a no-op, another one
-        :class:`~core.errors.UserConflictError`; None leaves the session as it is.
+        :class:`~core.errors.SessionUserConflictError`; None leaves the session as it is.
 
         The memories already drawn from the session were about that person too: they take the
         user (one that repeats a live memory of the user is soft-deleted as its duplicate). The
@@ -276,7 +278,7 @@ class SessionStore:
         current = session.user_id
         if current is not None:
             if uuid.UUID(str(current)) != user_id:
-                raise UserConflictError(
+                raise SessionUserConflictError(
                     f"session {session.id} belongs to user {current}, not {user_id}",
                     session_id=session.id,
                     user_id=uuid.UUID(str(current)),
@@ -318,29 +320,29 @@ class SessionStore:
             rows = rows[:1]  # the session's own id wins over an external id that looks like one
         return [SessionName(uuid.UUID(str(r[0])), r[1], r[2], r[3]) for r in rows]
 
-    def get_session(self, org_id: uuid.UUID, session_id: uuid.UUID) -> Session:
+    def get_session(self, org_id: uuid.UUID, session_id: uuid.UUID) -> SessionRow:
         with tenant(self.db, org_id):
             return self._get_session(session_id)
 
-    def _get_session(self, session_id: uuid.UUID, *, for_update: bool = False) -> Session:
-        query = Session.select().where(Session.id == session_id).bind(self.db)
+    def _get_session(self, session_id: uuid.UUID, *, for_update: bool = False) -> SessionRow:
+        query = SessionRow.select().where(SessionRow.id == session_id).bind(self.db)
         if for_update:
             query = query.for_update()
         session = query.first()
         if session is None:
-            raise NotFoundError(f"session {session_id} not found")
+            raise RowNotFoundError(f"session {session_id} not found")
         return session
 
     def find_session(
         self, org_id: uuid.UUID, agent_id: uuid.UUID, external_id: str
-    ) -> Session | None:
+    ) -> SessionRow | None:
         with tenant(self.db, org_id):
             return (
-                Session.select()
+                SessionRow.select()
                 .where(
-                    Session.org_id == org_id,
-                    Session.agent_id == agent_id,
-                    Session.external_id == external_id,
+                    SessionRow.org_id == org_id,
+                    SessionRow.agent_id == agent_id,
+                    SessionRow.external_id == external_id,
                 )
                 .bind(self.db)
                 .first()
@@ -356,7 +358,7 @@ class SessionStore:
         model: str | None = None,
         provider: str | None = None,
         user_id: uuid.UUID | None = None,
-    ) -> Session:
+    ) -> SessionRow:
         """The session (created when missing); ``user_id`` (:meth:`resolve_user`) sets its
         user as :meth:`_apply_user` does."""
         with tenant(self.db, org_id):
@@ -376,7 +378,7 @@ class SessionStore:
         user_id: uuid.UUID | None = None,
         *,
         claim_shared: bool = True,
-    ) -> tuple[Session, bool]:
+    ) -> tuple[SessionRow, bool]:
         """The session of (agent, user, ``external_id``), locked, created when missing; and
         whether it was created. An external id names a session per user: the same id for
         another user is another session (:meth:`_find_named`).
@@ -421,7 +423,7 @@ class SessionStore:
         user_id: uuid.UUID | None,
         *,
         claim_shared: bool,
-    ) -> Session | None:
+    ) -> SessionRow | None:
         """The live or deleted session this (agent, user, external id) names, locked:
 
         - with a user: that user's session; else, for an org-level caller
@@ -451,17 +453,17 @@ class SessionStore:
         user_id: uuid.UUID | None,
         *,
         any_user: bool = False,
-    ) -> Session | None:
-        query = Session.select().where(
-            Session.agent_id == agent_id, Session.external_id == external_id
+    ) -> SessionRow | None:
+        query = SessionRow.select().where(
+            SessionRow.agent_id == agent_id, SessionRow.external_id == external_id
         )
         if any_user:
-            query = query.order_by(Session.created_at, Session.id)
+            query = query.order_by(SessionRow.created_at, SessionRow.id)
         elif user_id is None:
-            query = query.where(Session.user_id.is_null())
+            query = query.where(SessionRow.user_id.is_null())
         else:
-            query = query.where(Session.user_id == user_id)
-        found: Session | None = query.for_update().bind(self.db).first()
+            query = query.where(SessionRow.user_id == user_id)
+        found: SessionRow | None = query.for_update().bind(self.db).first()
         return found
 
     def set_status(self, org_id: uuid.UUID, session_id: uuid.UUID, status: str) -> None:
@@ -487,7 +489,7 @@ class SessionStore:
             (str(session_id),),
         ).fetchone()
         if exists is None:
-            raise NotFoundError(f"session {session_id} not found")
+            raise RowNotFoundError(f"session {session_id} not found")
 
     def complete_session(self, org_id: uuid.UUID, session_id: uuid.UUID) -> None:
         self.set_status(org_id, session_id, "completed")
@@ -503,7 +505,7 @@ class SessionStore:
                 (str(session_id),),
             ).rowcount
         if not updated:
-            raise NotFoundError(f"session {session_id} not found")
+            raise RowNotFoundError(f"session {session_id} not found")
 
     # -- the sessions API ------------------------------------------------------------------
 
@@ -518,10 +520,10 @@ class SessionStore:
         provider: str | None = None,
         user_id: uuid.UUID | None = None,
         claim_shared: bool = True,
-    ) -> tuple[Session, bool]:
+    ) -> tuple[SessionRow, bool]:
         """The session of (org, agent, user, ``external_id``), created ``active`` when missing
         (always created without an external id); return it and whether it was created. The
-        agent is named by slug (created when missing) or by id (:class:`NotFoundError` unless
+        agent is named by slug (created when missing) or by id (:class:`RowNotFoundError` unless
         it is one of the org's). ``user_id`` (:meth:`resolve_user`) is the session's user;
         ``claim_shared`` as :meth:`_upsert_session`. A soft-deleted session is returned as it
         is: the caller decides."""
@@ -534,7 +536,7 @@ class SessionStore:
                         "SELECT id FROM ibex_core.agents WHERE id = %s", (str(agent_id),)
                     ).fetchone()
                     if found is None:
-                        raise NotFoundError(f"agent {agent_id} not found")
+                        raise RowNotFoundError(f"agent {agent_id} not found")
                     agent = uuid.UUID(str(found[0]))
                 return self._upsert_session(
                     org_id,
@@ -561,7 +563,7 @@ class SessionStore:
         with tenant(self.db, org_id):
             session = self._get_session(session_id, for_update=True)
             if session.deleted_at is not None:
-                raise NotFoundError(f"session {session_id} not found")
+                raise RowNotFoundError(f"session {session_id} not found")
             added = self.sync_turns(session, turns, first)
             return AppendResult(session.id, False, added, session.turn_count + added)
 
@@ -596,17 +598,17 @@ class SessionStore:
             added = self._insert_turns(session, turns, session.turn_count + 1)
             return AppendResult(session.id, False, added, session.turn_count + added)
 
-    def sync_turns(self, session: Session, turns: Sequence[TurnInput], first: int = 1) -> int:
+    def sync_turns(self, session: SessionRow, turns: Sequence[TurnInput], first: int = 1) -> int:
         """Make the locked ``session`` hold ``turns`` as its turns ``first``, ``first`` + 1, ...;
         return how many were added. The one way turns are stored (``ibex import`` and the
         sessions API): stored turns must match exactly (checkpoints are immutable, so the same
         turns again are a no-op and other content is an :class:`ImmutableTurnError`), and no
-        turn may be skipped (:class:`TurnGapError` names the next index)."""
+        turn may be skipped (:class:`TurnIndexGapError` names the next index)."""
         stored = session.turn_count
         if first < 1:
             raise ValueError("turn indexes start at 1")
         if first > stored + 1:
-            raise TurnGapError(
+            raise TurnIndexGapError(
                 f"turn {first} would skip turns: the next turn of this session is {stored + 1}",
                 expected_turn_index=stored + 1,
             )
@@ -639,7 +641,7 @@ class SessionStore:
             return 0
         return self._insert_turns(session, turns[stored + 1 - first :], stored + 1)
 
-    def _insert_turns(self, session: Session, turns: Sequence[TurnInput], first: int) -> int:
+    def _insert_turns(self, session: SessionRow, turns: Sequence[TurnInput], first: int) -> int:
         if not turns:
             return 0
         checkpoint_rows = []
@@ -690,15 +692,15 @@ class SessionStore:
 
     def read_turns(
         self, org_id: uuid.UUID, session_id: uuid.UUID, first: int, last: int
-    ) -> list[Turn]:
+    ) -> list[TurnRecord]:
         """Turns ``first..last`` (inclusive) with their content, in order."""
         with tenant(self.db, org_id):
             return select_turns(session_id, first, last)
 
-    def read_turn(self, org_id: uuid.UUID, session_id: uuid.UUID, turn_index: int) -> Turn:
+    def read_turn(self, org_id: uuid.UUID, session_id: uuid.UUID, turn_index: int) -> TurnRecord:
         turns = self.read_turns(org_id, session_id, turn_index, turn_index)
         if not turns:
-            raise NotFoundError(f"turn {turn_index} of session {session_id} not found")
+            raise RowNotFoundError(f"turn {turn_index} of session {session_id} not found")
         return turns[0]
 
 
@@ -749,8 +751,8 @@ __all__ = [
     "AppendResult",
     "SessionName",
     "SessionStore",
-    "Turn",
     "TurnInput",
+    "TurnRecord",
     "UnknownOrgError",
     "canonical_json",
     "content_digest",

@@ -19,11 +19,11 @@ from dataclasses import dataclass
 import peewee
 
 from core.db import tenant, transaction
-from core.errors import NotFoundError
+from core.errors import RowNotFoundError
 from sessions.errors import NoSuchOrgError
 
 
-class UnknownUserError(NotFoundError):
+class UnknownUserError(RowNotFoundError):
     """A user named by id is not a live user of the org (unknown, of another org, or
     forgotten)."""
 

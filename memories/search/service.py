@@ -24,7 +24,7 @@ from embeddings import QueryCache
 from memories.metrics import MemoryMetrics
 from memories.scope import AGENT_WIDE, ReadScope
 from memories.search.context import Packed, pack, query_from_messages
-from memories.search.store import SearchHit, SearchStore, SemanticQuery
+from memories.search.store import RankedMemory, SearchStore, SemanticQuery
 from schema.search import MAX_SEARCH_LIMIT
 
 log = logging.getLogger(__name__)
@@ -37,15 +37,15 @@ SEMANTIC_UNAVAILABLE = "semantic search unavailable ({reason}); ranked by full-t
 class SearchAnswer:
     """The hits, best first, and what the answer should say about how it was ranked."""
 
-    hits: list[SearchHit]
+    hits: list[RankedMemory]
     details: dict[str, str] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
-class Context:
+class ContextAnswer:
     """The packed block and the hits it was packed from (``packed.chosen`` indexes them)."""
 
-    hits: list[SearchHit]
+    hits: list[RankedMemory]
     packed: Packed
     details: dict[str, str] = field(default_factory=dict)
 
@@ -97,7 +97,7 @@ class SearchService:
 
     def context(
         self, org_id: uuid.UUID, request: Mapping[str, Any], scope: ReadScope = AGENT_WIDE
-    ) -> Context:
+    ) -> ContextAnswer:
         """The block of a loaded ``schema.search.ContextRequestSchema`` body, packed from the
         memories of the reader's ``scope`` (ranked exactly as a search)."""
         query = request["query"]
@@ -105,7 +105,7 @@ class SearchService:
             query = query_from_messages(request["messages"])
         found = self._search(org_id, request, query, MAX_SEARCH_LIMIT, scope)
         hits = found.hits
-        return Context(
+        return ContextAnswer(
             hits, pack([h.row.content for h in hits], request["max_tokens"]), found.details
         )
 

@@ -317,7 +317,7 @@ def scope_params(scope: ReadScope) -> dict[str, Any]:
 
 
 @dataclass(frozen=True)
-class SearchHit:
+class RankedMemory:
     """One ranked memory and why it matched (every signal in ``[0, 1]``, higher is better)."""
 
     row: MemoryRow
@@ -393,7 +393,7 @@ class SearchStore:
         include_superseded: bool = False,
         scope: ReadScope = AGENT_WIDE,
         semantic: SemanticQuery | None = None,
-    ) -> list[SearchHit]:
+    ) -> list[RankedMemory]:
         """The best ``limit`` memories for ``query`` among the reader's ``scope``, best first;
         none for a query of no words. With ``semantic`` (the query's vector), fused with the
         semantic signal and branch (module docstring)."""
@@ -416,7 +416,7 @@ class SearchStore:
         rows = self._run(org_id, trigram, sql, params)
         width = len(COLUMNS.split(","))
         return [
-            SearchHit(
+            RankedMemory(
                 row=MemoryRow.from_db(r[:width]),
                 text=float(r[width]),
                 trigram=float(r[width + 1]),

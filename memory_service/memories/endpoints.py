@@ -16,7 +16,7 @@ import falcon
 from memories.service import MemoryService
 from memories.users import UserService
 from memory_service.cursor import encode_cursor
-from memory_service.errors import ApiError
+from memory_service.errors import ErrorAnswer
 from memory_service.http import (
     Api,
     authenticate,
@@ -27,7 +27,7 @@ from memory_service.http import (
     respond,
     respond_json,
 )
-from memory_service.http import load as load_query
+from memory_service.http import load_or_422 as load_query
 from schema.bodies import dumps
 from schema.memory import (
     MAX_IDEMPOTENCY_KEY_CHARS,
@@ -38,18 +38,18 @@ from schema.memory import (
 from sessions.agents import AgentResolver
 
 READ, WRITE = "memory:read", "memory:write"
-# Built once: a marshmallow Schema is costly to instantiate and safe to share for load().
+# Built once: a marshmallow Schema is costly to instantiate and safe to share for load_or_422().
 LIST_QUERY_SCHEMA = MemoryListQuerySchema()
 READ_QUERY_SCHEMA = MemoryReadQuerySchema()
 DELETE_QUERY_SCHEMA = MemoryDeleteQuerySchema()
 
 
-def idempotency_key(req: falcon.Request) -> str | None:
+def idempotency_key_header(req: falcon.Request) -> str | None:
     key = req.get_header("X-Idempotency-Key")
     if key is None:
         return None
     if not key or len(key) > MAX_IDEMPOTENCY_KEY_CHARS or not key.isprintable():
-        raise ApiError(
+        raise ErrorAnswer(
             400,
             "INVALID_HEADER",
             f"X-Idempotency-Key must be 1-{MAX_IDEMPOTENCY_KEY_CHARS} printable characters",
@@ -74,7 +74,7 @@ class MemoriesResource:
     def on_post(self, req: falcon.Request, resp: falcon.Response) -> None:
         api = self.api
         principal, org_id = authenticate(api, req, WRITE)
-        key = idempotency_key(req)
+        key = idempotency_key_header(req)
         document = parse_json(read_body(req, api.max_body_bytes))
         answer = self.service.create(org_id, key, document, principal).response()
         respond(resp, answer.status, answer.body, location=answer.location, headers=answer.headers)

@@ -22,7 +22,7 @@ import peewee
 from memories.scope import USER_HEADER, UserRef
 from memories.users import UserService
 from memory_service.cursor import encode_cursor
-from memory_service.errors import ApiError, validation_error
+from memory_service.errors import ErrorAnswer, validation_error
 from memory_service.http import (
     Api,
     authenticate,
@@ -89,7 +89,7 @@ def _external_id_header(req: falcon.Request) -> str | None:
         return None
     value = value.strip()
     if not 0 < len(value) <= MAX_EXTERNAL_ID_CHARS or not value.isprintable():
-        raise ApiError(
+        raise ErrorAnswer(
             400,
             "INVALID_HEADER",
             f"{SESSION_HEADER} must be 1-{MAX_EXTERNAL_ID_CHARS} printable characters",
@@ -104,7 +104,7 @@ def _user_header(req: falcon.Request) -> str | None:
         return None
     value = value.strip()
     if not 0 < len(value) <= MAX_USER_KEY_CHARS or not value.isprintable():
-        raise ApiError(
+        raise ErrorAnswer(
             400,
             "INVALID_HEADER",
             f"{USER_HEADER} must be 1-{MAX_USER_KEY_CHARS} printable characters",
@@ -203,7 +203,9 @@ class SessionsResource:
         ``DELETE /v1/memories/{id}`` does."""
         principal, org_id = authenticate(self.api, req, SESSIONS_WRITE)
         if MEMORY_WRITE not in principal.scopes:
-            raise ApiError(403, "INSUFFICIENT_SCOPE", f"this token lacks the {MEMORY_WRITE} scope")
+            raise ErrorAnswer(
+                403, "INSUFFICIENT_SCOPE", f"this token lacks the {MEMORY_WRITE} scope"
+            )
         self.service.delete(org_id, session_id, principal.user_id)
         resp.status = 204
 

@@ -22,7 +22,7 @@ from cli.scheduler import prune_hourly
 from core.config import Settings
 from core.db import connect_params
 from memories.tokens import TokenStore
-from models import Session
+from models import SessionRow
 from tests.integration.foundation.helpers import make_session
 
 SCHEMAS = ("ibex_core", "ibex_memory")
@@ -235,12 +235,12 @@ def test_the_scheduler_erases_when_prune_deleted_after_days_is_set(
     pruner.start()
     try:
         deadline = time.monotonic() + 10
-        while Session.select().where(Session.id == gone).exists():
+        while SessionRow.select().where(SessionRow.id == gone).exists():
             assert time.monotonic() < deadline, "the hourly erasure did not run"
             time.sleep(0.05)
     finally:
         stop.set()
     pruner.join(5)
     assert not pruner.is_alive()
-    assert [s.id for s in Session.select()] == [recent]
+    assert [s.id for s in SessionRow.select()] == [recent]
     assert "ibex scheduler: erased 1 sessions (1 checkpoints" in capsys.readouterr().out

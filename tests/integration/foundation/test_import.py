@@ -18,7 +18,7 @@ from cli import main
 from cli.stack.processes import free_port
 from extraction.scan_queries import ScanQueries
 from extraction.turns import TurnStore
-from models import Checkpoint, CheckpointPayload, Session
+from models import Checkpoint, CheckpointPayload, SessionRow
 from sessions.store import content_digest
 
 
@@ -64,9 +64,9 @@ def run_import(db, database_url, monkeypatch, tmp_path: Path, capsys):
     return run
 
 
-def _sessions(db) -> dict[str, Session]:
+def _sessions(db) -> dict[str, SessionRow]:
     # Read as the owner (superuser) to see every org.
-    return {s.external_id: s for s in Session.select()}
+    return {s.external_id: s for s in SessionRow.select()}
 
 
 def test_a_good_file_imports_everything(db, run_import) -> None:

@@ -8,7 +8,7 @@ import peewee
 import pytest
 
 from core.db import tenant
-from core.errors import ConfigError, ImmutableTurnError, NotFoundError
+from core.errors import ConfigError, ImmutableTurnError, RowNotFoundError
 from extraction.scan_queries import CANDIDATES_SQL, ScanQueries
 from extraction.turns import TurnStore
 from sessions.store import SessionStore
@@ -32,7 +32,7 @@ def test_sessions_are_found_by_external_id_and_turns_read_back(store) -> None:
     assert second.messages == [{"role": "user", "content": "turn 2"}]
     assert second.completion == {"role": "assistant", "content": "ok"}
     assert [t.turn_index for t in store.read_turns(org_id, session_id, 0, 10)] == [1, 2, 3]
-    with pytest.raises(NotFoundError):
+    with pytest.raises(RowNotFoundError):
         store.read_turn(org_id, session_id, 4)
 
 
@@ -46,9 +46,9 @@ def test_status_changes_and_soft_delete(store) -> None:
     assert store.get_session(org_id, session_id).status == "abandoned"
     store.soft_delete_session(org_id, session_id)
     assert store.get_session(org_id, session_id).deleted_at is not None
-    with pytest.raises(NotFoundError):
+    with pytest.raises(RowNotFoundError):
         store.complete_session(org_id, session_id)
-    with pytest.raises(NotFoundError):
+    with pytest.raises(RowNotFoundError):
         store.soft_delete_session(org_id, uuid.uuid4())
 
 

@@ -14,8 +14,8 @@ import pytest
 
 from cli import main
 from core.db import connect_params
-from core.errors import UserConflictError
-from models import Session, User
+from core.errors import SessionUserConflictError
+from models import SessionRow, User
 from sessions.users import UnknownUserError
 from tests.integration.foundation.helpers import make_session, turn
 
@@ -89,7 +89,7 @@ def test_a_sessions_user_is_set_once(store) -> None:
     grace = store.resolve_user(org_id, external_id="grace")
     store.set_session_user(org_id, session_id, dana)
     store.set_session_user(org_id, session_id, dana)  # the same user again: nothing changes
-    with pytest.raises(UserConflictError) as raised:
+    with pytest.raises(SessionUserConflictError) as raised:
         store.set_session_user(org_id, session_id, grace)
     assert raised.value.user_id == dana and raised.value.requested == grace
     # An external id names a session per user: grace's "s1" is a session of her own, and
@@ -203,8 +203,8 @@ def test_forget_user_soft_deletes_the_user_their_sessions_memories_and_tokens(
         "SELECT content FROM ibex_memory.memories WHERE deleted_at IS NULL ORDER BY 1"
     ).fetchall()
     assert [r[0] for r in live] == ["Grace likes coffee.", "The shop opens at nine."]
-    assert Session.get_by_id(session_id).deleted_at is not None
-    assert Session.get_by_id(graces.id).deleted_at is None
+    assert SessionRow.get_by_id(session_id).deleted_at is not None
+    assert SessionRow.get_by_id(graces.id).deleted_at is None
     assert User.get_by_id(dana).deleted_at is not None and User.get_by_id(grace).deleted_at is None
     revoked = db.execute_sql("SELECT revoked_at FROM ibex_memory.api_tokens").fetchone()[0]
     assert revoked is not None
@@ -227,12 +227,12 @@ def test_import_takes_a_user_by_key_or_by_id(db, store, run_import) -> None:
     assert org_id is not None
     dana = store.find_user(org_id, "dana")
     assert dana is not None
-    sessions = {s.external_id: s.user_id for s in Session.select()}
+    sessions = {s.external_id: s.user_id for s in SessionRow.select()}
     assert sessions == {"conv-1": dana, "conv-2": dana, "conv-3": None}
     code, _out, err = run_import(_line("conv-4", user_id=str(dana)), _line("conv-3", "grace"))
     assert code == 0, err
     grace = store.find_user(org_id, "grace")
-    sessions = {s.external_id: s.user_id for s in Session.select()}
+    sessions = {s.external_id: s.user_id for s in SessionRow.select()}
     assert sessions["conv-4"] == dana and sessions["conv-3"] == grace  # set once, from none
 
 
@@ -268,11 +268,11 @@ def test_import_refuses_an_unknown_id_both_or_a_bad_key_and_names_sessions_per_u
     # refused lines left nothing behind.
     by_user = {
         User.get_by_id(s.user_id).external_id: s
-        for s in Session.select().where(Session.external_id == "conv-1")
+        for s in SessionRow.select().where(SessionRow.external_id == "conv-1")
     }
     assert set(by_user) == {"dana", "grace"}
     assert by_user["dana"].turn_count == 1 and by_user["grace"].turn_count == 2
-    assert {s.external_id for s in Session.select()} == {"conv-1"}
+    assert {s.external_id for s in SessionRow.select()} == {"conv-1"}
 
 
 def test_turns_of_a_users_session_append_as_before(store) -> None:

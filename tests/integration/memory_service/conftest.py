@@ -10,7 +10,7 @@ import pytest
 import redis
 
 from core.config import Settings
-from memory_service.app import create_app, make_pool
+from memory_service.app import create_app, make_web_pool
 from tests.integration.memory_service.helpers import BASE_URL, Tenant, make_tenant
 
 
@@ -29,7 +29,7 @@ def settings(database_url: str, redis_url: str) -> Settings:
 @pytest.fixture
 def app_db(database_url: str) -> Iterator[Any]:
     """The service's own pool (separate from the test's connection), at most 8 connections."""
-    pool = make_pool(database_url, max_connections=8)
+    pool = make_web_pool(database_url, max_connections=8)
     yield pool
     pool.close_all()
 

@@ -10,7 +10,7 @@ import pytest
 
 from cli import main
 from core.migrate import describe_target
-from memory_service.app import create_app, make_pool
+from memory_service.app import create_app, make_web_pool
 from tests.integration.memory_service.helpers import make_source_session, memory_body
 
 
@@ -37,7 +37,7 @@ def test_readyz_is_503_until_the_schema_is_current(settings, redis_client, unmig
     from core.migrate import load_migrations, migrate
 
     last = load_migrations()[-1]
-    pool = make_pool(unmigrated_url, max_connections=2)
+    pool = make_web_pool(unmigrated_url, max_connections=2)
     app = create_app(settings, db=pool, redis_client=redis_client)
     try:
         with httpx.Client(transport=httpx.WSGITransport(app=app), base_url="http://m") as http:
@@ -87,7 +87,7 @@ def test_api_answers_503_with_the_migrate_hint_until_the_schema_is_current(
     from core.migrate import migrate
 
     target = describe_target(unmigrated_url)
-    pool = make_pool(unmigrated_url, max_connections=2)
+    pool = make_web_pool(unmigrated_url, max_connections=2)
     app = create_app(settings, db=pool, redis_client=redis_client)
     auth = {"Authorization": "Bearer ibex_x"}
     try:
@@ -120,7 +120,7 @@ def test_api_answers_503_with_the_migrate_hint_until_the_schema_is_current(
 
 
 def test_readyz_is_503_when_postgres_does_not_answer(settings, redis_client) -> None:
-    dead_db = make_pool("postgresql://postgres@127.0.0.1:1/none", max_connections=1)
+    dead_db = make_web_pool("postgresql://postgres@127.0.0.1:1/none", max_connections=1)
     app = create_app(settings, db=dead_db, redis_client=redis_client)
     with httpx.Client(transport=httpx.WSGITransport(app=app), base_url="http://m") as http:
         assert http.get("/healthz").status_code == 200

@@ -127,9 +127,9 @@ def multiprocess_dir(tmp_path: pathlib.Path, monkeypatch: pytest.MonkeyPatch) ->
 
 def _worker_process(settings: Settings, database_url: str, acme: Tenant) -> None:
     """Another gunicorn worker: its own process, app and pool, the same directory."""
-    from memory_service.app import make_pool
+    from memory_service.app import make_web_pool
 
-    pool = make_pool(database_url, max_connections=2)
+    pool = make_web_pool(database_url, max_connections=2)
     app = create_app(settings, db=pool)
     with httpx.Client(transport=httpx.WSGITransport(app=app), base_url=BASE_URL) as http:
         body = memory_body(acme.agent_id, "From the other worker")

@@ -40,7 +40,7 @@ from extraction.memory_client import WriteResult
 from extraction.result import ExtractedMemory, ExtractionResult
 from extraction.retry import RedeliveryPolicy
 from extraction.stages import Send, StageDeps
-from sessions.store import SessionStore, Turn, TurnInput
+from sessions.store import SessionStore, TurnInput, TurnRecord
 
 PIPELINE_ENV = {
     "MAX_RETRIES": "3",
@@ -118,7 +118,7 @@ class FakeProvider:
 
     def __init__(
         self,
-        memories: int | Callable[[Turn], int] = 2,
+        memories: int | Callable[[TurnRecord], int] = 2,
         *,
         reword: bool = False,
         count_varies: bool = False,
@@ -140,7 +140,7 @@ class FakeProvider:
         self.always_fail[(session_id, turn_index)] = LLMRejectedError("400 bad request", status=400)
 
     def extract(
-        self, turn: Turn, context: Sequence[Turn], related: Sequence[Any] = ()
+        self, turn: TurnRecord, context: Sequence[TurnRecord], related: Sequence[Any] = ()
     ) -> ExtractionResult:
         key = (turn.session_id, turn.turn_index)
         with self._lock:

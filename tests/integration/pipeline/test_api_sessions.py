@@ -28,7 +28,7 @@ from extraction.providers import make_provider
 from extraction.scan_queries import ScanQueries
 from extraction.stages import StageDeps, scan
 from memories.tokens import TokenStore
-from memory_service.app import create_app, make_pool
+from memory_service.app import create_app, make_web_pool
 from sessions.importer import import_lines
 from sessions.status import SessionStatusStore
 from sessions.store import SessionStore, TurnInput
@@ -72,7 +72,7 @@ def settings(database_url: str, redis_url: str) -> Settings:
 
 @pytest.fixture
 def app(settings: Settings, database_url: str, redis_url: str) -> Iterator[Any]:
-    pool = make_pool(database_url, max_connections=4)
+    pool = make_web_pool(database_url, max_connections=4)
     client = redis.Redis.from_url(redis_url)
     yield create_app(settings, db=pool, redis_client=client, token_cache_seconds=0)
     client.close()

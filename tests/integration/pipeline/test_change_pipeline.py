@@ -29,7 +29,7 @@ from extraction.providers import OpenAICompatibleProvider, RulesProvider
 from extraction.stages import Send, StageDeps, extract_turn, scan
 from extraction.status import collect
 from memories.tokens import TokenStore
-from memory_service.app import create_app, make_pool
+from memory_service.app import create_app, make_web_pool
 from schema.messages import ActorName
 from sessions.store import TurnInput
 from tests.integration.pipeline.helpers import Crash, Harness, crash_at, pipeline_settings
@@ -64,7 +64,7 @@ def llm() -> Iterator[FakeLLM]:
 
 @pytest.fixture
 def app(db: Any, settings: Settings, redis_url: str) -> Iterator[Any]:
-    pool = make_pool(settings.database_url, max_connections=4)
+    pool = make_web_pool(settings.database_url, max_connections=4)
     r = redis.Redis.from_url(redis_url)
     yield create_app(settings, db=pool, redis_client=r, token_cache_seconds=0.5)
     r.close()

@@ -20,7 +20,7 @@ from extraction.memory_client import MemoryClient
 from extraction.stages import StageDeps, extract_turn, memory_body, scan, write_memory
 from extraction.values import TurnRef
 from memories.tokens import TokenStore
-from memory_service.app import create_app, make_pool
+from memory_service.app import create_app, make_web_pool
 from schema.messages import ActorName
 from tests.integration.pipeline.helpers import (
     FakeProvider,
@@ -47,7 +47,7 @@ def client(db: Any, service_settings: Settings, redis_url: str) -> Iterator[Memo
     _, token = TokenStore(db).issue(
         org_id=None, name="pipeline", scopes=["memory:write", "memory:read"]
     )
-    pool = make_pool(service_settings.database_url, max_connections=4)
+    pool = make_web_pool(service_settings.database_url, max_connections=4)
     r = redis.Redis.from_url(redis_url)
     app = create_app(service_settings, db=pool, redis_client=r, token_cache_seconds=0.5)
     memory = MemoryClient(BASE_URL, token, transport=httpx.WSGITransport(app=app))

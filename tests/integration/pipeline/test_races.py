@@ -23,7 +23,7 @@ from extraction.dispatch import run_message
 from extraction.result import ExtractionResult
 from extraction.stages import Send, StageDeps, complete_turn, extract_turn, scan, write_memory
 from schema.messages import ActorName
-from sessions.store import Turn
+from sessions.store import TurnRecord
 from tests.integration.pipeline.helpers import (
     FakeMemoryService,
     FakeProvider,
@@ -219,7 +219,7 @@ class HeldProvider(FakeProvider):
         self.inside = threading.Event()
         self.go = go if go is not None else threading.Event()
 
-    def extract(self, turn: Turn, context: Any, related: Any = ()) -> ExtractionResult:
+    def extract(self, turn: TurnRecord, context: Any, related: Any = ()) -> ExtractionResult:
         if threading.current_thread().name == self.held_thread:
             self.inside.set()
             assert self.go.wait(TIMEOUT), "the held LLM call was never let go"

@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 
-from core.errors import NotFoundError
+from core.errors import RowNotFoundError
 from extraction.caches import SlotCache
 from extraction.stages import extract_turn, scan, write_memory
 from extraction.values import PersistedResult, StoredMemory, TurnRef
@@ -92,7 +92,7 @@ def test_a_write_naming_another_org_never_uses_the_cached_result(
     scan(deps)
     extract_turn(deps, ref.org_id, ref.session_id, 1)
     other_org = store.ensure_org("globex")
-    with pytest.raises(NotFoundError):
+    with pytest.raises(RowNotFoundError):
         write_memory(deps, other_org, ref.session_id, 1, 0)
     assert memory.posts == 0
 
@@ -131,6 +131,6 @@ def test_extract_takes_the_claim_with_or_without_a_row_recorded_by_the_scan(
     for ref in (recorded, unrecorded):
         assert len(extract_turn(deps, ref.org_id, ref.session_id, 2)) == 2
         assert turn_rows(db, ref.session_id)[2]["state"] == "extracted"
-        with pytest.raises(NotFoundError):
+        with pytest.raises(RowNotFoundError):
             extract_turn(deps, ref.org_id, ref.session_id, 3)
     assert provider.total_calls == 2

@@ -41,7 +41,7 @@ from extraction.stages import Send, StageDeps, extract_turn, scan
 from memories.service import backfill
 from memories.store import EmbeddingDimensionError, EmbeddingStore
 from memories.tokens import TokenStore
-from memory_service.app import create_app, make_pool
+from memory_service.app import create_app, make_web_pool
 from schema.messages import ActorName
 from sessions.store import TurnInput
 from tests.integration.pipeline.helpers import Crash, Harness, crash_at, pipeline_settings
@@ -79,7 +79,7 @@ def llm() -> Iterator[FakeLLM]:
 
 @pytest.fixture
 def app(db: Any, settings: Settings, redis_url: str) -> Iterator[Any]:
-    pool = make_pool(settings.database_url, max_connections=4)
+    pool = make_web_pool(settings.database_url, max_connections=4)
     r = redis.Redis.from_url(redis_url)
     yield create_app(settings, db=pool, redis_client=r, token_cache_seconds=0.5)
     r.close()
@@ -361,7 +361,7 @@ def test_a_model_change_through_reembed_never_mixes_dimensions(
         EMBEDDINGS_DIMENSION="16",
     )
     r = redis.Redis.from_url(redis_url)
-    pool = make_pool(database_url, max_connections=2)
+    pool = make_web_pool(database_url, max_connections=2)
     try:
         app = create_app(small, db=pool, redis_client=r)
         _, token = TokenStore(db).issue(org_id=None, name="reader", scopes=["memory:read"])

@@ -11,7 +11,7 @@ from typing import Any
 import psycopg2
 import pytest
 
-from core.errors import NotFoundError
+from core.errors import RowNotFoundError
 from extraction.stages import StageDeps, extract_turn, scan
 from extraction.values import Busy, Claimed, TurnRef
 from tests.integration.pipeline.helpers import make_session, turn_rows
@@ -24,15 +24,15 @@ def test_another_orgs_id_finds_none_of_the_turns_rows(db: Any, store: Any, deps:
     extract_turn(deps, session.org_id, session.session_id, 1)  # a result and slots to see
     for turn in (1, 2):
         foreign = TurnRef(other.org_id, session.session_id, turn)
-        with pytest.raises(NotFoundError):
+        with pytest.raises(RowNotFoundError):
             deps.turns.begin_extract(foreign, claim_seconds=60, lease_seconds=60, max_attempts=3)
-        with pytest.raises(NotFoundError):
+        with pytest.raises(RowNotFoundError):
             deps.turns.load_slot(foreign, 0)
-        with pytest.raises(NotFoundError):
+        with pytest.raises(RowNotFoundError):
             deps.turns.record_slot(
                 foreign, 0, idempotency_key=str(uuid.uuid4()), memory_id=None, outcome="created"
             )
-        with pytest.raises(NotFoundError):
+        with pytest.raises(RowNotFoundError):
             deps.turns.complete_turn(foreign)
         assert deps.turns.turn_status(foreign) is None
     rows = turn_rows(db, session.session_id)

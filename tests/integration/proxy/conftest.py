@@ -20,7 +20,7 @@ from bench.fake_llm import FakeLLM
 from cli.stack.processes import free_port
 from core.config import Settings
 from extraction.stages import StageDeps
-from memory_service.app import make_pool
+from memory_service.app import make_web_pool
 from proxy.app import ChatProxy, create_app
 from tests.integration.memory_service.helpers import make_token
 from tests.integration.pipeline.helpers import pipeline_settings
@@ -111,7 +111,7 @@ def proxy_settings(database_url: str, redis_url: str, upstream: FakeLLM) -> Sett
 
 @pytest.fixture
 def proxy_db(database_url: str) -> Iterator[Any]:
-    pool = make_pool(database_url, max_connections=8)
+    pool = make_web_pool(database_url, max_connections=8)
     yield pool
     pool.close_all()
 

@@ -19,7 +19,7 @@ from core.db import tenant
 from extraction.prompt import render_turn
 from extraction.stages import StageDeps
 from memory_service.app import create_app as create_memory_app
-from memory_service.app import make_pool
+from memory_service.app import make_web_pool
 from proxy.app import create_app
 from sessions.store import SessionStore
 from tests.integration.memory_service.helpers import Tenant, make_tenant
@@ -122,7 +122,7 @@ def dead_database_url(database_url: str) -> str:
 def test_with_the_database_down_the_call_answers_and_the_turn_lands_later_once(
     proxy_settings: Settings, store: Any, database_url: str, redis_url: str, acme: Org
 ) -> None:
-    dead = make_pool(dead_database_url(database_url), max_connections=2)
+    dead = make_web_pool(dead_database_url(database_url), max_connections=2)
     app, proxy = create_app(proxy_settings, db=dead, token_cache_seconds=0)
     messages = [SYSTEM, {"role": "user", "content": "The database is away."}]
     hdrs = {"X-IBEX-Token": acme.token, "X-IBEX-Agent": "bot", "X-IBEX-Session-ID": "conv-down"}
@@ -211,7 +211,7 @@ def test_a_spooled_turn_whose_token_the_worker_refuses_is_dead_lettered(
     from proxy import metrics
 
     failed = metrics.count("failed")
-    dead = make_pool(dead_database_url(database_url), max_connections=2)
+    dead = make_web_pool(dead_database_url(database_url), max_connections=2)
     app, proxy = create_app(proxy_settings, db=dead, token_cache_seconds=0)
     hdrs = {"X-IBEX-Token": "ibex_forged", "X-IBEX-Agent": "bot", "X-IBEX-Session-ID": "forged"}
     with serve(app, proxy) as server:

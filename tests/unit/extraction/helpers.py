@@ -5,7 +5,7 @@ from __future__ import annotations
 import uuid
 from typing import Any
 
-from sessions.store import Turn
+from sessions.store import TurnRecord
 
 SESSION = uuid.UUID("00000000-0000-4000-8000-000000000001")
 
@@ -15,10 +15,10 @@ def make_turn(
     turn_index: int = 1,
     history: list[dict[str, Any]] | None = None,
     completion: str = "Noted!",
-) -> Turn:
+) -> TurnRecord:
     """A turn whose new user messages are ``user_texts``, after an optional ``history``."""
     messages = [*(history or []), *({"role": "user", "content": t} for t in user_texts)]
-    return Turn(
+    return TurnRecord(
         session_id=SESSION,
         turn_index=turn_index,
         messages=messages,

@@ -14,7 +14,7 @@ import pytest
 from core.errors import EmbeddingsUnavailable
 from extraction.metrics import PipelineMetrics
 from extraction.stages import _embedded, memory_body
-from extraction.values import Answer, PersistedResult, TurnRef
+from extraction.values import LlmAnswer, PersistedResult, TurnRef
 from memories.service import new_memory
 from memories.validation import quick_load_create
 
@@ -44,9 +44,9 @@ class Metrics(PipelineMetrics):
         self.requests.append(ok)
 
 
-def answer(*contents: str) -> Answer:
+def answer(*contents: str) -> LlmAnswer:
     memories = [{"content": c, "kind": "fact"} for c in contents]
-    return Answer({"memories": memories}, "rules", "m", 0, 0)
+    return LlmAnswer({"memories": memories}, "rules", "m", 0, 0)
 
 
 def test_one_request_for_the_turn_and_vectors_in_the_persisted_form() -> None:

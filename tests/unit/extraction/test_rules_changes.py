@@ -9,7 +9,7 @@ import pytest
 from extraction.prompt import RelatedMemory
 from extraction.providers import RulesProvider
 from extraction.rules import extract_changes, slot_of
-from sessions.store import Turn
+from sessions.store import TurnRecord
 
 RELATED = [
     ("m1", "The user lives in Lisbon."),
@@ -21,9 +21,9 @@ RELATED = [
 ]
 
 
-def turn(text: str) -> Turn:
+def turn(text: str) -> TurnRecord:
     said = [{"role": "user", "content": text}]
-    return Turn(uuid.uuid4(), 1, said, {"role": "assistant", "content": "Noted."}, 0, 0, 0)
+    return TurnRecord(uuid.uuid4(), 1, said, {"role": "assistant", "content": "Noted."}, 0, 0, 0)
 
 
 @pytest.mark.parametrize(

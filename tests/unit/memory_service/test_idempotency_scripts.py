@@ -13,9 +13,9 @@ import pytest
 
 from memories import idempotency
 from memories.idempotency import (
-    Answer,
     ClaimState,
     IdempotencyStore,
+    KeyAnswer,
     StoredAnswer,
     compact_fingerprint,
     done_record,
@@ -24,7 +24,7 @@ from memories.idempotency import (
 
 ORG = "11111111-1111-4111-8111-111111111111"
 MEMORY = uuid.UUID("44444444-4444-4444-8444-444444444444")
-CREATED = StoredAnswer(Answer.CREATED, MEMORY)
+CREATED = StoredAnswer(KeyAnswer.CREATED, MEMORY)
 
 
 @pytest.fixture
@@ -75,13 +75,13 @@ def test_done_answers_with_the_stored_answer_and_memory(idem, client) -> None:
     record = client.get(record_key(ORG, "k"))
     assert record == done_record(compact_fingerprint("fp"), CREATED)  # the owner is gone
     assert 590 < client.ttl(record_key(ORG, "k")) <= 600  # the lease became the TTL
-    duplicate = StoredAnswer(Answer.DUPLICATE, uuid.uuid4())
+    duplicate = StoredAnswer(KeyAnswer.DUPLICATE, uuid.uuid4())
     assert not idem.complete(first, duplicate)  # done: no completion rewrites it
     assert idem.claim(ORG, "k", "fp").stored == CREATED
 
 
-@pytest.mark.parametrize("answer", list(Answer))
-def test_every_answer_round_trips(idem, answer: Answer) -> None:
+@pytest.mark.parametrize("answer", list(KeyAnswer))
+def test_every_answer_round_trips(idem, answer: KeyAnswer) -> None:
     first = idem.claim(ORG, "k", "fp")
     idem.complete(first, StoredAnswer(answer, MEMORY))
     assert idem.claim(ORG, "k", "fp").stored == StoredAnswer(answer, MEMORY)
@@ -100,7 +100,7 @@ def test_an_expired_lease_is_taken_over_and_the_old_owner_cannot_complete(idem, 
     assert takeover.state is ClaimState.CLAIMED and takeover.owned
     assert takeover.owner != original.owner
     assert idem.claim(ORG, "k", "fp").state is ClaimState.RUNNING  # the new lease is live
-    late = StoredAnswer(Answer.CREATED, uuid.uuid4())
+    late = StoredAnswer(KeyAnswer.CREATED, uuid.uuid4())
     assert not idem.complete(original, late)
     assert not idem.release(original)
     assert idem.complete(takeover, CREATED)
