@@ -90,7 +90,7 @@ def build_worker_deps(settings: Settings) -> StageDeps:
     )
     from embeddings import embedder_from_settings
     from extraction.metrics import PipelineMetrics, PrometheusMetrics
-    from memories.store import EmbeddingStore
+    from memories.vectors import EmbeddingStore
 
     embedder = embedder_from_settings(settings)
     if embedder is not None:

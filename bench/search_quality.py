@@ -371,7 +371,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     from core.db import make_database
     from memories.canonical import content_hash
     from memories.search.store import SearchStore, SemanticQuery
-    from memories.store import EmbeddingStore, MemoryStore, NewMemory
+    from memories.store import MemoryStore, NewMemory
+    from memories.vectors import EmbeddingStore
     from sessions.store import SessionStore
 
     dataset = labelled_set(args.agents, args.paraphrase_agents, args.seed)

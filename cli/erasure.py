@@ -14,7 +14,8 @@ Soft deletion (``DELETE /v1/sessions/{id}``, ``DELETE /v1/memories/{id}``,
 
 Nothing else is touched: the append-only tables lose rows only with their session. Each table
 is erased by the module that owns it (:func:`sessions.store.erase_sessions`,
-:func:`extraction.turns.erase_turns_of`, :func:`extraction.deadletter_rows.erase_of_sessions`,
+:func:`sessions.turns.erase_turns_of`, :func:`extraction.turns.erase_turns_of`,
+:func:`extraction.deadletter_rows.erase_of_sessions`,
 :func:`memories.store.erase_of_sessions`, :func:`memories.tokens.erase_tokens_of`,
 :func:`sessions.users.erase_users`); this module only asks them, children before parents, in
 one transaction per batch. It deletes as the table owner across orgs, like the prune of done
@@ -38,6 +39,7 @@ from extraction import turns as extraction_turns
 from memories import store as memory_rows
 from memories import tokens
 from sessions import store as session_rows
+from sessions import turns as session_turns
 from sessions import users
 
 _NIL_UUID = "00000000-0000-0000-0000-000000000000"
@@ -87,7 +89,8 @@ class Erasure:
         db = self.db
         with transaction(db):
             require_bypass_rls(db)
-            sessions, checkpoints, payloads = session_rows.count_erasable_sessions(db, cutoff)
+            sessions = session_rows.count_erasable_sessions(db, cutoff)
+            checkpoints, payloads = session_turns.count_turns_of_deleted(db, cutoff)
             turns, slots = extraction_turns.count_turns_of_deleted(db, cutoff)
             quit = users.forgotten_before(db, cutoff)
             return Erased(
@@ -138,7 +141,8 @@ class Erasure:
         turns, slots = extraction_turns.erase_turns_of(db, ids)
         letters = deadletter_rows.erase_of_sessions(db, ids)
         memories = memory_rows.erase_of_sessions(db, ids)
-        sessions, checkpoints, payloads = session_rows.erase_sessions(db, ids)
+        checkpoints, payloads = session_turns.erase_turns_of(db, ids)
+        sessions = session_rows.erase_sessions(db, ids)
         erased = Erased(
             sessions=sessions,
             checkpoints=checkpoints,

@@ -52,9 +52,9 @@ def run(args: argparse.Namespace, settings: Settings) -> int:
     from core.db import make_database
     from core.errors import EmbeddingsUnavailable
     from embeddings import embedder_from_settings
+    from memories.backfill import BackfillReport, backfill
     from memories.search.store import SearchStore
-    from memories.service import BackfillReport, backfill
-    from memories.store import EmbeddingStore
+    from memories.vectors import EmbeddingStore
 
     if args.agent is not None and args.org is None:
         return _fail("--agent needs --org")

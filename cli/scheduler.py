@@ -136,8 +136,8 @@ def backfill_rounds(settings: Settings, stop: threading.Event) -> None:
     from cli.reembed import _orgs
     from cli.status import database
     from embeddings import embedder_from_settings
-    from memories.service import backfill
-    from memories.store import EmbeddingStore
+    from memories.backfill import backfill
+    from memories.vectors import EmbeddingStore
 
     embedder = embedder_from_settings(settings)
     if embedder is None:

@@ -74,7 +74,7 @@ def run(args: argparse.Namespace, settings: Settings) -> int:
 def _create(store: Any, args: argparse.Namespace) -> int:
     from core.db import db_errors
     from schema.common import SLUG
-    from sessions.store import select_org
+    from sessions.orgs import select_org
 
     org_id: uuid.UUID | None = None
     if args.org is None and args.create_org:

@@ -30,7 +30,7 @@ from typing import Any
 
 from schema.extraction import MAX_MEMORIES
 from schema.recall import strip_messages
-from sessions.store import TurnRecord
+from sessions.turns import TurnRecord
 
 #: Earlier turns beyond this many characters are left out, oldest first: the context helps to
 #: resolve references ("she", "that city"); it is not worth a prompt that overflows the model.

@@ -25,7 +25,7 @@ from core.errors import ConfigError, LLMRejectedError, LLMUnavailableError
 from extraction.prompt import RelatedMemory, build_messages
 from extraction.result import ExtractionResult, parse_llm_content
 from extraction.rules import RULES_MODEL, extract_changes
-from sessions.store import TurnRecord
+from sessions.turns import TurnRecord
 
 #: How much of an error response body an exception message quotes.
 ERROR_BODY_CHARS = 300

@@ -52,7 +52,7 @@ from typing import Any
 
 from extraction.result import ExtractedMemory, dedupe
 from schema.recall import strip_recalled
-from sessions.store import TurnRecord
+from sessions.turns import TurnRecord
 
 #: Recorded as the "model" of a rules result; bump when the wording of memories changes.
 RULES_MODEL = "rules-v3"

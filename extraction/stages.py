@@ -72,7 +72,8 @@ from extraction.values import (
     TurnRef,
 )
 from schema.messages import ActorName
-from sessions.store import SessionStore, TurnRecord
+from sessions.store import SessionStore
+from sessions.turns import TurnRecord
 
 log = logging.getLogger(__name__)
 

@@ -66,7 +66,8 @@ from extraction.values import (
     UUIDLike,
     uuid_text,
 )
-from sessions.store import TurnRecord
+from sessions.store import advance_pointer
+from sessions.turns import TurnRecord
 
 # The stage functions of migration 000010: each one round trip in its own implicit transaction.
 # 000014 added begin_extract's related-memories count and persist_result's input hash.
@@ -87,11 +88,6 @@ _REOPEN_STATE = (
     "             ELSE 'extracted'::ibex_core.turn_state END"
 )
 
-_ADVANCE_POINTER = (
-    "UPDATE ibex_core.sessions"
-    " SET last_extracted_turn = GREATEST(last_extracted_turn, LEAST(%s, turn_count))"
-    " WHERE id = %s RETURNING last_extracted_turn"
-)
 
 # The turns prune_done may delete: done, passed by their session's pointer, done before the
 # cutoff. Keyset order on the primary key, so each batch resumes where the last one ended.
@@ -452,10 +448,12 @@ class TurnStore:
             return self._advance_pointer(session_id, turn)
 
     def _advance_pointer(self, session_id: UUIDLike, turn: int) -> int:
-        row = self._sql(_ADVANCE_POINTER, (turn, uuid_text(session_id))).fetchone()
-        if row is None:
+        # The statement is the session store's (it owns the sessions table); this store
+        # decides when, under the session row's lock.
+        moved = advance_pointer(self.db, uuid_text(session_id), turn)
+        if moved is None:
             raise RowNotFoundError(f"session {session_id} not found")
-        return int(row[0])
+        return moved
 
     # -- failures --------------------------------------------------------------------------
 

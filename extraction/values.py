@@ -11,7 +11,7 @@ import uuid
 from dataclasses import dataclass
 from typing import Any
 
-from sessions.store import TurnRecord
+from sessions.turns import TurnRecord
 
 UUIDLike = uuid.UUID | str
 

@@ -34,8 +34,8 @@ import logging
 import math
 import time
 import uuid
-from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field, replace
+from collections.abc import Callable, Sequence
+from dataclasses import replace
 from typing import Any, TypeAlias
 
 from marshmallow import ValidationError
@@ -53,18 +53,23 @@ from memories.idempotency import (
     StoredAnswer,
 )
 from memories.metrics import MemoryMetrics
-from memories.scope import AGENT_WIDE, ReadScope, UserRef
-from memories.store import (
-    EmbeddingStore,
-    MemoryRow,
-    MemoryStore,
-    NewMemory,
-    WriteOutcome,
+from memories.outcomes import (
+    Created,
+    DuplicateContent,
+    InProgress,
+    Invalid,
+    KeyConflict,
+    Outcome,
+    Replayed,
+    UnknownOrg,
+    for_key_row,
+    stored_answer,
 )
+from memories.scope import AGENT_WIDE, ReadScope, UserRef
+from memories.store import MemoryRow, MemoryStore, NewMemory, WriteOutcome
 from memories.users import UserService
 from memories.validation import quick_load_create
-from schema import describe_errors
-from schema.bodies import dumps, error_body
+from memories.vectors import EmbeddingStore
 from schema.memory import MemoryCreateSchema
 
 log = logging.getLogger(__name__)
@@ -75,137 +80,6 @@ EMBED_PAUSE_SECONDS = 30.0
 
 # Built once: a marshmallow Schema is costly to instantiate and safe to share for load().
 CREATE_SCHEMA = MemoryCreateSchema()
-REPLAYED_HEADER = "Idempotent-Replayed"
-
-
-@dataclass(frozen=True)
-class Response:
-    """What an outcome answers over HTTP; always a JSON body."""
-
-    status: int
-    body: bytes
-    location: str | None = None
-    headers: Mapping[str, str] = field(default_factory=dict)
-
-
-@dataclass(frozen=True)
-class Created:
-    row: MemoryRow
-
-    def response(self) -> Response:
-        # As created: a replay answers the same bytes even after a later supersession.
-        return Response(201, dumps(self.row.as_json(as_created=True)), location_of(self.row))
-
-
-@dataclass(frozen=True)
-class KeyConflict:
-    """The key was used with another body; ``existing_id`` when a row holds it."""
-
-    existing_id: uuid.UUID | None = None
-
-    def response(self) -> Response:
-        message = "this idempotency key was used with a different body"
-        if self.existing_id is None:
-            return Response(409, error_body("IDEMPOTENCY_CONFLICT", message))
-        return Response(
-            409, error_body("IDEMPOTENCY_CONFLICT", message, existing_id=str(self.existing_id))
-        )
-
-
-@dataclass(frozen=True)
-class DuplicateContent:
-    """A live memory of this org and agent holds the same normalised content."""
-
-    existing_id: uuid.UUID
-    #: True when the existing memory is near-identical rather than the same normalised text
-    #: (the answer is the same; only the metrics tell them apart).
-    near: bool = False
-
-    def response(self) -> Response:
-        return Response(
-            409,
-            error_body(
-                "DUPLICATE_CONTENT",
-                "a memory with the same content exists for this agent",
-                existing_id=str(self.existing_id),
-            ),
-        )
-
-
-@dataclass(frozen=True)
-class Replayed:
-    """The response first given for this key, rebuilt byte for byte: a created memory from
-    the row that holds the key, a 409 from the memory id the key's record names."""
-
-    first: Created | DuplicateContent | KeyConflict
-    source: str  # "redis" (a finished record) or "postgres" (the row alone), the metric's label
-
-    def response(self) -> Response:
-        first = self.first.response()
-        return Response(first.status, first.body, first.location, headers={REPLAYED_HEADER: "true"})
-
-
-@dataclass(frozen=True)
-class InProgress:
-    """Another request holds a live lease on the key; retry after ``retry_after`` seconds."""
-
-    retry_after: int
-
-    def response(self) -> Response:
-        body = error_body(
-            "IDEMPOTENCY_IN_PROGRESS",
-            "a request with this idempotency key is still running",
-            retry_after=self.retry_after,
-        )
-        return Response(409, body, headers={"Retry-After": str(self.retry_after)})
-
-
-@dataclass(frozen=True)
-class Invalid:
-    """The document is not a valid memory, or names an agent or session the org lacks."""
-
-    fields: Any
-
-    def response(self) -> Response:
-        message = f"invalid request: {describe_errors(self.fields)}"
-        return Response(422, error_body("VALIDATION_FAILED", message, fields=self.fields))
-
-
-@dataclass(frozen=True)
-class UnknownOrg:
-    def response(self) -> Response:
-        return Response(403, error_body("FORBIDDEN_ORG", "no such org"))
-
-
-#: What ``create`` decided. Each says what it answers (``response``); :func:`stored_answer`
-#: says what the idempotency key keeps of it.
-Outcome: TypeAlias = (
-    Created | Replayed | KeyConflict | DuplicateContent | InProgress | Invalid | UnknownOrg
-)
-
-
-def location_of(row: MemoryRow) -> str:
-    return f"/v1/memories/{row.id}"
-
-
-def for_key_row(row: MemoryRow, fingerprint: str, source: str = "postgres") -> Outcome:
-    """A committed row already holds this key: the same request replays, another conflicts."""
-    if row.request_fingerprint == fingerprint:
-        return Replayed(Created(row), source)
-    return KeyConflict(row.id)
-
-
-def stored_answer(outcome: Outcome) -> StoredAnswer | None:
-    """What the key's record keeps of an outcome; None when the key keeps nothing."""
-    if isinstance(outcome, Replayed):
-        return stored_answer(outcome.first)
-    if isinstance(outcome, Created):
-        return StoredAnswer(KeyAnswer.CREATED, outcome.row.id)
-    if isinstance(outcome, DuplicateContent):
-        return StoredAnswer(KeyAnswer.DUPLICATE, outcome.existing_id)
-    if isinstance(outcome, KeyConflict) and outcome.existing_id is not None:
-        return StoredAnswer(KeyAnswer.CONFLICT, outcome.existing_id)
-    return None
 
 
 #: Components below this (after scaling to length 1) are stored as 0: a ``real`` (float32)
@@ -525,66 +399,3 @@ class MemoryService:
             metrics.conflicts.labels("DUPLICATE_CONTENT").inc()
             if outcome.near:
                 metrics.near_duplicates.inc()
-
-
-@dataclass
-class BackfillReport:
-    """What one backfill did for one org."""
-
-    #: Memories read that lacked a vector of the model (all of them with ``replace``).
-    memories: int = 0
-    #: Vectors stored.
-    embedded: int = 0
-    #: Requests made to the embedder (one per batch).
-    requests: int = 0
-
-
-def backfill(
-    embeddings: EmbeddingStore,
-    embedder: Embedder,
-    org_id: uuid.UUID,
-    *,
-    agent_id: uuid.UUID | None = None,
-    batch_size: int = 100,
-    replace: bool = False,
-    max_batches: int | None = None,
-    on_batch: Callable[[BackfillReport], None] | None = None,
-) -> BackfillReport:
-    """Embed the org's live memories lacking a vector of ``embedder``'s model (every live
-    memory with ``replace``), ``batch_size`` texts per request, in id order, each batch
-    stored in its own statement: an interrupted run loses at most a batch, and a rerun
-    continues with what is still missing. Raises
-    :class:`~core.errors.EmbeddingsUnavailable` when the embedder fails (what was stored
-    stays) and :class:`~memories.store.EmbeddingDimensionError` when the model
-    was stored with another dimension."""
-    embeddings.register(embedder.model, embedder.dimension)
-    report = BackfillReport()
-    after: uuid.UUID | None = None
-    batches = 0
-    while max_batches is None or batches < max_batches:
-        rows = embeddings.missing(
-            org_id,
-            embedder.model,
-            agent_id=agent_id,
-            after=after,
-            limit=batch_size,
-            replace=replace,
-        )
-        if not rows:
-            break
-        batches += 1
-        vectors = embedder.embed([content for _, content in rows])
-        report.requests += 1
-        pairs = []
-        for (memory_id, _), vector in zip(rows, vectors, strict=True):
-            unit = unit_vector(vector)
-            if unit is not None:
-                pairs.append((memory_id, unit))
-        report.memories += len(rows)
-        report.embedded += embeddings.put(org_id, embedder.model, embedder.dimension, pairs)
-        after = rows[-1][0]
-        if on_batch is not None:
-            on_batch(report)
-        if len(rows) < batch_size:
-            break
-    return report

@@ -19,7 +19,7 @@ from typing import Any
 import peewee
 
 from core.db import APP_ROLE, db_errors, transaction
-from sessions.store import upsert_org
+from sessions.orgs import upsert_org
 
 TOKEN_PREFIX = "ibex_"  # noqa: S105 (a format marker, not a secret)
 DISPLAY_PREFIX_CHARS = 12

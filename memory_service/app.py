@@ -33,9 +33,10 @@ from memories.idempotency import IdempotencyStore
 from memories.search.service import SearchService
 from memories.search.store import SearchStore
 from memories.service import MemoryService
-from memories.store import EmbeddingStore, MemoryStore
+from memories.store import MemoryStore
 from memories.tokens import TokenStore
 from memories.users import UserService
+from memories.vectors import EmbeddingStore
 from memory_service import docs_page, errors
 from memory_service.agents import AgentResource
 from memory_service.health import HealthResource, ReadyResource, SchemaGate

@@ -28,7 +28,8 @@ from typing import Any
 from core.errors import ImmutableTurnError, PermanentError, TransientError, TurnIndexGapError
 from schema.messages import CHAT_TURNS_QUEUE
 from sessions.conversation import StoredTurn, answers_in, plan_turn
-from sessions.store import SessionStore, TurnInput
+from sessions.store import SessionStore
+from sessions.turns import TurnInput
 
 SPOOL_QUEUE = CHAT_TURNS_QUEUE
 SPOOL_ACTOR = "record_chat_turn"

@@ -35,7 +35,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from schema.recall import strip_recalled
-from sessions.store import content_digest
+from sessions.turns import content_digest
 
 #: The message keys that say what a message is; everything else (``refusal: null``, provider
 #: extras) is ignored when messages are compared.

@@ -21,7 +21,8 @@ import peewee
 from core.db import db_errors, enter_tenant
 from core.errors import DatabaseUnavailableError, IbexError
 from schema.imports import MAX_LINE_BYTES, parse_session_line
-from sessions.store import SessionStore, TurnInput
+from sessions.store import SessionStore
+from sessions.turns import TurnInput
 
 #: SQLSTATEs that mean the schema is missing or older than this code: no line can succeed.
 _SCHEMA_MISSING = {"3F000", "42P01", "42883", "42703"}

@@ -28,7 +28,8 @@ from sessions.errors import (
     SessionNotFoundError,
 )
 from sessions.status import SessionInfo, SessionStatusStore
-from sessions.store import SessionStore, TurnInput, UnknownOrgError
+from sessions.store import SessionStore, UnknownOrgError
+from sessions.turns import TurnInput
 
 
 class SessionService:

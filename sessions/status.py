@@ -21,6 +21,7 @@ import peewee
 from core.config import Settings
 from core.db import make_database, operator_scope, tenant
 from models.sessions import SessionRow
+from sessions.store import close_idle
 
 #: What ``close_idle`` may do to an idle session, and the status it then has.
 IDLE_ACTIONS = {"complete": "completed", "abandon": "abandoned"}
@@ -128,15 +129,7 @@ class SessionStatusStore:
             closed_now = 0
             for org, ids in by_org.items():
                 with tenant(self.db, org):
-                    closed_now += self.db.execute_sql(
-                        "UPDATE ibex_core.sessions SET status = %s,"
-                        " completed_at = CASE WHEN %s = 'completed'"
-                        "   THEN COALESCE(completed_at, now()) ELSE completed_at END"
-                        " WHERE id = ANY(%s::uuid[]) AND status = 'active'"
-                        "   AND deleted_at IS NULL"
-                        "   AND updated_at < now() - make_interval(secs => %s)",
-                        (status, status, ids, idle_seconds),
-                    ).rowcount
+                    closed_now += close_idle(self.db, ids, status, idle_seconds)
             closed += closed_now
             if len(rows) < batch or not closed_now:
                 return closed

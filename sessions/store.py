@@ -1,95 +1,36 @@
-"""SessionStore: typed access to sessions and their turns, always under row-level security.
+"""SessionStore: every statement that writes ``ibex_core.sessions``, always under row-level
+security, and the flows of one session row (open by external id, give it its user, append its
+turns, change its status, delete it).
 
-Tenant operations open a :func:`core.db.tenant` transaction for the org they name. Extraction
-progress is not here: the pointer (``sessions.last_extracted_turn``) is moved by
-``extraction.turns``, and the scan's cross-org reads are ``extraction.scan_queries``; the
-listing with progress and the idle closing are :mod:`sessions.status`.
-
-Over 400 lines but one idea: storing one session aggregate (its org, agent, session row and
-append-only turns), whose writes all take the same session-row lock and share its checks.
+Tenant operations open a :func:`core.db.tenant` transaction for the org they name. Each write
+of a session takes the same session-row lock and shares its checks; the rows it names are their
+owners': orgs and agents :mod:`sessions.orgs`, users :mod:`sessions.users`, the turns
+:mod:`sessions.turns`. Writes other modules decide are here too, as functions: the pointer
+(``last_extracted_turn``, which ``extraction.turns`` moves) and the idle closing (which
+:mod:`sessions.status` runs). The scan's cross-org reads are ``extraction.scan_queries``.
 """
 
 from __future__ import annotations
 
 import datetime as dt
-import hashlib
 import uuid
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
 
 import peewee
 from playhouse.postgres_ext import PostgresqlExtDatabase
 
-from core.canonical import canonical_json
 from core.db import db_errors, make_database, operator_scope, tenant, transaction
 from core.errors import (
     ConfigError,
-    ImmutableTurnError,
     RowNotFoundError,
     SessionUserConflictError,
-    TurnIndexGapError,
 )
 from models.base import bind
-from models.sessions import Checkpoint, CheckpointPayload, SessionRow
+from models.sessions import SessionRow
 from sessions import users
-
-
-def content_digest(value: Any) -> str:
-    return hashlib.sha256(canonical_json(value).encode("utf-8")).hexdigest()
-
-
-@dataclass(frozen=True)
-class TurnInput:
-    """One turn to append: what the harness recorded for one LLM call."""
-
-    messages: list[dict[str, Any]]
-    completion: dict[str, Any]
-    prompt_tokens: int = 0
-    completion_tokens: int = 0
-    latency_ms: int = 0
-    is_streaming: bool = False
-    is_complete: bool = True
-
-    @classmethod
-    def from_loaded(cls, turn: Mapping[str, Any]) -> TurnInput:
-        """A turn as the import line and the sessions API load it (their schemas share these
-        field names); a field a schema does not have keeps its default."""
-        fields = {
-            name: turn[name]
-            for name in (
-                "messages",
-                "completion",
-                "prompt_tokens",
-                "completion_tokens",
-                "latency_ms",
-                "is_streaming",
-                "is_complete",
-            )
-            if name in turn
-        }
-        return cls(**fields)
-
-    @property
-    def messages_hash(self) -> str:
-        return content_digest(self.messages)
-
-    @property
-    def completion_hash(self) -> str:
-        return content_digest(self.completion)
-
-
-@dataclass(frozen=True)
-class TurnRecord:
-    """One stored turn with its content."""
-
-    session_id: uuid.UUID
-    turn_index: int
-    messages: list[dict[str, Any]]
-    completion: dict[str, Any]
-    prompt_tokens: int
-    completion_tokens: int
-    latency_ms: int
+from sessions.orgs import select_org, upsert_agent, upsert_org
+from sessions.turns import TurnInput, TurnRecord, check_stored, insert_turns, select_turns
 
 
 @dataclass(frozen=True)
@@ -120,48 +61,6 @@ class UnknownOrgError(RowNotFoundError):
 #: The unique key of a session's external id: one per agent and user (migration 000019); the
 #: agent-wide sessions (no user) are one namespace of their own.
 _USER_KEY = "COALESCE(user_id, '00000000-0000-0000-0000-000000000000'::uuid)"
-
-
-def select_turns(session_id: uuid.UUID, first: int, last: int) -> list[TurnRecord]:
-    """Turns ``first..last`` (inclusive) of a session with their content, in order, in the
-    current transaction (the caller has set the tenant)."""
-    rows: Any = (
-        Checkpoint.select(
-            Checkpoint.turn_index,
-            Checkpoint.prompt_tokens,
-            Checkpoint.completion_tokens,
-            Checkpoint.latency_ms,
-            CheckpointPayload.messages,
-            CheckpointPayload.completion,
-        )
-        .join(CheckpointPayload, on=(CheckpointPayload.checkpoint_id == Checkpoint.id))
-        .where(
-            Checkpoint.session_id == session_id,
-            Checkpoint.turn_index.between(max(first, 1), last),
-        )
-        .order_by(Checkpoint.turn_index)
-        .tuples()
-    )
-    return [
-        TurnRecord(session_id, ti, msgs, comp, pt, ct, lat) for ti, pt, ct, lat, msgs, comp in rows
-    ]
-
-
-def upsert_org(db: peewee.Database, slug: str) -> uuid.UUID:
-    """The id of the org with ``slug``, inserted when missing, in the current transaction."""
-    row = db.execute_sql(
-        "INSERT INTO ibex_core.orgs (slug) VALUES (%s) ON CONFLICT (slug) DO NOTHING RETURNING id",
-        (slug,),
-    ).fetchone()
-    if row is None:
-        row = db.execute_sql("SELECT id FROM ibex_core.orgs WHERE slug = %s", (slug,)).fetchone()
-    return uuid.UUID(str(row[0]))
-
-
-def select_org(db: peewee.Database, slug: str) -> uuid.UUID | None:
-    """The id of the org with ``slug``, or None: never creates one."""
-    row = db.execute_sql("SELECT id FROM ibex_core.orgs WHERE slug = %s", (slug,)).fetchone()
-    return uuid.UUID(str(row[0])) if row else None
 
 
 class SessionStore:
@@ -201,17 +100,7 @@ class SessionStore:
             return self._ensure_agent(org_id, slug)
 
     def _ensure_agent(self, org_id: uuid.UUID, slug: str) -> uuid.UUID:
-        row = self.db.execute_sql(
-            "INSERT INTO ibex_core.agents (org_id, slug) VALUES (%s, %s)"
-            " ON CONFLICT (org_id, slug) DO NOTHING RETURNING id",
-            (str(org_id), slug),
-        ).fetchone()
-        if row is None:
-            row = self.db.execute_sql(
-                "SELECT id FROM ibex_core.agents WHERE org_id = %s AND slug = %s",
-                (str(org_id), slug),
-            ).fetchone()
-        return uuid.UUID(str(row[0]))
+        return upsert_agent(self.db, org_id, slug)
 
     # -- users ----------------------------------------------------------------------------
 
@@ -605,77 +494,17 @@ class SessionStore:
         turns again are a no-op and other content is an :class:`ImmutableTurnError`), and no
         turn may be skipped (:class:`TurnIndexGapError` names the next index)."""
         stored = session.turn_count
-        if first < 1:
-            raise ValueError("turn indexes start at 1")
-        if first > stored + 1:
-            raise TurnIndexGapError(
-                f"turn {first} would skip turns: the next turn of this session is {stored + 1}",
-                expected_turn_index=stored + 1,
-            )
+        check_stored(self.db, session.id, stored, turns, first)
         last = first + len(turns) - 1
-        if first <= stored and turns:
-            rows: Any = (
-                Checkpoint.select(
-                    Checkpoint.turn_index, Checkpoint.messages_hash, Checkpoint.completion_hash
-                )
-                .where(
-                    Checkpoint.session_id == session.id,
-                    Checkpoint.turn_index.between(first, min(stored, last)),
-                )
-                .order_by(Checkpoint.turn_index)
-                .tuples()
-                .bind(self.db)
-            )
-            for turn_index, messages_hash, completion_hash in rows:
-                incoming = turns[turn_index - first]
-                if (incoming.messages_hash, incoming.completion_hash) != (
-                    messages_hash,
-                    completion_hash,
-                ):
-                    raise ImmutableTurnError(
-                        f"turn {turn_index} differs from the stored turn:"
-                        " checkpoints are immutable",
-                        turn_index=turn_index,
-                    )
         if last <= stored:
             return 0
         return self._insert_turns(session, turns[stored + 1 - first :], stored + 1)
 
     def _insert_turns(self, session: SessionRow, turns: Sequence[TurnInput], first: int) -> int:
+        """Append the turns and move the session's counters with them."""
         if not turns:
             return 0
-        checkpoint_rows = []
-        payload_rows = []
-        for offset, turn in enumerate(turns):
-            checkpoint_id = uuid.uuid4()
-            turn_index = first + offset
-            checkpoint_rows.append(
-                {
-                    "id": checkpoint_id,
-                    "org_id": session.org_id,
-                    "session_id": session.id,
-                    "turn_index": turn_index,
-                    "messages_hash": turn.messages_hash,
-                    "completion_hash": turn.completion_hash,
-                    "prompt_tokens": turn.prompt_tokens,
-                    "completion_tokens": turn.completion_tokens,
-                    "latency_ms": turn.latency_ms,
-                    "is_streaming": turn.is_streaming,
-                    "is_complete": turn.is_complete,
-                }
-            )
-            payload_rows.append(
-                {
-                    "checkpoint_id": checkpoint_id,
-                    "org_id": session.org_id,
-                    "session_id": session.id,
-                    "turn_index": turn_index,
-                    "messages": turn.messages,
-                    "completion": turn.completion,
-                }
-            )
-        Checkpoint.insert_many(checkpoint_rows).execute(self.db)
-        CheckpointPayload.insert_many(payload_rows).execute(self.db)
+        insert_turns(self.db, session.org_id, session.id, turns, first)
         self.db.execute_sql(
             "UPDATE ibex_core.sessions SET turn_count = %s,"
             " prompt_tokens = prompt_tokens + %s, completion_tokens = completion_tokens + %s,"
@@ -704,6 +533,40 @@ class SessionStore:
         return turns[0]
 
 
+# -- writes other modules decide: the pointer, idle closing ----------------------------------
+
+
+def advance_pointer(db: peewee.Database, session_id: str, turn: int) -> int | None:
+    """Move the session's ``last_extracted_turn`` up to ``turn`` (never past its turn count,
+    never backwards: ``GREATEST``), in the caller's transaction; the pointer after, or None
+    when there is no such session. The pipeline's turn store decides when
+    (:meth:`extraction.turns.TurnStore.advance_pointer`), under the session row's lock."""
+    row = db.execute_sql(
+        "UPDATE ibex_core.sessions"
+        " SET last_extracted_turn = GREATEST(last_extracted_turn, LEAST(%s, turn_count))"
+        " WHERE id = %s RETURNING last_extracted_turn",
+        (turn, session_id),
+    ).fetchone()
+    return None if row is None else int(row[0])
+
+
+def close_idle(db: peewee.Database, ids: Sequence[str], status: str, idle_seconds: int) -> int:
+    """Move these sessions of the current tenant to ``status`` if they are still active and
+    idle (each re-checked here, so a turn appended meanwhile keeps its session open); how
+    many moved."""
+    return int(
+        db.execute_sql(
+            "UPDATE ibex_core.sessions SET status = %s,"
+            " completed_at = CASE WHEN %s = 'completed'"
+            "   THEN COALESCE(completed_at, now()) ELSE completed_at END"
+            " WHERE id = ANY(%s::uuid[]) AND status = 'active'"
+            "   AND deleted_at IS NULL"
+            "   AND updated_at < now() - make_interval(secs => %s)",
+            (status, status, list(ids), idle_seconds),
+        ).rowcount
+    )
+
+
 # -- erasure (``ibex prune --deleted-older-than``): the owner role, across orgs ---------------
 
 
@@ -719,41 +582,19 @@ def deleted_sessions(db: peewee.Database, cutoff: dt.datetime, after: str, limit
     return [r[0] for r in rows]
 
 
-def erase_sessions(db: peewee.Database, ids: Sequence[str]) -> tuple[int, int, int]:
-    """Hard-delete these sessions with their turns (payload archive, then checkpoints); the
-    other owners' rows that name them must be gone first. (sessions, checkpoints, payloads)."""
-    payloads = db.execute_sql(
-        "DELETE FROM ibex_core.checkpoint_payloads WHERE session_id = ANY(%s::uuid[])", (ids,)
-    ).rowcount
-    checkpoints = db.execute_sql(
-        "DELETE FROM ibex_core.checkpoints WHERE session_id = ANY(%s::uuid[])", (ids,)
-    ).rowcount
-    sessions = db.execute_sql(
-        "DELETE FROM ibex_core.sessions WHERE id = ANY(%s::uuid[])", (ids,)
-    ).rowcount
-    return int(sessions), int(checkpoints), int(payloads)
+def erase_sessions(db: peewee.Database, ids: Sequence[str]) -> int:
+    """Hard-delete these sessions; every other owner's rows that name them must be gone first
+    (their turns, extraction state, memories, dead letters)."""
+    return int(
+        db.execute_sql(
+            "DELETE FROM ibex_core.sessions WHERE id = ANY(%s::uuid[])", (list(ids),)
+        ).rowcount
+    )
 
 
-def count_erasable_sessions(db: peewee.Database, cutoff: dt.datetime) -> tuple[int, int, int]:
-    """What :func:`erase_sessions` would delete of the sessions deleted before ``cutoff``."""
+def count_erasable_sessions(db: peewee.Database, cutoff: dt.datetime) -> int:
+    """The sessions an erasure would delete: those deleted before ``cutoff``."""
     row = db.execute_sql(
-        "WITH gone AS (SELECT s.id FROM ibex_core.sessions s WHERE s.deleted_at < %(cutoff)s)"
-        " SELECT (SELECT count(*) FROM gone),"
-        " (SELECT count(*) FROM ibex_core.checkpoints c JOIN gone g ON g.id = c.session_id),"
-        " (SELECT count(*) FROM ibex_core.checkpoint_payloads p"
-        "   JOIN gone g ON g.id = p.session_id)",
-        {"cutoff": cutoff},
+        "SELECT count(*) FROM ibex_core.sessions WHERE deleted_at < %s", (cutoff,)
     ).fetchone()
-    return int(row[0]), int(row[1]), int(row[2])
-
-
-__all__ = [
-    "AppendResult",
-    "SessionName",
-    "SessionStore",
-    "TurnInput",
-    "TurnRecord",
-    "UnknownOrgError",
-    "canonical_json",
-    "content_digest",
-]
+    return int(row[0])

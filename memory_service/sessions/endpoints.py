@@ -39,7 +39,7 @@ from schema.sessions import (
 from schema.users import MAX_USER_KEY_CHARS
 from sessions.service import SessionService
 from sessions.status import SessionInfo
-from sessions.store import TurnInput
+from sessions.turns import TurnInput
 
 SESSIONS_READ, SESSIONS_WRITE = "sessions:read", "sessions:write"
 MEMORY_WRITE = "memory:write"

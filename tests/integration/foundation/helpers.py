@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from sessions.store import SessionStore, TurnInput
+from sessions.store import SessionStore
+from sessions.turns import TurnInput
 
 
 def turn(text: str, reply: str = "ok") -> TurnInput:

@@ -19,7 +19,7 @@ from cli.stack.processes import free_port
 from extraction.scan_queries import ScanQueries
 from extraction.turns import TurnStore
 from models import Checkpoint, CheckpointPayload, SessionRow
-from sessions.store import content_digest
+from sessions.turns import content_digest
 
 
 def _line(session: str = "conv-1", turns: int = 2, **extra) -> str:

@@ -10,7 +10,8 @@ import pytest
 import redis
 
 from memories.idempotency import IdempotencyStore
-from memories.service import Created, DuplicateContent, Invalid, MemoryService
+from memories.outcomes import Created, DuplicateContent, Invalid
+from memories.service import MemoryService
 from memories.store import MemoryStore
 from memory_service.metrics import Metrics
 from tests.integration.memory_service.helpers import Tenant, memory_body, source_session_of

@@ -190,7 +190,7 @@ def test_with_the_local_model_a_write_stores_its_vector_with_the_row(
 ) -> None:
     """The in-process model embeds before the insert: the vector is in the same statement, so
     the after-commit store (a second statement and commit) is never called."""
-    from memories.store import EmbeddingStore
+    from memories.vectors import EmbeddingStore
 
     calls: list[Any] = []
     monkeypatch.setattr(EmbeddingStore, "put", lambda self, *a, **k: calls.append(a) or 1)

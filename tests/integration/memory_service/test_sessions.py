@@ -16,7 +16,8 @@ from memories.canonical import content_hash
 from memories.store import MemoryStore, NewMemory
 from schema.memory import ErrorSchema
 from schema.sessions import SessionPageSchema, SessionSchema, TurnsAppendedSchema
-from sessions.store import SessionStore, content_digest
+from sessions.store import SessionStore
+from sessions.turns import content_digest
 from tests.integration.memory_service.helpers import BASE_URL, Tenant, make_token
 from tests.integration.pipeline.helpers import wait_for
 

@@ -15,13 +15,7 @@ import peewee
 import pytest
 
 from memories.canonical import content_hash
-from memories.store import (
-    CREATE_SQL,
-    MemoryStore,
-    NewMemory,
-    WriteOutcome,
-    create_params,
-)
+from memories.store import CREATE_SQL, MemoryStore, NewMemory, WriteOutcome, create_params
 from tests.integration.memory_service.helpers import Tenant, memory_count
 
 

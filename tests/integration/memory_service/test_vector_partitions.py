@@ -22,7 +22,8 @@ import pytest
 
 from core.db import make_database, tenant
 from core.migrate import load_migrations, migrate
-from memories.store import EmbeddingStore, MemoryStore, NewMemory, WriteOutcome
+from memories.store import MemoryStore, NewMemory, WriteOutcome
+from memories.vectors import EmbeddingStore
 from sessions.store import SessionStore
 from tests.integration.memory_service.helpers import Tenant, new_fact
 from tests.servers import RunPostgres

@@ -40,7 +40,8 @@ from extraction.memory_client import WriteResult
 from extraction.result import ExtractedMemory, ExtractionResult
 from extraction.retry import RedeliveryPolicy
 from extraction.stages import Send, StageDeps
-from sessions.store import SessionStore, TurnInput, TurnRecord
+from sessions.store import SessionStore
+from sessions.turns import TurnInput, TurnRecord
 
 PIPELINE_ENV = {
     "MAX_RETRIES": "3",

@@ -31,7 +31,8 @@ from memories.tokens import TokenStore
 from memory_service.app import create_app, make_web_pool
 from sessions.importer import import_lines
 from sessions.status import SessionStatusStore
-from sessions.store import SessionStore, TurnInput
+from sessions.store import SessionStore
+from sessions.turns import TurnInput
 from tests.integration.pipeline.helpers import pipeline_settings
 
 BASE_URL = "http://memory.test"

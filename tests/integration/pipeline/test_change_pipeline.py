@@ -31,7 +31,7 @@ from extraction.status import collect
 from memories.tokens import TokenStore
 from memory_service.app import create_app, make_web_pool
 from schema.messages import ActorName
-from sessions.store import TurnInput
+from sessions.turns import TurnInput
 from tests.integration.pipeline.helpers import Crash, Harness, crash_at, pipeline_settings
 
 BASE_URL = "http://memory.test"

@@ -22,7 +22,7 @@ from extraction.dispatch import run_message
 from extraction.stages import scan
 from extraction.turns import Pruned, TurnStore
 from schema.messages import ActorName
-from sessions.store import TurnInput
+from sessions.turns import TurnInput
 from tests.integration.pipeline.helpers import (
     FakeMemoryService,
     FakeProvider,

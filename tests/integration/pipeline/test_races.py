@@ -23,7 +23,7 @@ from extraction.dispatch import run_message
 from extraction.result import ExtractionResult
 from extraction.stages import Send, StageDeps, complete_turn, extract_turn, scan, write_memory
 from schema.messages import ActorName
-from sessions.store import TurnRecord
+from sessions.turns import TurnRecord
 from tests.integration.pipeline.helpers import (
     FakeMemoryService,
     FakeProvider,

@@ -38,12 +38,12 @@ from embeddings import OpenAIEmbedder
 from extraction.memory_client import MemoryClient
 from extraction.providers import OpenAICompatibleProvider
 from extraction.stages import Send, StageDeps, extract_turn, scan
-from memories.service import backfill
-from memories.store import EmbeddingDimensionError, EmbeddingStore
+from memories.backfill import backfill
 from memories.tokens import TokenStore
+from memories.vectors import EmbeddingDimensionError, EmbeddingStore
 from memory_service.app import create_app, make_web_pool
 from schema.messages import ActorName
-from sessions.store import TurnInput
+from sessions.turns import TurnInput
 from tests.integration.pipeline.helpers import Crash, Harness, crash_at, pipeline_settings
 
 BASE_URL = "http://memory.test"

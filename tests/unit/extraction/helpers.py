@@ -5,7 +5,7 @@ from __future__ import annotations
 import uuid
 from typing import Any
 
-from sessions.store import TurnRecord
+from sessions.turns import TurnRecord
 
 SESSION = uuid.UUID("00000000-0000-4000-8000-000000000001")
 

@@ -9,7 +9,7 @@ import pytest
 from extraction.prompt import RelatedMemory
 from extraction.providers import RulesProvider
 from extraction.rules import extract_changes, slot_of
-from sessions.store import TurnRecord
+from sessions.turns import TurnRecord
 
 RELATED = [
     ("m1", "The user lives in Lisbon."),

@@ -22,18 +22,16 @@ from memories.idempotency import (
     compact_fingerprint,
     record_key,
 )
-from memories.service import (
-    CREATE_SCHEMA,
+from memories.outcomes import (
     Created,
     DuplicateContent,
     InProgress,
     Invalid,
     KeyConflict,
-    MemoryService,
     Replayed,
     UnknownOrg,
-    new_memory,
 )
+from memories.service import CREATE_SCHEMA, MemoryService, new_memory
 from memories.store import CreateResult, MemoryRow, NewMemory, WriteOutcome
 from memory_service.metrics import Metrics
 
