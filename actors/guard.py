@@ -109,8 +109,10 @@ def _text(value: bytes | str) -> str:
 class GuardedConsumer(_RedisConsumer):
     """A Redis consumer that dead-letters what it cannot deliver instead of raising."""
 
-    def __init__(self, broker: GuardedRedisBroker, queue_name: str, prefetch: int, timeout: int):
-        super().__init__(broker, queue_name, prefetch, timeout)
+    def __init__(
+        self, broker: GuardedRedisBroker, queue_name: str, prefetch: int, timeout: int
+    ) -> None:
+        super().__init__(broker, queue_name, prefetch, timeout)  # type: ignore[no-untyped-call]
         #: When this consumer next runs Dramatiq's maintenance on its queue (ms): at once.
         self.maintenance_due = 0
         #: Whether the last fetch got messages, but fewer than it asked for: the queue is empty.
@@ -155,7 +157,7 @@ class GuardedConsumer(_RedisConsumer):
         ``close`` expects; the messages stay in this worker's in-flight set, and the broker's
         maintenance requeues them once this worker's heartbeat is stale."""
         try:
-            super().requeue(messages)
+            super().requeue(messages)  # type: ignore[no-untyped-call]
         except redis.ConnectionError as exc:
             raise ConnectionClosed(exc) from None
 
@@ -265,7 +267,7 @@ class GuardedRedisBroker(RedisBroker):
         maintenance_interval: int = MAINTENANCE_INTERVAL_MS,
         **kwargs: Any,
     ) -> None:
-        super().__init__(**kwargs)
+        super().__init__(**kwargs)  # type: ignore[no-untyped-call]
         self.on_malformed = on_malformed
         self.heartbeat_interval = heartbeat_interval
         self.maintenance_interval = maintenance_interval
@@ -294,7 +296,7 @@ class GuardedRedisBroker(RedisBroker):
         ``close`` needs the limit, and must not die of Redis being away when it is first
         asked: a worker process that boots while Redis restarts)."""
         try:
-            return int(super()._max_unpack_size())
+            return int(super()._max_unpack_size())  # type: ignore[no-untyped-call]
         except redis.ConnectionError as exc:
             raise ConnectionClosed(exc) from None
 

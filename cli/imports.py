@@ -33,7 +33,8 @@ def run(args: argparse.Namespace, settings: Settings) -> int:
     import json
 
     from cli.progress import ProgressLine
-    from sessions.importer import MAX_LINE_BYTES, ImportStopped, import_lines, read_lines
+    from schema.imports import MAX_LINE_BYTES
+    from sessions.importer import ImportStopped, import_lines, read_lines
     from sessions.store import SessionStore
 
     store = SessionStore.from_url(settings.require_database_url())

@@ -164,5 +164,7 @@ def _agent(searches: Any, org_id: uuid.UUID, agent: str) -> uuid.UUID | None:
     try:
         candidate = uuid.UUID(agent)
     except ValueError:
-        return searches.find_agent(org_id, agent) if SLUG.match(agent) else None
-    return searches.agent_exists(org_id, candidate)
+        found: uuid.UUID | None = searches.find_agent(org_id, agent) if SLUG.match(agent) else None
+        return found
+    exists: uuid.UUID | None = searches.agent_exists(org_id, candidate)
+    return exists

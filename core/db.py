@@ -62,7 +62,7 @@ def make_database(url: str | None, **options: object) -> PostgresqlExtDatabase:
     return PostgresqlExtDatabase(name, register_hstore=False, **params)
 
 
-class QuietPool(PooledPostgresqlExtDatabase):
+class QuietPool(PooledPostgresqlExtDatabase):  # type: ignore[misc]  # peewee has no types
     """A connection pool without peewee's ``SELECT 1`` probe at every checkout (a round trip
     made while holding the pool lock). Only a connection psycopg2 already knows to be broken is
     discarded at checkout; one that died silently (a server restart, a failover, a terminated

@@ -209,7 +209,7 @@ class DeadLetterStore:
 
     # -- reading ---------------------------------------------------------------------------
 
-    def _from_mirror(self, row: tuple, in_redis: bool) -> DeadLetter:
+    def _from_mirror(self, row: tuple[Any, ...], in_redis: bool) -> DeadLetter:
         (
             mid,
             rid,

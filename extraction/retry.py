@@ -59,7 +59,7 @@ class RedeliveryPolicy:
         """The exponential backoff after failed attempt ``attempt`` (0-based), without the
         jitter Dramatiq's Retries middleware adds (it halves and re-randomizes this)."""
         exponent = min(max(attempt, 0), _MAX_EXPONENT)
-        return min(self.min_backoff_ms * 2**exponent, self.max_backoff_ms)
+        return int(min(self.min_backoff_ms * 2**exponent, self.max_backoff_ms))
 
     @staticmethod
     def announced(exception: BaseException) -> bool:

@@ -588,9 +588,10 @@ def http_app(config: McpConfig, *, host: str = "127.0.0.1") -> ASGIApp:
     # A shared server acts for many people: no process-wide user (IBEX_USER) nor token.
     server = build_server(dataclasses.replace(config, user=None, token=None))
 
-    @server.custom_route("/healthz", methods=["GET"])
     async def healthz(request: Request) -> Response:
         return JSONResponse({"status": "ok"})
+
+    server.custom_route("/healthz", methods=["GET"])(healthz)
 
     app = server.streamable_http_app(stateless_http=True, json_response=True, host=host)
     return _RequireBearer(app)

@@ -113,7 +113,7 @@ def create_app(
     redis_client: redis.Redis | None = None,
     token_cache_seconds: float = 2.0,
     embedder: Embedder | Literal["settings"] | None = "settings",
-) -> falcon.App:
+) -> falcon.App[falcon.Request, falcon.Response]:
     """The WSGI app. ``db``, ``redis_client`` and ``embedder`` default to ones built from
     ``settings`` (``EMBEDDINGS_PROVIDER``; None: lexical search only). A configured dimension
     that differs from the stored vectors of the same model is a ConfigError here."""

@@ -117,7 +117,7 @@ def document(spec: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
-def add_routes(app: falcon.App) -> None:
+def add_routes(app: falcon.App[falcon.Request, falcon.Response]) -> None:
     """``/docs`` and ``/docs/<file>`` on ``app``."""
     app.add_route("/docs", DocsPage())
     app.add_route("/docs/{name}", DocsAsset(assets_folder()))

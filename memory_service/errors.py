@@ -168,7 +168,7 @@ def handle_unexpected(
     resp.data = error_body("INTERNAL_ERROR", "internal error")
 
 
-def register(app: falcon.App) -> None:
+def register(app: falcon.App[falcon.Request, falcon.Response]) -> None:
     app.set_error_serializer(serialize_error)
     app.add_error_handler(Exception, handle_unexpected)
     app.add_error_handler(DatabaseUnavailableError, handle_unavailable)

@@ -209,7 +209,7 @@ def _timeval(seconds: float) -> bytes:
     return struct.pack("ll", whole, int((seconds - whole) * 1_000_000))
 
 
-class BufferingThreadWorker(ThreadWorker):
+class BufferingThreadWorker(ThreadWorker):  # type: ignore[misc]  # gunicorn has no types
     """gthread that reads whole requests in its event loop and answers errors in JSON."""
 
     def init_process(self) -> None:

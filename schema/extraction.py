@@ -65,7 +65,7 @@ class Kind(fields.String):
         return DEFAULT_KIND if result is None else result
 
 
-class Refs(fields.Field):
+class Refs(fields.Field[list[str]]):
     """``replaces``: a list of refs, tolerantly read (a model may answer one ref as a string,
     or null): anything that is not a short string is left out, as an unknown ref would be, so
     a sloppy ``replaces`` never makes the memories themselves invalid. At most

@@ -217,7 +217,7 @@ class SessionStore:
         query = SessionRow.select().where(SessionRow.id == session_id).bind(self.db)
         if for_update:
             query = query.for_update()
-        session = query.first()
+        session: SessionRow | None = query.first()
         if session is None:
             raise RowNotFoundError(f"session {session_id} not found")
         return session
@@ -226,7 +226,7 @@ class SessionStore:
         self, org_id: uuid.UUID, agent_id: uuid.UUID, external_id: str
     ) -> SessionRow | None:
         with tenant(self.db, org_id):
-            return (
+            found: SessionRow | None = (
                 SessionRow.select()
                 .where(
                     SessionRow.org_id == org_id,
@@ -236,6 +236,7 @@ class SessionStore:
                 .bind(self.db)
                 .first()
             )
+        return found
 
     def create_session(
         self,

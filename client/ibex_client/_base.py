@@ -129,7 +129,7 @@ class RetryPolicy:
         if retry_after is not None:
             return min(retry_after, self.retry_after_max)
         cap = min(self.backoff_max, self.backoff_base * 2 ** (retry - 1))
-        return rand() * cap
+        return float(rand() * cap)
 
 
 NO_RETRY = RetryPolicy(max_attempts=1)

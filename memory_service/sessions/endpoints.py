@@ -242,7 +242,12 @@ class SessionsResource:
         self._status(req, resp, session_id, "abandoned")
 
 
-def add_routes(app: falcon.App, api: Api, db: peewee.Database, users: UserService) -> None:
+def add_routes(
+    app: falcon.App[falcon.Request, falcon.Response],
+    api: Api,
+    db: peewee.Database,
+    users: UserService,
+) -> None:
     """Serve the sessions API on ``app``."""
     resource = SessionsResource(api, SessionService(db), users)
     one = "/v1/sessions/{session_id:uuid}"
