@@ -51,6 +51,8 @@ def client(db: Any, service_settings: Settings, redis_url: str) -> Iterator[Memo
     r = redis.Redis.from_url(redis_url)
     app = create_app(service_settings, db=pool, redis_client=r, token_cache_seconds=0.5)
     memory = MemoryClient(BASE_URL, token, transport=httpx.WSGITransport(app=app))
+    # The app the client talks to, for a test that needs a second client of it.
+    memory.test_app = app  # type: ignore[attr-defined]
     yield memory
     memory.close()
     r.close()
@@ -148,7 +150,7 @@ def test_a_permanent_4xx_is_raised_as_permanent(
     extract_turn(real_deps, ref.org_id, ref.session_id, 1)
     # A token without memory:write: the service answers 403, which no retry can fix.
     _, token = TokenStore(db).issue(org_id=None, name="reader", scopes=["memory:read"])
-    reader = MemoryClient(BASE_URL, token, transport=client._http._transport)
+    reader = MemoryClient(BASE_URL, token, transport=httpx.WSGITransport(app=client.test_app))  # type: ignore[attr-defined]
     real_deps.memory = reader
     with pytest.raises(MemoryRejectedError) as rejected:
         write_memory(real_deps, ref.org_id, ref.session_id, 1, 0)
