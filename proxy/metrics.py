@@ -12,26 +12,12 @@
 
 from __future__ import annotations
 
-import threading
-from typing import Any
-
+from core.counters import lazy_counter
 from sessions.chat import TURN_OUTCOMES, count_turn, turns_counted
 
-_lock = threading.Lock()
-_injections: Any = None
-
-
-def _injection_counter() -> Any:
-    global _injections
-    if _injections is None:
-        with _lock:
-            if _injections is None:
-                import prometheus_client as prom
-
-                _injections = prom.Counter(
-                    "ibex_chat_injections_total", "Memory injections by result.", ["result"]
-                )
-    return _injections
+_injection_counter = lazy_counter(
+    "ibex_chat_injections_total", "Memory injections by result.", ["result"]
+)
 
 
 def turn(outcome: str) -> None:

@@ -19,12 +19,12 @@ the org and passes it in).
 
 from __future__ import annotations
 
-import threading
 import uuid
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from core.counters import lazy_counter
 from core.errors import ImmutableTurnError, PermanentError, TransientError, TurnIndexGapError
 from schema.messages import CHAT_TURNS_QUEUE
 from sessions.conversation import StoredTurn, answers_in, plan_turn
@@ -178,21 +178,7 @@ def store_chat_turn(
 #: for good). Process-wide, created on first use.
 TURN_OUTCOMES = ("spooled", "recorded", "replayed", "failed")
 
-_lock = threading.Lock()
-_turns: Any = None
-
-
-def _counter() -> Any:
-    global _turns
-    if _turns is None:
-        with _lock:
-            if _turns is None:
-                import prometheus_client as prom
-
-                _turns = prom.Counter(
-                    "ibex_chat_turns_total", "Chat path turns by outcome.", ["outcome"]
-                )
-    return _turns
+_counter = lazy_counter("ibex_chat_turns_total", "Chat path turns by outcome.", ["outcome"])
 
 
 def count_turn(outcome: str) -> None:

@@ -5,26 +5,22 @@ migrations) is the migrations'; this reads the application's code."""
 
 from __future__ import annotations
 
+import configparser
 import re
 from collections import defaultdict
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
-PACKAGES = (
-    "core",
-    "embeddings",
-    "models",
-    "schema",
-    "sessions",
-    "memories",
-    "extraction",
-    "memory_service",
-    "actors",
-    "proxy",
-    "mcp_server",
-    "cli",
-    "client/ibex_client",
-)
+
+
+def packages() -> list[str]:
+    """The server's packages, as the import contracts name them (setup.cfg), and the client."""
+    config = configparser.ConfigParser()
+    config.read(ROOT / "setup.cfg")
+    names = config["importlinter"]["root_packages"].split()
+    return ["client/ibex_client" if name == "ibex_client" else name for name in names]
+
+
 WRITE = re.compile(
     r"\b(?:INSERT\s+INTO|UPDATE|DELETE\s+FROM|COPY)\s+(ibex_core|ibex_memory)\.(\w+)", re.I
 )
@@ -59,7 +55,7 @@ OWNERS = {
 def writers() -> dict[str, set[str]]:
     """Table -> the modules whose code holds a statement writing it."""
     found: dict[str, set[str]] = defaultdict(set)
-    for package in PACKAGES:
+    for package in packages():
         for path in (ROOT / package).rglob("*.py"):
             text = path.read_text(encoding="utf-8")
             name = str(path.relative_to(ROOT))

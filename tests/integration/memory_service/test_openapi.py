@@ -66,7 +66,6 @@ def test_fuzz_finds_no_server_error(app, acme: Tenant, db) -> None:
     seen: Counter[tuple[str, int]] = Counter()
     assert len(operations) >= 6  # schemathesis skips the document's own route
     for operation in operations:
-
         # The writes get more examples: a valid vector is 256 numbers, so many generated
         # bodies are over the body limit (413), and the validation path needs its share.
         writes = ("POST /v1/sessions", "POST /v1/memories")

@@ -28,8 +28,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import os
-import sys
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -51,10 +49,10 @@ from hypothesis.stateful import (
 from cli.stack.processes import ROOT, Launcher, free_port
 from memories.tokens import TokenStore
 from tests.conftest import examples
+from tests.integration.mcp_tools.conftest import process_env
 
 pytestmark = [pytest.mark.slow]
 
-BIN = Path(sys.executable).parent
 USERS = ("alice", "bob")
 EXTERNAL_IDS = ("conv-1", "conv-2", "conv-3")
 #: Words no memory holds: the question the semantic branch answers alone.
@@ -77,19 +75,7 @@ ALLERGENS = [
 @pytest.fixture
 def web(tmp_path: Path, database_url: str, redis_url: str) -> Iterator[str]:
     port = free_port()
-    env = {
-        **{k: v for k, v in os.environ.items() if not k.startswith(("LLM_", "IBEX_"))},
-        "PATH": f"{BIN}{os.pathsep}{os.environ.get('PATH', '')}",
-        "PYTHONPATH": str(ROOT),
-        "DATABASE_URL": database_url,
-        "REDIS_URL": redis_url,
-        "PORT": str(port),
-        "WEB_CONCURRENCY": "1",
-        "WEB_THREADS": "4",
-        "EMBEDDINGS_PROVIDER": "local",
-        "MEMORY_SERVICE_TOKEN": "unused-by-the-web",
-    }
-    env.pop("PROMETHEUS_MULTIPROC_DIR", None)
+    env = process_env(database_url, redis_url, port, EMBEDDINGS_PROVIDER="local")
     with Launcher(tmp_path, cwd=ROOT) as launcher:
         launcher.start_procfile("web", env, bind_host="127.0.0.1")
         url = f"http://127.0.0.1:{port}"
