@@ -38,3 +38,15 @@ class StrictInteger(fields.Integer):
         if isinstance(value, bool) or not isinstance(value, int):
             raise ValidationError("Not a valid integer.")
         return int(super()._deserialize(value, attr, data, **kwargs))
+
+
+class StrictNumber(fields.Float):
+    """A finite number (an integer or a float) that refuses booleans and numeric strings."""
+
+    def __init__(self, **kwargs: Any) -> None:
+        super().__init__(allow_nan=False, **kwargs)
+
+    def _deserialize(self, value: Any, attr: str | None, data: Any, **kwargs: Any) -> float:
+        if isinstance(value, bool) or not isinstance(value, int | float):
+            raise ValidationError("Not a valid number.")
+        return float(super()._deserialize(value, attr, data, **kwargs))
