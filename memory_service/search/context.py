@@ -64,21 +64,53 @@ class Packed:
 
 def pack(contents: Sequence[str], max_tokens: int) -> Packed:
     """Pack the texts (best first) into at most ``max_tokens`` estimated tokens."""
+    return pack_parts([], contents, max_tokens, standing_tokens=0)
+
+
+def pack_parts(
+    standing: Sequence[str],
+    relevant: Sequence[str],
+    max_tokens: int,
+    *,
+    standing_tokens: int,
+) -> Packed:
+    """Pack ``standing`` first, in order, each while the block stays within
+    ``standing_tokens`` (the share of the budget they may take), then ``relevant`` (best
+    first) while it stays within ``max_tokens``; a text whose words nearly repeat one already
+    packed is left out. ``chosen`` indexes ``[*standing, *relevant]``."""
     lines: list[str] = []
     chosen: list[int] = []
     seen: list[frozenset[str]] = []
-    for index, content in enumerate(contents):
+    parts = ((standing, min(standing_tokens, max_tokens)), (relevant, max_tokens))
+    offset = 0
+    for texts, budget in parts:
+        for index, content in enumerate(texts):
+            line = neutralise(content)
+            words = _words(line)
+            if not line or any(near_duplicate(words, other) for other in seen):
+                continue
+            if estimate_tokens(render([*lines, line])) > budget:
+                continue
+            lines.append(line)
+            chosen.append(offset + index)
+            seen.append(words)
+        offset += len(texts)
+    context = render(lines)
+    return Packed(context, chosen, estimate_tokens(context), offset - len(chosen))
+
+
+def fits(contents: Sequence[str], max_tokens: int) -> bool:
+    """Whether the block of all of ``contents`` (each near-duplicate once) is within
+    ``max_tokens``."""
+    lines: list[str] = []
+    seen: list[frozenset[str]] = []
+    for content in contents:
         line = neutralise(content)
         words = _words(line)
-        if not line or any(near_duplicate(words, other) for other in seen):
-            continue
-        if estimate_tokens(render([*lines, line])) > max_tokens:
-            continue
-        lines.append(line)
-        chosen.append(index)
-        seen.append(words)
-    context = render(lines)
-    return Packed(context, chosen, estimate_tokens(context), len(contents) - len(chosen))
+        if line and not any(near_duplicate(words, other) for other in seen):
+            lines.append(line)
+            seen.append(words)
+    return estimate_tokens(render(lines)) <= max_tokens
 
 
 def _text(message: Any) -> str:
