@@ -33,16 +33,21 @@ A query runs in one tenant transaction (:func:`core.db.tenant`) and one statemen
      without a query vector (no embedder, or it failed).
 
 3. **Score**: ``lexical = 0.75 * text + 0.25 * trigram`` with trigram, ``text`` alone without;
-   then ``score = lexical + SEMANTIC_WEIGHT * bonus * (1 - lexical)`` where ``bonus =
-   max(0, (semantic - SEMANTIC_FLOOR) / (1 - SEMANTIC_FLOOR))``. Not reciprocal-rank fusion:
-   on conversation data RRF ranked worse than the words alone. This fusion keeps the lexical
-   score as the base: a memory that matches the words well gains little (the room left above
-   its score shrinks), an order decided by the words changes only where the meaning clearly
-   disagrees, and a memory that shares no word with the question can still enter on meaning
-   alone when ``semantic >= SEMANTIC_ENTRY_FLOOR`` (it comes from the semantic branch: the
-   scope's :data:`SEMANTIC_CANDIDATES` nearest vectors). Without a query vector the score
-   is exactly the lexical one. Ties are broken by recency (newer first), then by id, so the
-   order is total and deterministic.
+   then ``score = lexical + weight * bonus * (1 - lexical)`` where ``bonus = max(0, (semantic
+   - floor) / (1 - floor))``, ``weight`` and ``floor`` from the query model's
+   :class:`Calibration`. Not reciprocal-rank fusion: on conversation data RRF ranked worse
+   than the words alone. This fusion keeps the lexical score as the base: a memory that
+   matches the words well gains little (the room left above its score shrinks), and an order
+   decided by the words changes only where the meaning clearly disagrees.
+4. **Admission**: a memory is a hit when it shares a word with the query (or, for a word no
+   memory has, a trigram-similar one), or when it comes from the semantic branch ranked among
+   the scope's ``rank`` nearest, with a similarity of at least ``relative`` x the nearest
+   one's and at least ``entry``: relative to the reader's scope, not an absolute cosine, which
+   for a static model says little (its answers' cosines lie among the unrelated memories').
+   Then ``score >= min_score``. Without a query vector the score is exactly the lexical one.
+   Ties are broken by recency (newer first), then by id, so the order is total and
+   deterministic. Memories ``pinned`` by the caller (a context's standing facts) are ranked in
+   the same statement and returned with their signals whether they are hits or not.
 
 A highlighted snippet (``ts_headline``, matches between :data:`HIGHLIGHT_START` and
 :data:`HIGHLIGHT_STOP`) is made for the returned rows only.
@@ -126,7 +131,7 @@ DEFAULT_CALIBRATION = Calibration(
 #: try others between runs.
 CALIBRATIONS: dict[str, Calibration] = {LOCAL_MODEL: LOCAL_CALIBRATION}
 #: The relevance bar of a search without a query vector (the words alone).
-LEXICAL_RELEVANCE = 0.3
+LEXICAL_RELEVANCE = 0.35
 
 
 def calibration(model: str | None) -> Calibration:
