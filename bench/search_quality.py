@@ -728,7 +728,9 @@ def _measure_context(
     packed = [context.hits[i] for i in context.packed.chosen]
     query_part = [context.hits[i] for i in context.packed.chosen if i >= context.standing]
     held = {index[h.row.id] for h in packed}
-    for name in ("all" if answers else "no-answer", kind):
+    names = ["all" if answers else "no-answer", kind]
+    names += [name for name, kinds in AGGREGATES.items() if kind in kinds]
+    for name in names:
         c = counts.setdefault(name, ContextCounts())
         c.questions += 1
         c.covered += len(held & set(answers)) / len(answers) if answers else 0.0

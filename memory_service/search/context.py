@@ -82,18 +82,23 @@ def pack_parts(
     chosen: list[int] = []
     seen: list[frozenset[str]] = []
     parts = ((standing, min(standing_tokens, max_tokens)), (relevant, max_tokens))
+    # The block's size in bytes as it grows (the tags, then "- line\n" per line): a line's
+    # fit is known without rendering, and is checked before the near-duplicate test.
+    size = len(f"{OPEN}\n{CLOSE}".encode())
     offset = 0
     for texts, budget in parts:
         for index, content in enumerate(texts):
             line = neutralise(content)
-            words = _words(line)
-            if not line or any(near_duplicate(words, other) for other in seen):
+            grown = size + len(f"- {line}\n".encode())
+            if not line or math.ceil(grown / 4) > budget:
                 continue
-            if estimate_tokens(render([*lines, line])) > budget:
+            words = _words(line)
+            if any(near_duplicate(words, other) for other in seen):
                 continue
             lines.append(line)
             chosen.append(offset + index)
             seen.append(words)
+            size = grown
         offset += len(texts)
     context = render(lines)
     return Packed(context, chosen, estimate_tokens(context), offset - len(chosen))
@@ -102,15 +107,17 @@ def pack_parts(
 def fits(contents: Sequence[str], max_tokens: int) -> bool:
     """Whether the block of all of ``contents`` (each near-duplicate once) is within
     ``max_tokens``."""
-    lines: list[str] = []
+    size = len(f"{OPEN}\n{CLOSE}".encode())
     seen: list[frozenset[str]] = []
     for content in contents:
         line = neutralise(content)
         words = _words(line)
         if line and not any(near_duplicate(words, other) for other in seen):
-            lines.append(line)
             seen.append(words)
-    return estimate_tokens(render(lines)) <= max_tokens
+            size += len(f"- {line}\n".encode())
+            if math.ceil(size / 4) > max_tokens:
+                return False  # the lines so far are already over: no need to read on
+    return True
 
 
 def _text(message: Any) -> str:

@@ -28,8 +28,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Sequence
-
-from memory_service.memories.store import MemoryRow
+from typing import Protocol, TypeVar
 
 CONSTRAINT = re.compile(
     r"\b(allerg\w*|anaphyla\w*|intoleran\w*|coeliac|celiac|gluten|lactose|vegan\w*"
@@ -74,7 +73,15 @@ def standing_class(content: str) -> int | None:
     return None
 
 
-def standing_facts(rows: Sequence[MemoryRow]) -> list[MemoryRow]:
+class _Memory(Protocol):
+    @property
+    def content(self) -> str: ...
+
+
+M = TypeVar("M", bound=_Memory)
+
+
+def standing_facts(rows: Sequence[M]) -> list[M]:
     """The standing facts among ``rows`` (newest first, as :meth:`SearchStore.profile` reads
     them), in packing order: by class, then newest first."""
     ranked = [(standing_class(r.content), i, r) for i, r in enumerate(rows)]

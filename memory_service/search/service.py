@@ -151,6 +151,21 @@ class SearchService:
         )
         everything = len(rows) <= PROFILE_ROWS and fits([r.content for r in rows], max_tokens)
         standing = standing_facts(rows)
+        chosen = {r.id for r in standing}
+        rest = [r for r in rows[:PROFILE_ROWS] if r.id not in chosen]
+        if everything:
+            standing_tokens = max_tokens
+            pinned = rows
+        else:
+            # The rule's first, then the person's other memories newest first, within the
+            # share: chosen without the query (so never a random neighbour of it), and packed
+            # before the search, so that only those are ranked with it.
+            standing_tokens = int(max_tokens * STANDING_SHARE)
+            ordered = [*standing, *rest]
+            head = pack_parts(
+                [r.content for r in ordered], [], max_tokens, standing_tokens=standing_tokens
+            )
+            pinned = [ordered[i] for i in head.chosen]
         semantic, details = self._semantic(query)
         ranked = self.searches.rank(
             org_id,
@@ -162,28 +177,20 @@ class SearchService:
             include_superseded=request.get("include_superseded", False),
             scope=scope,
             semantic=semantic,
-            pinned=[r.id for r in rows[:PROFILE_ROWS]],
+            pinned=[r.id for r in pinned],
         )
-        first = {r.id for r in standing}
-        rest = [r for r in rows[:PROFILE_ROWS] if r.id not in first]
         if everything:
             # All of the person's memories: the rule's first, then the others in the query's
             # order (its hits by rank, then the rest newest first, as read).
             order = {h.row.id: i for i, h in enumerate(ranked.hits)}
             rest.sort(key=lambda r: order.get(r.id, len(order)))
-            standing_tokens = max_tokens
-        else:
-            # The rule's first, then the person's other memories newest first, within the
-            # share: chosen without the query, so never a random neighbour of it.
-            standing_tokens = int(max_tokens * STANDING_SHARE)
-        standing = [*standing, *rest]
-        first_hits = [ranked.pinned[r.id] for r in standing if r.id in ranked.pinned]
+            pinned = [*standing, *rest]
+        first_hits = [ranked.pinned[r.id] for r in pinned if r.id in ranked.pinned]
         texts = [h.row.content for h in first_hits]
         head = pack_parts(texts, [], max_tokens, standing_tokens=standing_tokens)
         packed_ids = {first_hits[i].row.id for i in head.chosen}
         bar = calibration(semantic.model if semantic is not None else None).relevance
-        # Each memory once: a hit already packed as a standing fact is not packed again (one
-        # that did not fit the share may still come in as the query's).
+        # Each memory once: a hit already packed as a standing fact is not packed again.
         relevant = [h for h in ranked.hits if h.score >= bar and h.row.id not in packed_ids]
         packed = pack_parts(
             texts, [h.row.content for h in relevant], max_tokens, standing_tokens=standing_tokens

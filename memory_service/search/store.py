@@ -56,6 +56,7 @@ A highlighted snippet (``ts_headline``, matches between :data:`HIGHLIGHT_START` 
 from __future__ import annotations
 
 import dataclasses
+import datetime as dt
 import functools
 import re
 import time
@@ -66,7 +67,7 @@ from typing import Any
 
 import peewee
 
-from core.db import db_errors, tenant
+from core.db import db_errors, tenant, uuid_column
 from core.embeddings import LOCAL_MODEL
 from memory_service.memories.store import COLUMNS, MemoryRow
 from memory_service.scope import AGENT_WIDE, ReadScope
@@ -447,6 +448,17 @@ class SearchHit:
 
 
 @dataclass(frozen=True)
+class ProfileRow:
+    """A memory as the profile read returns it: what choosing and packing standing facts
+    needs (the rest of the row comes with its signals, from :meth:`SearchStore.rank`)."""
+
+    id: uuid.UUID
+    content: str
+    user_id: uuid.UUID | None
+    created_at: dt.datetime
+
+
+@dataclass(frozen=True)
 class Ranked:
     """A search's hits, best first, and the pinned memories with their signals (by id),
     whether or not they are hits."""
@@ -670,7 +682,7 @@ class SearchStore:
         limit: int,
         session_id: uuid.UUID | None = None,
         kinds: Sequence[str] | None = None,
-    ) -> list[MemoryRow]:
+    ) -> list[ProfileRow]:
         """The newest ``limit`` current memories of the reader's ``scope`` (its user's and the
         agent-wide ones; none for ``all_users``, which is no one person), newest first: what a
         context's standing facts are chosen from. One statement: a branch per user of the
@@ -698,7 +710,7 @@ class SearchStore:
         values: list[Any] = []
         for user_condition, user_values in users:
             branches.append(
-                f"(SELECT {COLUMNS} FROM ibex_memory.memories"
+                "(SELECT id, content, user_id, created_at FROM ibex_memory.memories"
                 f" WHERE org_id = %s AND agent_id = %s AND {user_condition} AND {condition}"
                 " AND deleted_at IS NULL AND superseded_by IS NULL"
                 f"{extra} ORDER BY created_at DESC, id DESC LIMIT %s)"
@@ -711,7 +723,15 @@ class SearchStore:
         )
         with tenant(self.db, org_id):
             rows = self.db.execute_sql(sql, [*values, limit]).fetchall()
-        return [MemoryRow.from_db(r) for r in rows]
+        return [
+            ProfileRow(
+                uuid_column(r[0]),
+                r[1],
+                uuid_column(r[2]) if r[2] is not None else None,
+                r[3],
+            )
+            for r in rows
+        ]
 
     def find_agent(self, org_id: uuid.UUID, slug: str) -> uuid.UUID | None:
         """The agent of the org with this slug, or None (never created here)."""

@@ -129,6 +129,8 @@ def test_search_speed_benchmark_small(postgres_server: RunPostgres) -> None:
     for kind in by_kind.values():
         assert 0 < kind["p50"] <= kind["p95"] <= kind["p99"] <= kind["max"] <= latency["max"]
     assert doc["slowest"]["ms"] == latency["max"]
+    contexts = doc["context_ms"]  # the context blocks, timed after the searches
+    assert 0 < contexts["p50"] <= contexts["p95"] <= contexts["p99"] <= contexts["max"]
     assert "candidate branch" in doc["slowest"]["plan"]
     assert doc["mean_hits"] > 0
     # Which indexes the planner picks depends on the size; the report names each.

@@ -143,3 +143,10 @@ def test_fits_counts_near_duplicates_once() -> None:
     assert fits(texts_, exact)
     assert not fits(texts_, exact - 1)
     assert fits([], 1)
+
+
+@settings(max_examples=examples(200), deadline=None)
+@given(contents=texts, budget=st.integers(min_value=1, max_value=2000))
+def test_fits_agrees_with_packing_everything(contents: list[str], budget: int) -> None:
+    everything = pack(contents, 10**9)
+    assert fits(contents, budget) == (everything.tokens <= budget)
