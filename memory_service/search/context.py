@@ -1,4 +1,4 @@
-"""Context assembly: the best memories for a query packed into a token budget.
+"""Context assembly: memories packed into a token budget, the standing facts first.
 
 Token estimate (documented, the same on every backend): one token per 4 UTF-8 bytes of the
 text, rounded up: ``ceil(len(text.encode("utf-8")) / 4)``. It overestimates English for the
@@ -6,11 +6,13 @@ common BPE tokenizers (about 4.5 bytes a token), so a block that fits the estima
 model. The estimate is taken over the whole block as returned, so ``tokens <= max_tokens``
 holds for the exact string, not for a sum of parts.
 
-Packing walks the hits in rank order (score, then recency, then id: deterministic) and adds a
-memory when the block with it still fits; a memory that does not fit is dropped and the walk
-goes on, so a shorter one further down may still get in. A memory whose words are nearly those
-of one already packed (Jaccard similarity of their word sets >= :data:`NEAR_DUPLICATE`) is not
-packed twice.
+Packing (:func:`pack_parts`) walks the person's standing facts in their order, each while the
+block stays within their share of the budget, then the query's hits in rank order (score, then
+recency, then id: deterministic) while it stays within the budget
+(:mod:`memory_service.search.service` chooses both). A memory that does not fit is dropped and
+the walk goes on, so a shorter one further down may still get in. A memory whose words are
+nearly those of one already packed (Jaccard similarity of their word sets >=
+:data:`NEAR_DUPLICATE`) is not packed twice.
 """
 
 from __future__ import annotations
