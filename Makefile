@@ -22,7 +22,7 @@ format:  ## format the code
 	ruff format . && ruff check --fix .
 
 typecheck:  ## mypy
-	mypy core models schema extraction memory_service actors cli client/ibex_client
+	mypy core embeddings models schema extraction memory_service actors cli client/ibex_client
 
 migrate:  ## apply the migrations to DATABASE_URL
 	ibex migrate

@@ -11,6 +11,7 @@ from setuptools import find_packages, setup
 SERVER_PACKAGES = (
     "cli",
     "core",
+    "embeddings",
     "models",
     "schema",
     "actors",

@@ -136,9 +136,11 @@ def make_broker(
     """A broker for ``settings``: Redis from ``REDIS_URL`` (or ``client``, e.g. fakeredis), or a
     StubBroker for unit tests. The pipeline's own middleware is added unless
     ``extra_middleware`` replaces it."""
+    from actors import logs
     from actors.guard import GuardedRedisBroker
     from actors.middleware import mirror_malformed, pipeline_middleware
 
+    logs.install()  # messages are logged by actor, id and ids, never their text
     middleware = base_middleware(settings)
     middleware.extend(pipeline_middleware() if extra_middleware is None else extra_middleware)
     broker: dramatiq.Broker

@@ -38,6 +38,7 @@ from dramatiq.middleware import CurrentMessage, Middleware, SkipMessage
 from playhouse.postgres_ext import PooledPostgresqlExtDatabase
 
 from actors.envelope import MALFORMED, decode_problem, salvage
+from actors.logs import describe
 from core.config import Settings
 from core.db import make_pool, transaction
 from core.errors import ConfigError, DatabaseUnavailableError, InvalidMessageError, PermanentError
@@ -109,15 +110,16 @@ def build_worker_deps(settings: Settings) -> StageDeps:
         settings.memory_service_token,
         timeout=float(settings.http_timeout_seconds),
     )
-    from core.embeddings import embedder_from_settings
+    from embeddings import embedder_from_settings
     from extraction.metrics import PipelineMetrics, PrometheusMetrics
     from memory_service.memories.store import EmbeddingStore
 
     embedder = embedder_from_settings(settings)
     if embedder is not None:
-        # A dimension that differs from the stored vectors of the same model: refuse to start.
+        # Register the model; a dimension that differs from the one its vectors were stored
+        # with: refuse to start.
         try:
-            EmbeddingStore(db).check_dimension(embedder.model, embedder.dimension)
+            EmbeddingStore(db).register(embedder.model, embedder.dimension)
         except DatabaseUnavailableError:
             log.warning("could not check the stored embedding dimension at start")
     return StageDeps(
@@ -309,13 +311,9 @@ class DeadLetterMirror(Middleware):
             attempts=retries + (1 if thrown else 0),
             **ident,
         )
-        log.error(
-            "dead letter: %s %s (%s: %s)",
-            record.actor_name,
-            record.message_id,
-            exc_type,
-            exc_message,
-        )
+        # By actor, id, the ids it carries and the error's class: the error's message may
+        # quote the payload (a conversation, a memory), which stays in the mirror.
+        log.error("dead letter: %s: %s", describe(message), exc_type)
         deps = _deps
         if deps is None:
             log.error("no database in this process: dead letter %s not mirrored", record.message_id)

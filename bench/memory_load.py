@@ -64,8 +64,8 @@ from bench.stack import (
     terminate_on_sigterm,
     wait_http,
 )
+from cli.stack.processes import ROOT, Launcher, Process, Procfile, free_port
 from core.db import make_database
-from core.processes import ROOT, Launcher, Process, Procfile, free_port
 from memory_service.tokens.store import TokenStore
 from models.store import SessionStore
 

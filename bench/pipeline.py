@@ -109,7 +109,7 @@ from bench.stack import (
     terminate_on_sigterm,
     wait_log,
 )
-from core.processes import ROOT, Launcher, Process
+from cli.stack.processes import ROOT, Launcher, Process
 
 READY = "Worker process is ready for action."
 

@@ -34,7 +34,7 @@ from bench import BenchError
 from bench.dbadmin import recreate_database
 from bench.report import load_average, markdown_table, percentile, run_and_print
 from bench.stack import child_env, start_fake_llm, start_private_redis, wait_http
-from core.processes import Launcher, free_port
+from cli.stack.processes import Launcher, free_port
 
 DEFAULT_PROXY_DATABASE_URL = "postgresql://postgres@127.0.0.1:5432/ibex_bench_proxy"
 KINDS = ("direct", "proxy", "recorded")

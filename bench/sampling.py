@@ -19,7 +19,7 @@ import psutil
 import redis
 
 from bench.stack import child_env
-from core.processes import Launcher, Process
+from cli.stack.processes import Launcher, Process
 
 
 def redis_counters(client: redis.Redis) -> dict[str, Any]:

@@ -44,7 +44,7 @@ from bench.dbadmin import (
 from bench.report import load_average, machine, run_and_print, table
 from bench.sampling import redis_counters
 from bench.stack import DEFAULT_REDIS_URL, start_private_redis
-from core.processes import ROOT, Launcher
+from cli.stack.processes import ROOT, Launcher
 
 DEFAULT_SCAN_DATABASE_URL = "postgresql://postgres@127.0.0.1:5432/ibex_bench_scan"
 

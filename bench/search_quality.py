@@ -469,11 +469,14 @@ def _store(db: Any, dataset: Sequence[Labelled], embedder: Any) -> list[Any]:
     """Write every store's memories (with vectors when ``embedder``) through the memory
     store, as ``POST /v1/memories`` does; per store (agent id, user id, memory ids, vectors)."""
     from memory_service.canonical import content_hash
-    from memory_service.memories.store import MemoryStore, NewMemory
+    from memory_service.memories.store import EmbeddingStore, MemoryStore, NewMemory
     from models.store import SessionStore
 
     sessions = SessionStore(db)
     memories = MemoryStore(db)
+    if embedder is not None:
+        # As the memory service does at start: vectors are stored for a registered model.
+        EmbeddingStore(db).register(embedder.model, embedder.dimension)
     org_id = sessions.ensure_org("quality")
     stored: list[Any] = []
     for agent in dataset:
@@ -521,7 +524,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     if args.embeddings != "none":
         import os
 
-        from core.embeddings import embedder_from_env
+        from embeddings import embedder_from_env
 
         # openai: the endpoint of this process's EMBEDDINGS_* settings, to calibrate it.
         env = {**os.environ, "EMBEDDINGS_PROVIDER": args.embeddings}

@@ -157,7 +157,7 @@ def _latency(timings: Sequence[float]) -> dict[str, float]:
 def _local_embedder(args: argparse.Namespace) -> Any:
     if args.embeddings != "local":
         return None
-    from core.embeddings import embedder_from_env
+    from embeddings import embedder_from_env
 
     return embedder_from_env({"EMBEDDINGS_PROVIDER": "local"})
 
@@ -243,46 +243,45 @@ def generate(url: str, args: argparse.Namespace, embedder: Any) -> dict[str, Any
     }
 
 
-#: The statements ``ibex_memory.semantic_candidates`` (migrations 000016 and 000017) runs for
-#: a reader of the whole agent, rebuilt here so that their plans can be shown (a function's
-#: inner plan is not in the caller's EXPLAIN): with pgvector, the count of the scope's vectors
-#: and then exact cosine (at most 5,000) or the partition's HNSW index; else the exact window.
+#: The statements ``ibex_memory.semantic_candidates`` (migrations 000016, 000017 and 000019)
+#: runs for a reader of the whole agent, rebuilt here so that their plans can be shown (a
+#: function's inner plan is not in the caller's EXPLAIN): with pgvector, the count of the
+#: scope's live memories and then exact cosine (at most 5,000) or the partition's HNSW index;
+#: else the exact window. The reader's scope is on the memory (m), the vector is e.
 SEMANTIC_COUNT_SQL = """
-SELECT count(*) FROM (SELECT 1 FROM ibex_memory.memory_embeddings m
- WHERE m.org_id = %(org_id)s AND m.agent_id = %(agent_id)s AND m.model = %(model)s
-   AND m.user_id IS NULL LIMIT 5001) x
+SELECT count(*) FROM (SELECT 1 FROM ibex_memory.memories m
+ WHERE m.org_id = %(org_id)s AND m.agent_id = %(agent_id)s
+   AND m.user_id IS NULL AND m.deleted_at IS NULL LIMIT 5001) x
 """
-SEMANTIC_EXACT_SQL = """
+_SEMANTIC_WHERE = """
+e.org_id = %(org_id)s AND e.agent_id = %(agent_id)s AND e.model = %(model)s
+   AND e.dimension = {dim} AND m.org_id = %(org_id)s AND m.agent_id = %(agent_id)s
+   AND m.user_id IS NULL AND m.deleted_at IS NULL AND m.superseded_by IS NULL"""
+SEMANTIC_EXACT_SQL = f"""
 SELECT x.memory_id, x.s FROM (
-SELECT m.memory_id, 1 - (m.embedding::vector({dim}) <=> %(vector)s::real[]::vector({dim})) AS s
-  FROM ibex_memory.memory_embeddings m
-  JOIN ibex_memory.memories r ON r.id = m.memory_id
- WHERE m.org_id = %(org_id)s AND m.agent_id = %(agent_id)s AND m.model = %(model)s
-   AND m.dimension = {dim} AND m.user_id IS NULL
-   AND r.deleted_at IS NULL AND r.superseded_by IS NULL OFFSET 0) x
+SELECT e.memory_id, 1 - (e.embedding::vector({{dim}}) <=> %(vector)s::real[]::vector({{dim}})) AS s
+  FROM ibex_memory.memory_embeddings e
+  JOIN ibex_memory.memories m ON m.id = e.memory_id
+ WHERE {_SEMANTIC_WHERE} OFFSET 0) x
  ORDER BY x.s DESC, x.memory_id LIMIT %(limit)s
 """
 #: Most vectors a scope may hold and still be ranked exactly (000017).
 EXACT_SCOPE = 5000
-SEMANTIC_HNSW_SQL = """
-SELECT m.memory_id, 1 - (m.embedding::vector({dim}) <=> %(vector)s::real[]::vector({dim}))
-  FROM ibex_memory.memory_embeddings m
-  JOIN ibex_memory.memories r ON r.id = m.memory_id
- WHERE m.org_id = %(org_id)s AND m.agent_id = %(agent_id)s AND m.model = %(model)s
-   AND m.dimension = {dim} AND m.user_id IS NULL
-   AND r.deleted_at IS NULL AND r.superseded_by IS NULL
- ORDER BY m.embedding::vector({dim}) <=> %(vector)s::real[]::vector({dim})
+SEMANTIC_HNSW_SQL = f"""
+SELECT e.memory_id, 1 - (e.embedding::vector({{dim}}) <=> %(vector)s::real[]::vector({{dim}}))
+  FROM ibex_memory.memory_embeddings e
+  JOIN ibex_memory.memories m ON m.id = e.memory_id
+ WHERE {_SEMANTIC_WHERE}
+ ORDER BY e.embedding::vector({{dim}}) <=> %(vector)s::real[]::vector({{dim}})
  LIMIT %(limit)s
 """
-SEMANTIC_WINDOW_SQL = """
+SEMANTIC_WINDOW_SQL = f"""
 SELECT w.memory_id, ibex_memory.dot(w.embedding, %(vector)s::real[]) AS s
-  FROM (SELECT m.memory_id, m.embedding
-          FROM ibex_memory.memory_embeddings m
-          JOIN ibex_memory.memories r ON r.id = m.memory_id
-         WHERE m.org_id = %(org_id)s AND m.agent_id = %(agent_id)s AND m.model = %(model)s
-           AND m.dimension = {dim} AND m.user_id IS NULL
-           AND r.deleted_at IS NULL AND r.superseded_by IS NULL
-         ORDER BY m.created_at DESC LIMIT %(window)s) w
+  FROM (SELECT e.memory_id, e.embedding
+          FROM ibex_memory.memory_embeddings e
+          JOIN ibex_memory.memories m ON m.id = e.memory_id
+         WHERE {_SEMANTIC_WHERE}
+         ORDER BY e.created_at DESC LIMIT %(window)s) w
  ORDER BY s DESC, w.memory_id LIMIT %(limit)s
 """
 
@@ -333,7 +332,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         raise BenchError("need at least one agent and one memory per agent")
     if args.server == "system":
         return _run(args, args.database_url)
-    from core.embedded import EmbeddedPostgres
+    from cli.stack.embedded import EmbeddedPostgres
 
     # The embedded PostgreSQL 18 with pgvector, its data kept in --data-folder (so --reuse
     # finds the data set again), stopped at the end.
@@ -430,7 +429,7 @@ def _run(args: argparse.Namespace, url: str) -> dict[str, Any]:
         "memory_embeddings_pkey": rf"{part}_pkey",
         "idx_memory_embeddings_hnsw_256": r"idx_memory_embeddings_hnsw_256_p[0-9]+",
         "idx_memory_embeddings_scope": rf"{part}_org_id_agent_id_model_created_at_idx",
-        "idx_memory_embeddings_user": rf"{part}_org_id_agent_id_model_user_id_idx",
+        "idx_memories_agent_user": None,
     }
     every_plan = plan + slowest_plan + meaning_plan + "".join(p["plan"] for p in semantic_plans)
     p99 = percentile(timings, 99)

@@ -1,6 +1,6 @@
-"""The processes of a benchmark, started with :mod:`core.processes`: the Procfile's ``web``
+"""The processes of a benchmark, started with :mod:`cli.stack.processes`: the Procfile's ``web``
 and ``worker`` lines as production runs them, a private ``redis-server``, the fake LLM, and
-the ``ibex`` command; every one of them is stopped by :meth:`~core.processes.Launcher.stop`
+the ``ibex`` command; every one of them is stopped by :meth:`~cli.stack.processes.Launcher.stop`
 (SIGTERM to each process group, then SIGKILL), which the benchmarks run in ``finally``
 blocks; :func:`terminate_on_sigterm` turns SIGTERM into the same unwinding as Ctrl-C.
 """
@@ -21,8 +21,8 @@ import httpx
 import redis
 
 from bench import BenchError
+from cli.stack.processes import Launcher, Process, ProcessError, ProcessExited, free_port, http_ok
 from core.config import DEFAULTS
-from core.processes import Launcher, Process, ProcessError, ProcessExited, free_port, http_ok
 
 DEFAULT_REDIS_URL = "redis://127.0.0.1:6379/9"
 

@@ -56,7 +56,7 @@ from bench.stack import (
     start_private_redis,
     terminate_on_sigterm,
 )
-from core.processes import ROOT, Launcher
+from cli.stack.processes import ROOT, Launcher
 from extraction.keys import idempotency_key
 
 DEFAULT_DATABASE_URL = "postgresql://postgres@127.0.0.1:5432/ibex_bench_storage"

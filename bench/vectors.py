@@ -77,7 +77,6 @@ def _row_dtype(model: bytes, dimension: int) -> Any:
             ("org_len", ">i4"), ("org", "S16"),
             ("memory_len", ">i4"), ("memory", "S16"),
             ("agent_len", ">i4"), ("agent", "S16"),
-            ("user_len", ">i4"),
             ("model_len", ">i4"), ("model", f"S{len(model)}"),
             ("dimension_len", ">i4"), ("dimension", ">i4"),
             ("array_len", ">i4"), ("array_header", ">i4", (5,)),
@@ -145,12 +144,11 @@ def load(
                     return
                 n = len(rows)
                 out = np.zeros(n, dtype=dtype)
-                out["fields"] = 8
+                out["fields"] = 7
                 out["org_len"] = out["memory_len"] = out["agent_len"] = 16
                 out["memory"] = [bytes(r[0]) for r in rows]
                 out["agent"] = [bytes(r[1]) for r in rows]
                 out["org"] = [bytes(r[2]) for r in rows]
-                out["user_len"] = -1
                 out["model_len"] = len(model)
                 out["model"] = model
                 out["dimension_len"] = 4
@@ -169,7 +167,7 @@ def load(
         with writer.cursor() as cur:
             cur.execute("SET session_replication_role = replica")
             cur.copy_expert(
-                "COPY ibex_memory.memory_embeddings (org_id, memory_id, agent_id, user_id,"
+                "COPY ibex_memory.memory_embeddings (org_id, memory_id, agent_id,"
                 " model, dimension, embedding, created_at) FROM STDIN WITH (FORMAT binary)",
                 _CopyStream(chunks()),
                 size=1 << 20,

@@ -27,11 +27,11 @@ from pathlib import Path
 from typing import Any
 
 from cli.common import EXIT_FAILURE, EXIT_OK
+from cli.progress import Progress
+from cli.stack.embedded import EmbeddedPostgres, EmbeddedRedis, default_demo_folder
+from cli.stack.processes import ROOT, Launcher, ProcessError, free_port
 from core.config import Settings, child_environment
-from core.embedded import EmbeddedPostgres, EmbeddedRedis, default_demo_folder
 from core.errors import ConfigError
-from core.processes import ROOT, Launcher, ProcessError, free_port
-from core.progress import Progress
 
 #: The sample agent the read path is shown for, and what it is asked.
 RECALL_ORG, RECALL_AGENT = "acme", "support-bot"

@@ -109,7 +109,7 @@ def _dlq_show(store: Any, args: argparse.Namespace) -> int:
 
 
 def _dlq_replay(store: Any, args: argparse.Namespace) -> int:
-    from core.progress import Progress
+    from cli.progress import Progress
 
     if args.all == bool(args.ids):
         print("ibex dlq replay: give dead letter IDs or --all (not both)", file=sys.stderr)
@@ -133,7 +133,7 @@ def _dlq_replay(store: Any, args: argparse.Namespace) -> int:
 
 
 def _dlq_purge(store: Any, args: argparse.Namespace) -> int:
-    from core.durations import parse_age
+    from cli.durations import parse_age
 
     older = None
     if args.older_than:

@@ -146,7 +146,7 @@ def run(args: argparse.Namespace, settings: Settings) -> int:
         timeout=float(settings.http_timeout_seconds),
     )
     memory = _CountingMemory(client)
-    from core.embeddings import embedder_from_settings
+    from embeddings import embedder_from_settings
 
     # The same stages as the worker's, vectors included (one embedding request per turn).
     deps = StageDeps(

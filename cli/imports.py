@@ -32,7 +32,7 @@ def add_parser(sub: Any) -> None:
 def run(args: argparse.Namespace, settings: Settings) -> int:
     import json
 
-    from core.progress import Progress
+    from cli.progress import Progress
     from models.importer import MAX_LINE_BYTES, ImportStopped, import_lines, read_lines
     from models.store import SessionStore
 

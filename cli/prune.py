@@ -23,8 +23,8 @@ import time
 from typing import Any
 
 from cli.common import EXIT_FAILURE, EXIT_OK, EXIT_USAGE, positive_int
+from cli.durations import parse_age
 from core.config import Settings
-from core.durations import parse_age
 
 DATABASE = True
 
@@ -87,8 +87,8 @@ def run(args: argparse.Namespace, settings: Settings) -> int:
 
 
 def _erase_deleted(args: argparse.Namespace, settings: Settings) -> int:
+    from cli.progress import Progress
     from cli.status import database
-    from core.progress import Progress
     from models.erasure import Erasure
 
     cutoff = dt.datetime.now(dt.UTC) - args.deleted_older_than
@@ -152,8 +152,8 @@ def _print_erased_json(erased: Any, cutoff: dt.datetime, *, dry_run: bool, secon
 
 
 def _prune_done(args: argparse.Namespace, settings: Settings) -> int:
+    from cli.progress import Progress
     from cli.status import database
-    from core.progress import Progress
     from extraction.turns import TurnStore
 
     cutoff = dt.datetime.now(dt.UTC) - args.done_older_than

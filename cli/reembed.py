@@ -48,10 +48,10 @@ def _fail(message: str) -> int:
 
 
 def run(args: argparse.Namespace, settings: Settings) -> int:
+    from cli.progress import Progress
     from core.db import make_database
-    from core.embeddings import embedder_from_settings
     from core.errors import EmbeddingsUnavailable
-    from core.progress import Progress
+    from embeddings import embedder_from_settings
     from memory_service.memories.service import BackfillReport, backfill
     from memory_service.memories.store import EmbeddingStore
     from memory_service.search.store import SearchStore
@@ -71,7 +71,7 @@ def run(args: argparse.Namespace, settings: Settings) -> int:
     per_org: list[dict[str, Any]] = []
     try:
         embeddings = EmbeddingStore(db)
-        embeddings.check_dimension(embedder.model, embedder.dimension)
+        embeddings.register(embedder.model, embedder.dimension)
         indexed = embeddings.ensure_index(embedder.dimension)
         orgs = _orgs(db, args.org)
         if orgs is None:

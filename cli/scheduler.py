@@ -135,7 +135,7 @@ def backfill_rounds(settings: Settings, stop: threading.Event) -> None:
     or a database blip skips the round; the next one tries again."""
     from cli.reembed import _orgs
     from cli.status import database
-    from core.embeddings import embedder_from_settings
+    from embeddings import embedder_from_settings
     from memory_service.memories.service import backfill
     from memory_service.memories.store import EmbeddingStore
 

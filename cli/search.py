@@ -71,7 +71,7 @@ def run(args: argparse.Namespace, settings: Settings) -> int:
     import peewee
 
     from core.db import make_database
-    from core.embeddings import QueryCache, embedder_from_settings
+    from embeddings import QueryCache, embedder_from_settings
     from memory_service.scope import ReadScope
     from memory_service.search.service import SearchService
     from memory_service.search.store import SearchStore

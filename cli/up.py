@@ -1,9 +1,12 @@
 """``ibex up``: the whole stack on this machine for development, until Ctrl-C.
 
-Postgres and Redis are the embedded servers of :mod:`core.embedded` (the ``embedded`` extra,
+Postgres and Redis are the embedded servers of :mod:`cli.stack.embedded` (the ``embedded`` extra,
 data under ``~/.ibex/up`` or ``--data-dir``) unless ``DATABASE_URL`` / ``REDIS_URL`` are set.
-The migrations are applied; an org ``dev`` and two tokens are made: a service token for the
-worker and an org token with every scope for you, printed once. Then the Procfile's ``web``
+The migrations are applied; an org ``dev`` and two tokens are made on the first start (a
+service token for the worker, with ``memory:write`` only, and an org token with every scope
+for you) and kept in ``<data dir>/env`` (mode 0600) for the next starts; tokens an earlier
+start made and the env file no longer holds are revoked. Everything under the data folder is
+readable by its owner only. Then the Procfile's ``web``
 (on ``--port``, loopback only), ``worker`` and ``scheduler`` lines run, with a short scan
 period (``--scan-interval``, 2 s), each logging to ``<data dir>/logs/<process>.log``. The
 worker's token is checked against the memory service (an authenticated write probe) before
@@ -106,17 +109,21 @@ def _interrupt(signum: int, frame: Any) -> None:
 
 
 def _up(args: argparse.Namespace, settings: Settings) -> int:
+    from cli.stack.embedded import EmbeddedPostgres, EmbeddedRedis
+    from cli.stack.processes import ROOT, Launcher, ProcessError
     from core.config import child_environment
     from core.db import make_database
-    from core.embedded import EmbeddedPostgres, EmbeddedRedis
     from core.errors import ConfigError
     from core.migrate import migrate
-    from core.processes import ROOT, Launcher, ProcessError
     from memory_service.tokens.store import TokenStore
-    from schema.memory import SCOPES
 
     folder = Path(args.data_dir).expanduser() if args.data_dir else default_folder()
+    # Everything under the data folder (the databases, Redis' files, the logs, the env file
+    # with its tokens) is readable by its owner only: this process and every child it starts
+    # create their files under this mask.
+    os.umask(0o077)
     folder.mkdir(parents=True, exist_ok=True)
+    _owner_only(folder)
     postgres = EmbeddedPostgres(folder / "postgres")
     redis_server = EmbeddedRedis(folder / "redis")
     logs = folder / "logs"
@@ -130,13 +137,8 @@ def _up(args: argparse.Namespace, settings: Settings) -> int:
         print(f"extractor     {settings.llm_provider}", flush=True)
         migrate(database_url)
         db = make_database(database_url)
-        tokens = TokenStore(db)
         try:
-            org_id = tokens.ensure_org(DEV_ORG)
-            _, worker_token = tokens.issue(
-                org_id=None, name="ibex up worker", scopes=["memory:read", "memory:write"]
-            )
-            _, user_token = tokens.issue(org_id=org_id, name="ibex up", scopes=list(SCOPES))
+            worker_token, user_token = _tokens(TokenStore(db), _read_env(folder))
         finally:
             db.close()
         url = f"http://127.0.0.1:{args.port}"
@@ -165,11 +167,11 @@ def _up(args: argparse.Namespace, settings: Settings) -> int:
             raise ConfigError(f"the worker's token was refused: {line}")
         processes.start_procfile("worker", env, log=logs / "worker.log")
         processes.start_procfile("scheduler", env, log=logs / "scheduler.log")
-        _write_env(folder, database_url, redis_url, url, user_token)
+        _write_env(folder, database_url, redis_url, url, user_token, worker_token)
         print(f"logs          {logs}")
         print(f"scan period   {args.scan_interval}s")
         print(f"url           {url}")
-        print(f"token         {user_token}  (org {DEV_ORG}, every scope; shown only here)")
+        print(f"token         {user_token}  (org {DEV_ORG}, every scope; kept in {folder / 'env'})")
         print()
         print("try next, in another terminal:")
         print(f"  set -a; . {folder / 'env'}; set +a   # the CLI's and the example's settings")
@@ -192,11 +194,79 @@ def _up(args: argparse.Namespace, settings: Settings) -> int:
         print("ibex up: stopped", flush=True)
 
 
-def _write_env(folder: Path, database_url: str, redis_url: str, url: str, token: str) -> None:
-    """``<folder>/env``: the variables the CLI and the example need, readable by you only."""
+#: The names of the tokens ``ibex up`` makes: a start keeps the ones its env file holds and
+#: revokes every other token of these names (the ones earlier starts made).
+WORKER_TOKEN_NAME = "ibex up worker"  # noqa: S105 (a name, not a secret)
+USER_TOKEN_NAME = "ibex up"  # noqa: S105
+#: The worker writes memories for any org, and does nothing else.
+WORKER_SCOPES = ("memory:write",)
+#: The env file's line that keeps the worker's token across starts.
+WORKER_TOKEN_VARIABLE = "IBEX_WORKER_TOKEN"  # noqa: S105
+
+
+def _tokens(tokens: Any, kept: dict[str, str]) -> tuple[str, str]:
+    """The worker's service token and the developer's org token: the ones the env file of an
+    earlier start holds while they are still valid, else new ones; every other token an
+    ``ibex up`` made is revoked, so restarts do not pile tokens up."""
+    from memory_service.tokens.store import hash_token
+    from schema.memory import SCOPES
+
+    org_id = tokens.ensure_org(DEV_ORG)
+    wanted = {
+        WORKER_TOKEN_NAME: (None, WORKER_SCOPES, kept.get(WORKER_TOKEN_VARIABLE)),
+        USER_TOKEN_NAME: (org_id, tuple(SCOPES), kept.get("IBEX_TOKEN")),
+    }
+    chosen: dict[str, str] = {}
+    keep_ids: set[Any] = set()
+    for name, (org, scopes, secret) in wanted.items():
+        row = tokens.lookup(hash_token(secret)) if secret else None
+        if (
+            row is not None
+            and row.revoked_at is None
+            and row.name == name
+            and row.org_id == org
+            and set(row.scopes) == set(scopes)
+        ):
+            assert secret is not None
+            chosen[name], keep_ids = secret, keep_ids | {row.id}
+            continue
+        row, chosen[name] = tokens.issue(org_id=org, name=name, scopes=list(scopes))
+        keep_ids.add(row.id)
+    for row in tokens.list():
+        if row.name in wanted and row.revoked_at is None and row.id not in keep_ids:
+            tokens.revoke(row.id)
+    return chosen[WORKER_TOKEN_NAME], chosen[USER_TOKEN_NAME]
+
+
+def _owner_only(folder: Path) -> None:
+    """The data folder and what an earlier start left in it: readable by the owner only."""
+    folder.chmod(0o700)
+    for path in folder.rglob("*"):
+        if path.is_symlink():
+            continue
+        with contextlib.suppress(OSError):
+            path.chmod(0o700 if path.is_dir() else path.stat().st_mode & 0o700)
+
+
+def _read_env(folder: Path) -> dict[str, str]:
+    """The variables of an earlier start's ``<folder>/env`` (none when there is none)."""
+    try:
+        text = (folder / "env").read_text(encoding="utf-8")
+    except OSError:
+        return {}
+    pairs = (line.partition("=") for line in text.splitlines())
+    return {k.strip(): v.strip() for k, sep, v in pairs if sep and k.strip()}
+
+
+def _write_env(
+    folder: Path, database_url: str, redis_url: str, url: str, token: str, worker_token: str
+) -> None:
+    """``<folder>/env``: the variables the CLI and the example need (and the worker's token,
+    kept for the next start), readable by you only."""
     path = folder / "env"
     text = (
         f"DATABASE_URL={database_url}\nREDIS_URL={redis_url}\nIBEX_URL={url}\nIBEX_TOKEN={token}\n"
+        f"{WORKER_TOKEN_VARIABLE}={worker_token}\n"
     )
     fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
     with os.fdopen(fd, "w", encoding="utf-8") as handle:

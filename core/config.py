@@ -57,7 +57,7 @@ DEFAULTS: dict[str, str | None] = {
     "UPSTREAM_LLM_BASE_URL": None,  # the chat path's upstream; unset: the proxy refuses to start
     "UPSTREAM_LLM_API_KEY": None,  # unset: the caller's Authorization is passed on
     "UPSTREAM_TIMEOUT_SECONDS": "600",
-    # Semantic search (core.embeddings): which embedder, and for "openai" where and which.
+    # Semantic search (embeddings): which embedder, and for "openai" where and which.
     "EMBEDDINGS_PROVIDER": "local",
     "EMBEDDINGS_BASE_URL": None,
     "EMBEDDINGS_MODEL": None,  # openai: required; local: the packaged model
@@ -206,7 +206,7 @@ class Settings:
     upstream_llm_api_key: str | None = None
     upstream_timeout_seconds: int = 600
     #: Semantic search: ``local`` (the packaged offline model), ``openai`` (an
-    #: OpenAI-compatible ``/v1/embeddings``) or ``none``; see :mod:`core.embeddings`.
+    #: OpenAI-compatible ``/v1/embeddings``) or ``none``; see :mod:`embeddings`.
     embeddings_provider: str = "none"
     embeddings_base_url: str | None = None
     embeddings_model: str | None = None

@@ -41,7 +41,6 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from core.config import Settings
-from core.embeddings import Embedder
 from core.errors import (
     ConfigError,
     DatabaseUnavailableError,
@@ -54,6 +53,7 @@ from core.errors import (
     PermanentError,
     TurnBusyError,
 )
+from embeddings import Embedder
 from extraction.keys import idempotency_key
 from extraction.metrics import PipelineMetrics
 from extraction.prompt import RelatedMemory, input_hash

@@ -22,13 +22,14 @@ agent already has answers the memory that holds it.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import hashlib
 import json
 import logging
 import os
 import uuid
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Annotated, Any, Literal, TypeVar
 
@@ -46,6 +47,7 @@ from ibex_client import (
     IbexClientError,
     IbexTransportError,
     Memory,
+    NotFoundError,
     SearchHit,
 )
 
@@ -209,6 +211,18 @@ def _argument_error(name: str, message: str) -> ToolError:
 # -- the idempotency key of remember ---------------------------------------------------------
 
 
+#: How many times one content may be remembered again after being forgotten (each time takes
+#: one more key of :func:`next_remember_key`'s chain, and one more request per ``remember``).
+MAX_REMEMBER_GENERATIONS = 20
+
+
+def next_remember_key(key: str, forgotten: uuid.UUID) -> str:
+    """The key that stores a ``remember`` again after the memory ``key`` stored was
+    forgotten: the same for every retry, another for each forgotten memory."""
+    text = f"{key}:{forgotten}"
+    return "mcp-remember-" + hashlib.sha256(text.encode("utf-8")).hexdigest()
+
+
 def remember_key(token: str, agent_id: uuid.UUID, user: str | None, content: str, kind: str) -> str:
     """The idempotency key of a ``remember`` call: the same for the same arguments and scope,
     so a repeat after a lost answer replays the first call's memory instead of storing another.
@@ -239,6 +253,20 @@ class _Calls:
     #: One connection pool for every call (every token: the client sends each call's own
     #: Authorization header), made on the first call, inside the server's event loop.
     http: httpx.AsyncClient | None = None
+    #: Sessions running now: the pool is closed when the last one ends (stdio: at exit; an
+    #: in-process client: when it disconnects), and made again by the next call.
+    sessions: int = 0
+
+    @contextlib.asynccontextmanager
+    async def lifespan(self, server: Any) -> AsyncIterator[dict[str, Any]]:
+        self.sessions += 1
+        try:
+            yield {}
+        finally:
+            self.sessions -= 1
+            if self.sessions == 0 and self.http is not None:
+                http, self.http = self.http, None
+                await http.aclose()
 
     def token(self, ctx: Context) -> str:
         request = ctx.request_context.request
@@ -326,8 +354,10 @@ UserArg = Annotated[
 
 def build_server(config: McpConfig) -> MCPServer[Any]:
     """The MCP server with the five tools, calling the service at ``config.url``."""
+    calls = _Calls(config)
     server: MCPServer[Any] = MCPServer(
         "ibex",
+        lifespan=calls.lifespan,
         title="IBEX memory",
         instructions=(
             "Long-term memory of this agent. Use recall or context before answering questions"
@@ -335,7 +365,6 @@ def build_server(config: McpConfig) -> MCPServer[Any]:
             " user states; forget what the user asks to be forgotten."
         ),
     )
-    calls = _Calls(config)
     reads = ToolAnnotations(read_only_hint=True, open_world_hint=False)
 
     @server.tool(
@@ -365,12 +394,32 @@ def build_server(config: McpConfig) -> MCPServer[Any]:
         async with calls.client(token) as ibex:
             agent_id = await calls.run(lambda: calls.agent_id(ibex, token, agent))
             assert agent_id is not None
-            key = remember_key(token, agent_id, who, content, kind)
+            first_key = remember_key(token, agent_id, who, content, kind)
 
             async def store() -> Remembered:
+                key = first_key
                 try:
-                    stored = await ibex.create_memory(
-                        agent_id, content, kind=kind, idempotency_key=key, user=who
+                    for _ in range(MAX_REMEMBER_GENERATIONS):
+                        stored = await ibex.create_memory(
+                            agent_id, content, kind=kind, idempotency_key=key, user=who
+                        )
+                        if not stored.replayed:
+                            return Remembered(memory=_memory(stored), already_known=False)
+                        # A replay names the memory an earlier call stored: known, unless it
+                        # was forgotten since. Then the content is stored again under the next
+                        # key of the chain (derived from the forgotten memory, so a retry of
+                        # this call lands on the same new memory).
+                        try:
+                            current = await ibex.get_memory(stored.id, user=who)
+                        except NotFoundError:
+                            key = next_remember_key(key, stored.id)
+                            continue
+                        except ApiError:  # e.g. a token without memory:read: cannot tell
+                            current = stored
+                        return Remembered(memory=_memory(current), already_known=True)
+                    raise ToolError(
+                        "this content was remembered and forgotten too many times; give it"
+                        " other words"
                     )
                 except DuplicateContentError as exc:
                     if exc.existing_id is None:
@@ -453,11 +502,8 @@ def build_server(config: McpConfig) -> MCPServer[Any]:
         token = calls.token(ctx)
         who = calls.user(user)
         async with calls.client(token) as ibex:
-            if who is not None:
-                # The delete route takes no user: for a user, the memory must first be one
-                # that user can read (theirs, or agent-wide), or it is NOT_FOUND.
-                await calls.run(lambda: ibex.get_memory(memory_id, user=who))
-            deleted = await calls.run(lambda: ibex.delete_memory(memory_id))
+            # The delete reaches what the token reads for that user (delete follows read).
+            deleted = await calls.run(lambda: ibex.delete_memory(memory_id, user=who))
         if not deleted:
             raise ToolError(f"NOT_FOUND: no memory {memory_id} (or it is already forgotten)")
         return Forgotten(memory_id=str(memory_id), forgotten=True)

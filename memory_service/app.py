@@ -14,19 +14,20 @@ holds at most one connection per thread that is serving a request, whatever the 
 from __future__ import annotations
 
 import logging
-from typing import Any, Literal
+from typing import Any, Literal, cast
 
 import falcon
 import peewee
 import redis
 from playhouse.pool import MaxConnectionsExceeded, PooledDatabase
+from playhouse.postgres_ext import PostgresqlExtDatabase
 from redis.backoff import NoBackoff
 from redis.retry import Retry
 
 from core.config import Settings
 from core.db import make_pool as db_pool
-from core.embeddings import Embedder, QueryCache, embedder_from_settings
 from core.errors import DatabaseUnavailableError
+from embeddings import Embedder, QueryCache, embedder_from_settings
 from memory_service import docs_page, errors
 from memory_service.agents import AgentResolver, AgentResource
 from memory_service.auth import Authenticator
@@ -51,6 +52,7 @@ from memory_service.tokens.store import TokenStore
 from memory_service.users.endpoints import UserResource
 from memory_service.users.service import UserService
 from memory_service.users.store import UserStore
+from models.store import SessionStore
 
 log = logging.getLogger(__name__)
 
@@ -116,11 +118,6 @@ def create_app(
     if db is None:
         db = make_pool(settings.database_url)
     embeddings = EmbeddingStore(db)
-    if embedder is not None:
-        try:
-            embeddings.check_dimension(embedder.model, embedder.dimension)
-        except DatabaseUnavailableError:
-            log.warning("could not check the stored embedding dimension; /readyz will")
     if redis_client is None:
         redis_client = make_redis(settings.idempotency_redis_url or settings.redis_url)
     store = MemoryStore(db, settings.memory_near_duplicate_threshold)
@@ -136,8 +133,20 @@ def create_app(
     )
     users = UserService(UserStore(db))
     memories = MemoryService(
-        store, idempotency, metrics, users, embedder=embedder, embeddings=embeddings
+        store,
+        idempotency,
+        metrics,
+        users,
+        embedder=embedder,
+        embeddings=embeddings,
+        session_user=SessionStore(cast(PostgresqlExtDatabase, db), bind_models=False).session_user,
     )
+    try:
+        # A model registered with another dimension is a ConfigError: refuse to start.
+        memories.register_model()
+    except DatabaseUnavailableError:
+        # Registered on the first write that carries a vector (MemoryService), or by /readyz.
+        log.warning("could not register the embedding model; /readyz will")
     # Metrics first: its process_response runs last, so it sees the final status and time.
     # The schema gate after ReturnConnection: the connection its check borrows goes back too.
     middleware: list[Any] = [RequestMetrics(metrics), ReturnConnection(db), SchemaGate(db)]
@@ -166,10 +175,15 @@ def create_app(
         model, dimension = embedder.model, embedder.dimension
 
         def check() -> None:
-            embeddings.check_dimension(model, dimension)
+            embeddings.register(model, dimension)
 
     app.add_route("/readyz", ReadyResource(store, redis_client, reads.search_mode, check))
-    spec = docs_page.document(build_spec(settings.memory_max_body_bytes))
+    spec = docs_page.document(
+        build_spec(
+            settings.memory_max_body_bytes,
+            (embedder.model, embedder.dimension) if embedder is not None else None,
+        )
+    )
     app.add_route("/openapi.json", OpenApiResource(spec))
     app.add_route("/metrics", MetricsResource(metrics))
     docs_page.add_routes(app)

@@ -26,6 +26,7 @@ from memory_service.auth import (
 )
 from memory_service.cursor import InvalidCursorError, Position, decode_cursor
 from memory_service.errors import ApiError, dumps, validation_error
+from schema.common import may_hold_unstorable, unstorable
 
 
 @dataclass
@@ -74,12 +75,28 @@ def _reject_constant(name: str) -> Any:
 
 
 def parse_json(raw: bytes) -> Any:
-    """Strict JSON: UTF-8, no NaN/Infinity, no numbers that overflow; else 400."""
+    """Strict JSON: UTF-8, no NaN/Infinity, no numbers that overflow; else 400. A string that
+    Postgres cannot store (NUL, a lone surrogate), anywhere in the document, is a 422 naming
+    where it is."""
     try:
         text = raw.decode("utf-8")
-        return json.loads(text, parse_float=_finite_float, parse_constant=_reject_constant)
+        document = json.loads(text, parse_float=_finite_float, parse_constant=_reject_constant)
     except (UnicodeDecodeError, ValueError, RecursionError) as exc:
         raise ApiError(400, "MALFORMED_JSON", f"the body is not valid JSON: {exc}") from None
+    if may_hold_unstorable(text):
+        problems = unstorable(document)
+        if problems is not None:
+            raise validation_error(problems if isinstance(problems, dict) else {"_": problems})
+    return document
+
+
+def query_params(req: falcon.Request) -> dict[str, Any]:
+    """The request's query parameters; one holding a string Postgres cannot store is a 422."""
+    params = dict(req.params)
+    problems = unstorable(params)
+    if problems is not None:
+        raise validation_error(problems if isinstance(problems, dict) else {"_": problems})
+    return params
 
 
 def read_body(req: falcon.Request, limit: int) -> bytes:
@@ -132,7 +149,7 @@ def list_request(
     read first: a malformed one is a 400 of its own, whatever else is wrong."""
     principal, org_id = authenticate(api, req, scope)
     after = cursor_param(req)
-    return principal, org_id, after, load(schema, dict(req.params))
+    return principal, org_id, after, load(schema, query_params(req))
 
 
 def respond(

@@ -124,6 +124,10 @@ class UnknownUserError(NotFoundError):
 #: (forgotten in between): the key is then free, and the next insert takes it.
 _USER_ATTEMPTS = 3
 
+#: The unique key of a session's external id: one per agent and user (migration 000019); the
+#: agent-wide sessions (no user) are one namespace of their own.
+_USER_KEY = "COALESCE(user_id, '00000000-0000-0000-0000-000000000000'::uuid)"
+
 #: Memories of a session that had no user, when it gets one: they are about that user. One
 #: that would repeat a live memory of the user (same agent and content) is a duplicate and is
 #: soft-deleted; the others take the user.
@@ -290,6 +294,19 @@ class SessionStore:
             ).fetchone()
         return uuid.UUID(str(row[0])) if row else None
 
+    def session_user(
+        self, org_id: uuid.UUID, session_id: uuid.UUID
+    ) -> tuple[bool, uuid.UUID | None]:
+        """Whether the org has a live session with this id, and its user (None: agent-wide)."""
+        with tenant(self.db, org_id):
+            row = self.db.execute_sql(
+                "SELECT user_id FROM ibex_core.sessions WHERE id = %s AND deleted_at IS NULL",
+                (str(session_id),),
+            ).fetchone()
+        if row is None:
+            return False, None
+        return True, uuid.UUID(str(row[0])) if row[0] is not None else None
+
     def set_session_user(
         self, org_id: uuid.UUID, session_id: uuid.UUID, user_id: uuid.UUID
     ) -> Session:
@@ -412,16 +429,28 @@ class SessionStore:
         model: str | None,
         provider: str | None,
         user_id: uuid.UUID | None = None,
+        *,
+        claim_shared: bool = True,
     ) -> tuple[Session, bool]:
-        """The session with this external id, locked, created when missing (with ``user_id``
-        as its user; an existing one gets it through :meth:`_apply_user`)."""
+        """The session of (agent, user, ``external_id``), locked, created when missing; and
+        whether it was created. An external id names a session per user: the same id for
+        another user is another session (:meth:`_find_named`).
+
+        ``claim_shared``: the caller acts for the org (an org token, ``ibex import``), so an
+        agent-wide session with this external id is given ``user_id`` (:meth:`_apply_user`)
+        rather than a new session opened beside it. A user-bound token's request passes False:
+        it can neither see nor claim an agent-wide session, so it gets a session of its own."""
+        if external_id is not None:
+            found = self._find_named(agent_id, external_id, user_id, claim_shared=claim_shared)
+            if found is not None:
+                return found, False
         completed = "now()" if status == "completed" else "NULL"
         row = self.db.execute_sql(
             "INSERT INTO ibex_core.sessions"
             " (org_id, agent_id, external_id, status, model, provider, completed_at, user_id)"
             f" VALUES (%s, %s, %s, %s, %s, %s, {completed}, %s)"
-            " ON CONFLICT (org_id, agent_id, external_id) WHERE external_id IS NOT NULL"
-            " DO NOTHING RETURNING id",
+            f" ON CONFLICT (org_id, agent_id, {_USER_KEY}, external_id)"
+            " WHERE external_id IS NOT NULL DO NOTHING RETURNING id",
             (
                 str(org_id),
                 str(agent_id),
@@ -434,20 +463,61 @@ class SessionStore:
         ).fetchone()
         if row is not None:
             return self._get_session(uuid.UUID(str(row[0])), for_update=True), True
-        session = (
-            Session.select()
-            .where(
-                Session.org_id == org_id,
-                Session.agent_id == agent_id,
-                Session.external_id == external_id,
-            )
-            .for_update()
-            .bind(self.db)
-            .first()
-        )
+        # Created by a concurrent request since the lookup: that one is ours too.
+        assert external_id is not None
+        session = self._find_named(agent_id, external_id, user_id, claim_shared=False)
         assert session is not None
-        self._apply_user(session, user_id)
         return session, False
+
+    def _find_named(
+        self,
+        agent_id: uuid.UUID,
+        external_id: str,
+        user_id: uuid.UUID | None,
+        *,
+        claim_shared: bool,
+    ) -> Session | None:
+        """The live or deleted session this (agent, user, external id) names, locked:
+
+        - with a user: that user's session; else, for an org-level caller
+          (``claim_shared``), the agent-wide one, which is given the user (late assignment);
+        - without a user: the agent-wide session; else, for an org-level caller, the oldest
+          session of any user with this external id (an org token that names no user reaches
+          what the org has, as it always could).
+
+        A session claimed by another user in the meantime is not taken: None then."""
+        mine = self._select_named(agent_id, external_id, user_id)
+        if mine is not None or not claim_shared:
+            return mine
+        if user_id is None:
+            return self._select_named(agent_id, external_id, None, any_user=True)
+        shared = self._select_named(agent_id, external_id, None)
+        if shared is None:
+            return None
+        if shared.user_id is not None:  # claimed by someone else between lookup and lock
+            return None
+        self._apply_user(shared, user_id)
+        return shared
+
+    def _select_named(
+        self,
+        agent_id: uuid.UUID,
+        external_id: str,
+        user_id: uuid.UUID | None,
+        *,
+        any_user: bool = False,
+    ) -> Session | None:
+        query = Session.select().where(
+            Session.agent_id == agent_id, Session.external_id == external_id
+        )
+        if any_user:
+            query = query.order_by(Session.created_at, Session.id)
+        elif user_id is None:
+            query = query.where(Session.user_id.is_null())
+        else:
+            query = query.where(Session.user_id == user_id)
+        found: Session | None = query.for_update().bind(self.db).first()
+        return found
 
     def set_status(self, org_id: uuid.UUID, session_id: uuid.UUID, status: str) -> None:
         """Move a session to ``status``; completing it stamps completed_at once."""
@@ -502,13 +572,14 @@ class SessionStore:
         model: str | None = None,
         provider: str | None = None,
         user_id: uuid.UUID | None = None,
+        claim_shared: bool = True,
     ) -> tuple[Session, bool]:
-        """The session of (org, agent, ``external_id``), created ``active`` when missing (always
-        created without an external id); return it and whether it was created. The agent is
-        named by slug (created when missing) or by id (:class:`NotFoundError` unless it is one
-        of the org's). ``user_id`` (:meth:`resolve_user`) is the session's user, set once
-        (:class:`~core.errors.UserConflictError` if it has another). A soft-deleted session is
-        returned as it is: the caller decides."""
+        """The session of (org, agent, user, ``external_id``), created ``active`` when missing
+        (always created without an external id); return it and whether it was created. The
+        agent is named by slug (created when missing) or by id (:class:`NotFoundError` unless
+        it is one of the org's). ``user_id`` (:meth:`resolve_user`) is the session's user;
+        ``claim_shared`` as :meth:`_upsert_session`. A soft-deleted session is returned as it
+        is: the caller decides."""
         try:
             with tenant(self.db, org_id):
                 if agent_slug is not None:
@@ -521,7 +592,14 @@ class SessionStore:
                         raise NotFoundError(f"agent {agent_id} not found")
                     agent = uuid.UUID(str(found[0]))
                 return self._upsert_session(
-                    org_id, agent, external_id, "active", model, provider, user_id
+                    org_id,
+                    agent,
+                    external_id,
+                    "active",
+                    model,
+                    provider,
+                    user_id,
+                    claim_shared=claim_shared,
                 )
         except peewee.IntegrityError as exc:
             # Only the org's foreign key can fail here: the agent is the org's or was just made.

@@ -9,7 +9,9 @@ runs in the loop's thread pool.
 What a call does (the headers are the contract, docs/operations.md):
 
 - The body goes upstream as it came, to ``UPSTREAM_LLM_BASE_URL`` + ``/chat/completions``, with
-  the caller's ``Authorization`` (else ``UPSTREAM_LLM_API_KEY``); the answer, an error
+  the caller's ``Authorization``, else ``UPSTREAM_LLM_API_KEY``, which is spent only for a caller
+  with a valid IBEX token in ``X-IBEX-Token`` (anyone else is 401: the proxy is no open relay);
+  the answer, an error
   included, comes back unchanged: status, body, content type. A stream (``"stream": true``)
   is relayed chunk by chunk as the upstream sends it (decoded when the upstream compressed
   it, since the content encoding is not passed on).
@@ -47,8 +49,8 @@ from starlette.routing import Route
 from starlette.types import Receive, Scope, Send
 
 from core.config import Settings
-from core.embeddings import QueryCache, embedder_from_settings
 from core.errors import ConfigError, DatabaseUnavailableError
+from embeddings import QueryCache, embedder_from_settings
 from memory_service.auth import Authenticator, AuthError, Principal, require_scope, resolve_org
 from memory_service.search.context import estimate_tokens
 from memory_service.tokens.store import TokenStore, hash_token
@@ -57,6 +59,8 @@ from proxy.conversation import assistant_message, request_hash
 from proxy.injection import Injector, memory_tokens, with_block
 from proxy.recording import DramatiqSpool, Recording, Spool, spool_message
 from proxy.streaming import StreamAssembler
+from schema import describe_errors
+from schema.common import may_hold_unstorable, unstorable
 
 log = logging.getLogger(__name__)
 
@@ -81,6 +85,10 @@ PASSED_HEADERS = (
 MAX_REQUEST_BYTES = 8 * 1024 * 1024
 
 FORWARDED_HEADERS = ("openai-organization", "openai-project", "accept", "user-agent")
+#: While the database is away, a token found valid this long ago may still spend the
+#: operator's upstream key (a revocation made during the outage waits for the database).
+VERIFIED_GRACE_SECONDS = 900.0
+VERIFIED_MAX_ENTRIES = 10_000
 
 
 async def _body(request: Request, limit: int) -> bytes | None:
@@ -146,6 +154,8 @@ class ChatProxy:
             limits=httpx.Limits(max_connections=1000, max_keepalive_connections=100),
         )
         self._pending: set[asyncio.Task[None]] = set()
+        #: Token hash -> when this process last found it valid (:meth:`_org`).
+        self._verified: dict[str, float] = {}
 
     # -- lifetime --------------------------------------------------------------------------
 
@@ -192,14 +202,33 @@ class ChatProxy:
             return _error(400, "INVALID_HEADER", "X-IBEX-Memory-Tokens must be a positive integer")
         if inject and agent is None:
             return _error(400, "AGENT_REQUIRED", "X-IBEX-Memory: inject needs X-IBEX-Agent")
+        if (records or inject) and may_hold_unstorable(raw.decode("utf-8", "replace")):
+            problems = unstorable(body)
+            if problems is not None:
+                # Recorded turns and the injection's query reach Postgres, which cannot store
+                # NUL or a lone surrogate: refused before anything is forwarded.
+                return _error(
+                    422, "VALIDATION_FAILED", f"invalid request: {describe_errors(problems)}"
+                )
         recording: Recording | None = None
-        if records or inject:
-            token = (headers.get("x-ibex-token") or "").strip()
+        token = (headers.get("x-ibex-token") or "").strip()
+        # Without the caller's own Authorization the operator's upstream key is spent: only
+        # for a caller with a valid IBEX token (never an open relay).
+        spends_key = not headers.get("authorization")
+        if records or inject or spends_key:
             if not token:
-                return _error(401, "UNAUTHORIZED", "recording or injection needs X-IBEX-Token")
+                if records or inject:
+                    return _error(401, "UNAUTHORIZED", "recording or injection needs X-IBEX-Token")
+                return _error(
+                    401,
+                    "UNAUTHORIZED",
+                    "send X-IBEX-Token (an IBEX token), or your own Authorization for the upstream",
+                )
             org_header = headers.get("x-ibex-org-id")
             try:
-                org_id, bound = await self._org(token, org_header, records=records, inject=inject)
+                org_id, bound = await self._org(
+                    token, org_header, records=records, inject=inject, spends_key=spends_key
+                )
             except AuthError as exc:
                 return _error(exc.status, exc.code, exc.message)
             if records:
@@ -225,22 +254,46 @@ class ChatProxy:
         return await self._plain(call, upstream_headers)
 
     async def _org(
-        self, token: str, org_header: str | None, *, records: bool, inject: bool
+        self,
+        token: str,
+        org_header: str | None,
+        *,
+        records: bool,
+        inject: bool,
+        spends_key: bool = False,
     ) -> tuple[uuid.UUID | None, uuid.UUID | None]:
         """The org the token acts for and the user it is bound to; (None, None) when the
-        database is away (the worker checks the token then)."""
+        database is away (the worker checks the token then). While the database is away, a
+        call that would spend the operator's upstream key (``spends_key``) is answered only
+        for a token this process found valid within :data:`VERIFIED_GRACE_SECONDS`; any
+        other is 503."""
+        digest = hash_token(token)
         try:
             principal: Principal = await asyncio.to_thread(
                 self.auth.authenticate, f"Bearer {token}"
             )
         except (DatabaseUnavailableError, peewee.OperationalError, peewee.InterfaceError):
+            if spends_key and not self._recently_verified(digest):
+                raise AuthError(
+                    503,
+                    "TOKEN_UNVERIFIED",
+                    "the token cannot be checked while the database is unavailable; retry,"
+                    " or send your own Authorization for the upstream",
+                ) from None
             log.warning("token check skipped: the database is unavailable")
             return None, None
+        self._verified[digest] = self.clock()
+        if len(self._verified) > VERIFIED_MAX_ENTRIES:
+            self._verified.clear()
         if records:
             require_scope(principal, "sessions:write")
         if inject:
             require_scope(principal, "memory:read")
         return resolve_org(principal, org_header), principal.user_id
+
+    def _recently_verified(self, digest: str) -> bool:
+        seen = self._verified.get(digest)
+        return seen is not None and self.clock() - seen <= VERIFIED_GRACE_SECONDS
 
     async def _inject(
         self,

@@ -19,7 +19,7 @@ from typing import Any
 import peewee
 
 from core.db import tenant
-from core.embeddings import QueryCache
+from embeddings import QueryCache
 from memory_service.scope import AGENT_WIDE, ReadScope
 from memory_service.search.service import SearchService
 from memory_service.search.store import SearchStore

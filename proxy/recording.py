@@ -178,6 +178,9 @@ def store_chat_turn(
         external_id=str(message["external_id"]),
         model=message.get("model"),
         user_id=user_id,
+        # A user-bound token records in its user's sessions only (an agent-wide session of
+        # the same external id is not claimable by it).
+        claim_shared=bound is None,
     )
     if session.deleted_at is not None:
         raise RecordRefused(f"session {session.id} is deleted")

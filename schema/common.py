@@ -50,3 +50,40 @@ class StrictNumber(fields.Float):
         if isinstance(value, bool) or not isinstance(value, int | float):
             raise ValidationError("Not a valid number.")
         return float(super()._deserialize(value, attr, data, **kwargs))
+
+
+#: What a string stored in Postgres may not hold: NUL (``text`` and ``jsonb`` refuse it) and
+#: a lone UTF-16 surrogate (it has no UTF-8 encoding). Both arrive only as JSON escapes.
+UNSTORABLE = "must not contain NUL or unpaired surrogate characters"
+_ESCAPE = re.compile(r"\\u(?:0000|[dD][89abcdefABCDEF][0-9a-fA-F]{2})")
+_BAD_CHAR = re.compile("[\x00\ud800-\udfff]")
+
+
+def unstorable(value: Any) -> dict[str, Any] | list[str] | None:
+    """Where ``value`` (decoded JSON, or a query's parameters) holds a string that cannot be
+    stored: marshmallow's shape of errors (``{"field": {"nested": [message]}}``, list indexes
+    as keys), or None when every string, keys included, can be stored."""
+    if isinstance(value, str):
+        return [UNSTORABLE] if _BAD_CHAR.search(value) else None
+    items: Any
+    if isinstance(value, dict):
+        items = value.items()
+    elif isinstance(value, list):
+        items = enumerate(value)
+    else:
+        return None
+    errors: dict[str, Any] = {}
+    for key, item in items:
+        if isinstance(key, str) and _BAD_CHAR.search(key):
+            errors[key.encode("unicode_escape").decode("ascii")] = [UNSTORABLE]
+            continue
+        problem = unstorable(item)
+        if problem is not None:
+            errors[str(key) if isinstance(key, str) else key] = problem
+    return errors or None
+
+
+def may_hold_unstorable(json_text: str) -> bool:
+    """Whether JSON text escapes a NUL or a surrogate (a quick test before :func:`unstorable`:
+    such characters reach a decoded document only through these escapes)."""
+    return "\\u" in json_text and _ESCAPE.search(json_text) is not None

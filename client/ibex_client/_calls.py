@@ -9,13 +9,13 @@ from __future__ import annotations
 
 import uuid
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 from urllib.parse import quote
 
 import httpx
 
-from ibex_client._base import IDEMPOTENCY_HEADER, Call, canonical_body
+from ibex_client._base import IDEMPOTENCY_HEADER, REPLAYED_HEADER, Call, canonical_body
 from ibex_client.errors import UnexpectedResponseError
 from ibex_client.types import (
     Agent,
@@ -223,10 +223,15 @@ def create_memory(
     return Call(
         "POST",
         "/v1/memories",
-        lambda r: Memory.from_json(_json(r)),
+        _created,
         body=canonical_body(body),
         headers=_key(idempotency_key),
     )
+
+
+def _created(response: httpx.Response) -> Memory:
+    memory = Memory.from_json(_json(response))
+    return replace(memory, replayed=response.headers.get(REPLAYED_HEADER) == "true")
 
 
 def get_memory(memory_id: Id, who: Who = NOBODY) -> Call[Memory]:
@@ -266,8 +271,14 @@ def memory_history(memory_id: Id, who: Who = NOBODY) -> Call[tuple[Memory, ...]]
     )
 
 
-def delete_memory(memory_id: Id) -> Call[bool]:
-    return Call("DELETE", f"/v1/memories/{_id(memory_id, 'memory_id')}", _deleted, on_404=_gone)
+def delete_memory(memory_id: Id, who: Who = NOBODY) -> Call[bool]:
+    return Call(
+        "DELETE",
+        f"/v1/memories/{_id(memory_id, 'memory_id')}",
+        _deleted,
+        on_404=_gone,
+        params=who.params(),
+    )
 
 
 # -- read path -------------------------------------------------------------------------------

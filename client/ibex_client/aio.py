@@ -286,10 +286,14 @@ class AsyncIbexClient:
         who = _calls.Who(user, user_id, include_shared, all_users)
         return await self._run(_calls.memory_history(memory_id, who))
 
-    async def delete_memory(self, memory_id: Id) -> bool:
+    async def delete_memory(
+        self, memory_id: Id, *, user: str | None = None, user_id: Id | None = None
+    ) -> bool:
         """Soft-delete a memory. False when there was no such memory (including when an
-        earlier attempt of this call deleted it)."""
-        return await self._run(_calls.delete_memory(memory_id))
+        earlier attempt of this call deleted it). A token deletes only what it can read: a
+        person's memory needs their ``user`` (or ``user_id``), a token bound to them, or the
+        ``memory:admin`` scope; another person's memory is False, as an unknown one."""
+        return await self._run(_calls.delete_memory(memory_id, _calls.Who(user, user_id)))
 
     # -- read path ---------------------------------------------------------------------------
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import uuid
 from collections.abc import Callable, Iterator, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any, Generic, TypeVar
 
@@ -128,6 +128,10 @@ class Memory:
     superseded_at: datetime | None = None
     #: Whose memory it is; None: agent-wide (shared by everyone the agent talks to).
     user_id: uuid.UUID | None = None
+    #: On the answer to a create: True when the service replayed an earlier request with the
+    #: same idempotency key (``Idempotent-Replayed``) instead of storing anew. Not part of
+    #: equality: it describes the answer, not the memory.
+    replayed: bool = field(default=False, compare=False)
 
     @property
     def current(self) -> bool:

@@ -21,6 +21,7 @@ from memory_service.http import (
     authenticate,
     list_request,
     parse_json,
+    query_params,
     read_body,
     respond,
     respond_json,
@@ -102,13 +103,17 @@ class MemoryResource:
 
     def on_get(self, req: falcon.Request, resp: falcon.Response, memory_id: uuid.UUID) -> None:
         principal, org_id = authenticate(self.api, req, READ)
-        query = load_query(READ_QUERY_SCHEMA, dict(req.params))
+        query = load_query(READ_QUERY_SCHEMA, query_params(req))
         scope = self.users.reader_of(principal, org_id, query)
         respond_json(resp, 200, self.service.get(org_id, memory_id, scope).as_json())
 
     def on_delete(self, req: falcon.Request, resp: falcon.Response, memory_id: uuid.UUID) -> None:
+        """A token deletes only what it can read: a person's memory needs that person's
+        token, a request naming the user (``?user=``), or the ``memory:admin`` scope; another
+        person's memory is not found, exactly as an unknown one."""
         principal, org_id = authenticate(self.api, req, WRITE)
-        self.service.delete(org_id, memory_id, principal.user_id)
+        query = load_query(READ_QUERY_SCHEMA, query_params(req))
+        self.service.delete(org_id, memory_id, self.users.deleter_of(principal, org_id, query))
         resp.status = 204
 
 
@@ -125,7 +130,7 @@ class MemoryHistoryResource:
         principal, org_id = authenticate(self.api, req, READ)
         # Whose memories the read may return, as GET /v1/memories/{id}: another person's
         # chain is not found.
-        query = load_query(READ_QUERY_SCHEMA, dict(req.params))
+        query = load_query(READ_QUERY_SCHEMA, query_params(req))
         scope = self.users.reader_of(principal, org_id, query)
         rows = self.service.history(org_id, memory_id, scope)
         respond_json(resp, 200, {"items": [r.as_json() for r in rows]})

@@ -40,8 +40,8 @@ from typing import Any, TypeAlias
 
 from marshmallow import ValidationError
 
-from core.embeddings import Embedder
 from core.errors import ConfigError, DatabaseUnavailableError, EmbeddingsUnavailable
+from embeddings import Embedder
 from memory_service.auth import Principal
 from memory_service.canonical import canonical_request, content_hash, fingerprint_digest
 from memory_service.domain_errors import MemoryNotFoundError
@@ -251,6 +251,12 @@ def new_memory(validated: dict[str, Any], key: str | None) -> NewMemory:
     )
 
 
+#: Whether the org has a live session with this id, and its user (None: agent-wide).
+SessionUser: TypeAlias = Callable[[uuid.UUID, uuid.UUID], tuple[bool, uuid.UUID | None]]
+#: The answer for a source session the writer may not name, whether or not it exists.
+UNKNOWN_SESSION = {"source": {"session_id": ["unknown session for this org"]}}
+
+
 class MemoryService:
     """Creates memories exactly once per idempotency key and per content; reads and deletes
     them."""
@@ -263,8 +269,13 @@ class MemoryService:
         users: UserService | None = None,
         embedder: Embedder | None = None,
         embeddings: EmbeddingStore | None = None,
+        session_user: SessionUser | None = None,
     ) -> None:
         self.store = store
+        #: Whether a session of the org exists and whose it is: a user-bound token may name
+        #: only its user's sessions as a source (another's, or an agent-wide one, is
+        #: answered as an unknown session).
+        self.session_user = session_user
         self.idempotency = idempotency
         self.metrics = metrics
         self.users = users
@@ -272,6 +283,9 @@ class MemoryService:
         self.embedder = embedder
         self.embeddings = embeddings
         self._embed_down_until = 0.0
+        #: Whether the embedder's model is known registered (create_app registers it at start;
+        #: when the database was away then, the first write with a vector does).
+        self._registered = False
 
     def create(
         self,
@@ -292,6 +306,9 @@ class MemoryService:
                 validated = CREATE_SCHEMA.load(document)
             except ValidationError as exc:
                 return Invalid(exc.messages)
+        validated, refused = self._vector_accepted(validated)
+        if refused is not None:
+            return refused
         named = UserRef.of(validated)
         bound = principal is not None and principal.user_id is not None
         if (named.key is not None or bound) and self.users is not None and principal is not None:
@@ -299,12 +316,48 @@ class MemoryService:
                 **validated,
                 "user_id": self.users.writer(principal, org_id, named),
             }
+        if bound and validated.get("source") and self.session_user is not None:
+            assert principal is not None
+            exists, owner = self.session_user(org_id, validated["source"]["session_id"])
+            if not exists or owner != principal.user_id:
+                return Invalid(UNKNOWN_SESSION)
         new = self._embed_in_process(new_memory(validated, key))
         outcome = self._create(org_id, new)
         self._count(outcome)
         if isinstance(outcome, Created) and new.embedding is None:
             self._embed_after_commit(org_id, outcome.row)
         return outcome
+
+    def _vector_accepted(self, validated: dict[str, Any]) -> tuple[dict[str, Any], Invalid | None]:
+        """The body's vector, if any, judged against this service's embedder: one of the
+        configured model and dimension is stored with the memory (the model is registered
+        first); another one is a 422, so no request decides which models or dimensions the
+        service holds; without an embedder the service does no semantic search and stores no
+        vector (the body is written without it; the vector is not part of the fingerprint)."""
+        embedding = validated.get("embedding")
+        if not embedding:
+            return validated, None
+        if self.embedder is None:
+            return {k: v for k, v in validated.items() if k != "embedding"}, None
+        model, dimension = self.embedder.model, self.embedder.dimension
+        if embedding["model"] != model or len(embedding["vector"]) != dimension:
+            message = f"this service stores vectors of model {model!r}, {dimension} dimensions"
+            return validated, Invalid({"embedding": {"model": [message]}})
+        if not self._registered:
+            try:
+                self.register_model()
+            except (DatabaseUnavailableError, ConfigError) as exc:
+                # Stored without its vector (the backfill embeds it later).
+                log.warning("embedding model not registered (%s); memory stored lexical", exc)
+                return {k: v for k, v in validated.items() if k != "embedding"}, None
+        return validated, None
+
+    def register_model(self) -> None:
+        """Register the embedder's model and dimension (:meth:`EmbeddingStore.register`);
+        raises its errors. A no-op without an embedder."""
+        if self.embedder is None or self.embeddings is None:
+            return
+        self._registered = self.embeddings.register(self.embedder.model, self.embedder.dimension)
 
     def _embed_in_process(self, new: NewMemory) -> NewMemory:
         """With an in-process embedder (``EMBEDDINGS_PROVIDER=local``: no network, about
@@ -370,12 +423,10 @@ class MemoryService:
         """The org's live memories, newest first (:meth:`MemoryStore.list`'s filters)."""
         return self.store.list(org_id, **filters)
 
-    def delete(
-        self, org_id: uuid.UUID, memory_id: uuid.UUID, owner: uuid.UUID | None = None
-    ) -> None:
-        """Soft-delete the memory; a user-bound token's (``owner``) only its user's own."""
-        scope = ReadScope(user_id=owner, include_shared=False, named=True) if owner else None
-        if not self.store.soft_delete(org_id, memory_id, scope):
+    def delete(self, org_id: uuid.UUID, memory_id: uuid.UUID, scope: ReadScope) -> None:
+        """Soft-delete the memory if it is in ``scope`` (whose memories the deleter reaches:
+        :meth:`~memory_service.users.service.UserService.deleter_of`); else not found."""
+        if scope.empty or not self.store.soft_delete(org_id, memory_id, scope):
             raise MemoryNotFoundError()
 
     def _create(self, org_id: uuid.UUID, new: NewMemory) -> Outcome:
@@ -455,7 +506,7 @@ class MemoryService:
         if result.outcome is WriteOutcome.UNKNOWN_ORG:
             return UnknownOrg()
         if result.outcome is WriteOutcome.UNKNOWN_SESSION:
-            return Invalid({"source": {"session_id": ["unknown session for this org"]}})
+            return Invalid(UNKNOWN_SESSION)
         if result.outcome is WriteOutcome.UNKNOWN_USER:
             return Invalid({"user_id": ["unknown user for this org"]})
         if result.outcome is WriteOutcome.NOT_THE_SESSIONS_USER:
@@ -506,7 +557,7 @@ def backfill(
     :class:`~core.errors.EmbeddingsUnavailable` when the embedder fails (what was stored
     stays) and :class:`~memory_service.memories.store.EmbeddingDimensionError` when the model
     was stored with another dimension."""
-    embeddings.check_dimension(embedder.model, embedder.dimension)
+    embeddings.register(embedder.model, embedder.dimension)
     report = BackfillReport()
     after: uuid.UUID | None = None
     batches = 0

@@ -476,6 +476,12 @@ PUT_EMBEDDINGS_SQL = (
 
 #: The dimension a model's vectors were stored with (000016's registry: not tenant data).
 MODEL_DIMENSION_SQL = "SELECT dimension FROM ibex_memory.embedding_models WHERE model = %s"
+#: Register a model with its dimension (migration 000019: the owner's statement; the tenant
+#: role may not write the registry, so no tenant's request decides a model's dimension).
+REGISTER_MODEL_SQL = (
+    "INSERT INTO ibex_memory.embedding_models (model, dimension) VALUES (%s, %s)"
+    " ON CONFLICT DO NOTHING"
+)
 VECTOR_INDEX_SQL = "SELECT ibex_memory.ensure_vector_index(%s)"
 #: Whether pgvector serves the model's dimension (the HNSW index of 000016 exists).
 HAS_VECTOR_INDEX_SQL = (
@@ -564,6 +570,20 @@ class EmbeddingStore:
         except peewee.ProgrammingError:
             return None  # not migrated yet: /readyz and the schema gate say so
         return int(row[0]) if row else None
+
+    def register(self, model: str, dimension: int) -> bool:
+        """Register the model a process is configured with (as the owner, outside any
+        tenant): vectors of a model are stored only once it is registered with their
+        dimension. False when the schema is not migrated yet (the schema gate says so).
+        Raises :class:`EmbeddingDimensionError` when the model is registered with another
+        dimension (a misconfigured ``EMBEDDINGS_DIMENSION``)."""
+        try:
+            with db_errors(), transaction(self.db):
+                self.db.execute_sql(REGISTER_MODEL_SQL, (model, dimension))
+        except peewee.ProgrammingError:
+            return False
+        self.check_dimension(model, dimension)
+        return True
 
     def check_dimension(self, model: str, dimension: int) -> None:
         """Raise :class:`EmbeddingDimensionError` when ``model`` has vectors of another

@@ -56,7 +56,9 @@ MEMORY_ID = {
 }
 
 
-def build_spec(max_body_bytes: int) -> dict[str, Any]:
+def build_spec(max_body_bytes: int, embedding: tuple[str, int] | None = None) -> dict[str, Any]:
+    """The document. ``embedding``: the (model, dimension) of the service's embedder, the
+    only vectors a write may carry (without one a vector is accepted and not stored)."""
     spec = APISpec(
         title=TITLE,
         version=VERSION,
@@ -208,17 +210,24 @@ def build_spec(max_body_bytes: int) -> dict[str, Any]:
             },
             "delete": {
                 "operationId": "deleteMemory",
-                "summary": "Soft-delete a memory; its content may be written again. A"
-                " user-bound token deletes its user's memories only (others are 404).",
+                "summary": "Soft-delete a memory; its content may be written again. A token"
+                " deletes only what it can read: a person's memory needs that person's"
+                " token, the person named in the query (user or user_id), or the"
+                " memory:admin scope; a user-bound token deletes its user's own memories"
+                " only. Anything else is 404, as an unknown id.",
                 "security": secured,
-                "parameters": [MEMORY_ID, ORG_HEADER],
+                "parameters": [
+                    MEMORY_ID,
+                    ORG_HEADER,
+                    {"in": "query", "schema": MemoryReadQuerySchema},
+                ],
                 "responses": with_org_errors(
                     {
                         "204": {"description": "Deleted."},
                         "404": error(
-                            "No such memory in this org, or not a user-bound token's user's"
-                            " (NOT_FOUND)."
+                            "No such memory in this org, or one this token cannot read (NOT_FOUND)."
                         ),
+                        "422": error("Invalid query parameter (VALIDATION_FAILED)."),
                     }
                 ),
             },
@@ -358,7 +367,13 @@ def build_spec(max_body_bytes: int) -> dict[str, Any]:
             }
         },
     )
-    return finish_sessions(null_only_alternatives(spec.to_dict()))
+    document = finish_sessions(null_only_alternatives(spec.to_dict()))
+    if embedding is not None:
+        model, dimension = embedding
+        vector = document["components"]["schemas"]["MemoryEmbedding"]["properties"]
+        vector["model"]["enum"] = [model]
+        vector["vector"]["minItems"] = vector["vector"]["maxItems"] = dimension
+    return document
 
 
 def _read_path(spec: APISpec, secured: list[dict[str, list[str]]], max_body_bytes: int) -> None:

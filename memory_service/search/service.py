@@ -34,8 +34,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from core.embeddings import QueryCache
 from core.errors import EmbeddingsUnavailable
+from embeddings import QueryCache
 from memory_service.metrics import Metrics
 from memory_service.scope import AGENT_WIDE, ReadScope
 from memory_service.search.context import Packed, fits, pack_parts, query_from_messages

@@ -68,7 +68,7 @@ from typing import Any
 import peewee
 
 from core.db import db_errors, tenant, uuid_column
-from core.embeddings import LOCAL_MODEL
+from embeddings import LOCAL_MODEL
 from memory_service.memories.store import COLUMNS, MemoryRow
 from memory_service.scope import AGENT_WIDE, ReadScope
 

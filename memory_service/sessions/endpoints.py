@@ -161,6 +161,7 @@ class SessionsResource:
             model=body["model"],
             provider=body["provider"],
             user_id=user_id,
+            owner=principal.user_id,
         )
         resp.location = f"/v1/sessions/{info.session.id}"
         respond_json(resp, 201 if created else 200, session_json(info))

@@ -72,12 +72,15 @@ class SessionService:
         provider: str | None,
         create_agent: bool = False,
         user_id: uuid.UUID | None = None,
+        owner: uuid.UUID | None = None,
     ) -> tuple[SessionInfo, bool]:
-        """The session of (org, agent, external id), opened when missing; whether it was. An
-        agent slug the org does not have is :class:`AgentNotFoundError` unless
+        """The session of (org, agent, user, external id), opened when missing; whether it was.
+        An agent slug the org does not have is :class:`AgentNotFoundError` unless
         ``create_agent``: a typo does not make a second agent (``ibex import`` keeps creating
-        the agents its files name; that is its contract). ``user_id`` is its user, set once
-        (another one raises ``UserConflictError``)."""
+        the agents its files name; that is its contract). ``user_id`` is its user. An
+        external id names a session per user, so a user-bound token (``owner``) gets its own
+        user's session or a new one, never another person's nor an agent-wide one; only an
+        org-level caller gives an agent-wide session its user."""
         if agent_slug is not None and not create_agent:
             agent_id, agent_slug = self.agents.resolve(org_id, slug=agent_slug), None
         try:
@@ -89,6 +92,7 @@ class SessionService:
                 model=model,
                 provider=provider,
                 user_id=user_id,
+                claim_shared=owner is None,
             )
         except UnknownOrgError:
             raise NoSuchOrgError() from None

@@ -100,6 +100,20 @@ class UserService:
             return ReadScope(user_id=user_id, include_shared=include_shared, named=True)
         return ReadScope()
 
+    def deleter_of(
+        self, principal: Principal, org_id: uuid.UUID, fields: Mapping[str, Any]
+    ) -> ReadScope:
+        """Whose memories a delete may reach: what the same token may read (delete follows
+        read), and no more. A user-bound token: its user's own memories (not the agent-wide
+        ones everyone shares); an org token: the scope its request names (no user: the
+        agent-wide memories), every user's with ``memory:admin``."""
+        if principal.user_id is not None:
+            scope = self.reader_of(principal, org_id, fields)
+            return ReadScope(user_id=scope.user_id, include_shared=False, named=True)
+        if ADMIN_SCOPE in principal.scopes and not UserRef.of(fields).named:
+            return ReadScope(all_users=True)
+        return self.reader_of(principal, org_id, fields)
+
     def owner(self, principal: Principal) -> uuid.UUID | None:
         """The only user whose rows a token may reach by id (sessions, memories); None: any."""
         return principal.user_id

@@ -11,7 +11,7 @@
 - ``dramatiq actors`` workers (the Procfile ``worker`` line), which reach the memory service
   through a :class:`~tests.chaos.proxy.FaultProxy` in this process.
 
-Every process is started and stopped by a :class:`core.processes.Launcher`.
+Every process is started and stopped by a :class:`cli.stack.processes.Launcher`.
 
 Faults: :meth:`kill_workers` (SIGKILL of the whole worker process group, then a restart),
 :meth:`terminate_backends` (``pg_terminate_backend`` of the workers' — and optionally the
@@ -54,9 +54,9 @@ import psycopg2
 from actors.broker import HEARTBEAT_TIMEOUT_MS
 from actors.queue_stats import NAMESPACE, dead_key, delayed_key, queue_key
 from bench.dbadmin import database_name
+from cli.stack.processes import ROOT, Launcher, Process, ProcessError, free_port
 from core.db import connect_params, make_database
 from core.migrate import migrate
-from core.processes import ROOT, Launcher, Process, ProcessError, free_port
 from models import bind
 from models.store import SessionStore
 from schema.messages import Queue

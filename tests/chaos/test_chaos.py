@@ -17,7 +17,7 @@ from typing import Any
 
 import pytest
 
-from core.processes import ROOT
+from cli.stack.processes import ROOT
 from models.importer import import_lines
 from models.store import SessionStore
 from schema.messages import Queue

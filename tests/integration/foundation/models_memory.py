@@ -78,7 +78,6 @@ class MemoryEmbedding(BaseModel):
     org_id = UUIDField()
     memory_id = UUIDField()
     agent_id = UUIDField()
-    user_id = UUIDField(null=True)
     model = TextField()
     dimension = IntegerField()
     embedding = ArrayField(FloatField)

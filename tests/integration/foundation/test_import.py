@@ -15,7 +15,7 @@ import psycopg2
 import pytest
 
 from cli import main
-from core.processes import free_port
+from cli.stack.processes import free_port
 from extraction.scan_queries import ScanQueries
 from extraction.turns import TurnStore
 from models import Checkpoint, CheckpointPayload, Session

@@ -69,14 +69,16 @@ TENANT_TABLES: dict[str, dict[str, Any]] = {
     "ibex_memory.memories": {"SELECT": ALL, "INSERT": ALL, "UPDATE": ALL},
     "ibex_memory.api_tokens": {},  # only through authenticate_token
     # Semantic search (000016): vectors written with their memory and replaced by the
-    # backfill, removed only with their memory; the model registry is extended by a write.
+    # backfill, removed only with their memory; the model registry is read, never written
+    # (000019: a process registers its configured model as the owner, so no tenant's write
+    # decides a model's dimension for the others).
     "ibex_memory.memory_embeddings": {"SELECT": ALL, "INSERT": ALL, "UPDATE": ALL},
-    "ibex_memory.embedding_models": {"SELECT": ALL, "INSERT": ALL},
+    "ibex_memory.embedding_models": {"SELECT": ALL},
 }
 
 #: The model registry holds no tenant data (model names and dimensions): no row-level
-#: security, so the tenant role reads and extends it with or without an org.
-REGISTRY = {"ibex_memory.embedding_models": {"SELECT": ALL, "INSERT": ALL}}
+#: security, so the tenant role reads it with or without an org.
+REGISTRY = {"ibex_memory.embedding_models": {"SELECT": ALL}}
 
 TOKEN_COLUMNS_BUT_HASH = {
     "id",
@@ -332,9 +334,9 @@ def seed(store: Any) -> tuple[uuid.UUID, uuid.UUID]:
             " ON CONFLICT DO NOTHING"
         )
         db.execute_sql(
-            "INSERT INTO ibex_memory.memory_embeddings (org_id, memory_id, agent_id, user_id,"
+            "INSERT INTO ibex_memory.memory_embeddings (org_id, memory_id, agent_id,"
             " model, dimension, embedding)"
-            " SELECT org_id, id, agent_id, user_id, 'test:m', 2, '{0.6,0.8}'"
+            " SELECT org_id, id, agent_id, 'test:m', 2, '{0.6,0.8}'"
             "   FROM ibex_memory.memories WHERE org_id = %s",
             (str(org_id),),
         )

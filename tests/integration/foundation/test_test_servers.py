@@ -16,7 +16,7 @@ import psycopg2
 import pytest
 import redis
 
-from core.processes import free_port
+from cli.stack.processes import free_port
 from tests.servers import (
     DB_COMMENT_PREFIX,
     REDIS_OWNER_KEY,
@@ -132,7 +132,7 @@ def test_the_embedded_postgres_has_the_production_extensions_and_log() -> None:
     where they look for it, its lines naming user@database. (Not under pytest's temp root:
     every pytest start resets it to owner-only, and root runs the server as another user.)"""
     from bench.dbadmin import StatementLog
-    from core.embedded import EmbeddedPostgres
+    from cli.stack.embedded import EmbeddedPostgres
     from tests.servers import temp_folder
 
     folder = temp_folder()
@@ -170,7 +170,7 @@ def test_the_embedded_postgres_has_the_production_extensions_and_log() -> None:
 
 def test_a_data_folder_of_another_postgres_major_is_refused_with_a_hint(tmp_path: Path) -> None:
     """An ``ibex demo`` folder made by PostgreSQL 16 (pgserver) is not handed to 18's pg_ctl."""
-    from core.embedded import EmbeddedPostgres
+    from cli.stack.embedded import EmbeddedPostgres
     from core.errors import ConfigError
 
     folder = tmp_path / "postgres"

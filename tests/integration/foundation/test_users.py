@@ -92,8 +92,10 @@ def test_a_sessions_user_is_set_once(store) -> None:
     with pytest.raises(UserConflictError) as raised:
         store.set_session_user(org_id, session_id, grace)
     assert raised.value.user_id == dana and raised.value.requested == grace
-    with pytest.raises(UserConflictError):
-        store.create_session(org_id, agent_id, "s1", user_id=grace)
+    # An external id names a session per user: grace's "s1" is a session of her own, and
+    # dana's keeps its user.
+    graces = store.create_session(org_id, agent_id, "s1", user_id=grace)
+    assert graces.id != session_id and graces.user_id == grace
     assert store.get_session(org_id, session_id).user_id == dana
     created = store.create_session(org_id, agent_id, "s2", user_id=grace)
     assert created.user_id == grace
@@ -234,8 +236,12 @@ def test_import_takes_a_user_by_key_or_by_id(db, store, run_import) -> None:
     assert sessions["conv-4"] == dana and sessions["conv-3"] == grace  # set once, from none
 
 
-def test_import_refuses_another_user_an_unknown_id_both_or_a_bad_key(db, run_import) -> None:
+def test_import_refuses_an_unknown_id_both_or_a_bad_key_and_names_sessions_per_user(
+    db, run_import
+) -> None:
     assert run_import(_line("conv-1", "dana"))[0] == 0
+    # The same external id for another user is that user's own session (an external id names
+    # a session per user), not a conflict with dana's.
     extended = json.loads(_line("conv-1", "grace"))
     extended["turns"].append(
         {"messages": [{"role": "user", "content": "more"}], "completion": {"role": "assistant"}}
@@ -251,17 +257,21 @@ def test_import_refuses_another_user_an_unknown_id_both_or_a_bad_key(db, run_imp
     ]
     code, out, err = run_import(*lines)
     assert code == 1
-    assert "6 lines rejected" in out
-    assert "line 1: session" in err and "belongs to user" in err
+    assert "5 lines rejected" in out
+    assert "line 1:" not in err
     assert "line 2: user" in err and "not found" in err
     assert "line 3: invalid session: user_id: give user or user_id, not both" in err
     assert "line 4: invalid session: user: Length must be between 1 and 200" in err
     assert "line 5: invalid session: user: must hold printable characters only" in err
     assert "line 6: invalid session: user: Length must be between 1 and 200" in err
-    # The refused line left nothing behind: conv-1 kept its one turn and its user.
-    conv1 = Session.get(Session.external_id == "conv-1")
-    assert conv1.turn_count == 1
-    assert User.get_by_id(conv1.user_id).external_id == "dana"
+    # dana's conv-1 kept its one turn and its user; grace's conv-1 holds her two turns; the
+    # refused lines left nothing behind.
+    by_user = {
+        User.get_by_id(s.user_id).external_id: s
+        for s in Session.select().where(Session.external_id == "conv-1")
+    }
+    assert set(by_user) == {"dana", "grace"}
+    assert by_user["dana"].turn_count == 1 and by_user["grace"].turn_count == 2
     assert {s.external_id for s in Session.select()} == {"conv-1"}
 
 

@@ -13,7 +13,7 @@ from typing import Any
 import httpx
 import pytest
 
-from core.processes import ROOT, Launcher, free_port
+from cli.stack.processes import ROOT, Launcher, free_port
 from tests.integration.mcp_tools.conftest import (
     Agent,
     Connect,
@@ -97,6 +97,41 @@ def test_every_tool_round_trip(connect: Connect, store: Any) -> None:
 
     run(scenario())
     assert memory_count(store.db, acme.org_id) == 3
+
+
+def test_remember_after_forget_stores_the_memory_again(connect: Connect, store: Any) -> None:
+    """``remember``'s key is derived from its arguments, so after ``forget`` the same call
+    would replay onto the forgotten memory: it must store the content again, and say
+    ``already_known`` only while a memory holding it exists."""
+    acme = make_tenant(store, "acme")
+    content = "Dana is allergic to peanuts."
+
+    async def scenario() -> None:
+        async with connect(acme.writer, agent=str(acme.agent_id)) as agent:
+            first = await agent.ok("remember", content=content)
+            assert first["already_known"] is False
+            again = await agent.ok("remember", content=content)
+            assert again == {"memory": first["memory"], "already_known": True}
+            await agent.ok("forget", memory_id=first["memory"]["id"])
+            back = await agent.ok("remember", content=content)
+            assert back["already_known"] is False
+            assert back["memory"]["id"] != first["memory"]["id"]
+            hits = (await agent.ok("recall", query="what is Dana allergic to?"))["hits"]
+            assert [h["memory"]["id"] for h in hits][:1] == [back["memory"]["id"]]
+            repeat = await agent.ok("remember", content=content)
+            assert repeat == {"memory": back["memory"], "already_known": True}
+            # Forgotten and remembered a second time: a third memory, as the first two.
+            await agent.ok("forget", memory_id=back["memory"]["id"])
+            third = await agent.ok("remember", content=content)
+            assert third["already_known"] is False
+            assert third["memory"]["id"] not in (first["memory"]["id"], back["memory"]["id"])
+
+    run(scenario())
+    live = store.db.execute_sql(
+        "SELECT count(*) FROM ibex_memory.memories WHERE org_id = %s AND deleted_at IS NULL",
+        (str(acme.org_id),),
+    ).fetchone()[0]
+    assert live == 1 and memory_count(store.db, acme.org_id) == 3
 
 
 def test_missing_scope_is_a_tool_error_with_the_code(connect: Connect, store: Any) -> None:

@@ -21,7 +21,7 @@ from typing import Any
 import httpx
 import pytest
 
-from core.processes import ROOT, Launcher, free_port
+from cli.stack.processes import ROOT, Launcher, free_port
 from tests.integration.memory_service.helpers import Tenant, make_tenant, memory_body
 from tests.integration.pipeline.helpers import wait_for
 

@@ -16,7 +16,7 @@ import httpx
 import pytest
 
 import ibex_client
-from core.processes import ROOT
+from cli.stack.processes import ROOT
 from ibex_client import (
     AsyncIbexClient,
     IbexClient,

@@ -155,7 +155,9 @@ def test_memories_and_sessions_answer_with_their_user(world: World) -> None:
     assert session.json()["user_id"] == str(world.grace)
 
 
-def test_a_sessions_user_is_set_once_and_a_memory_of_it_carries_that_user(world: World) -> None:
+def test_an_external_id_names_a_session_per_user_and_a_memory_of_it_carries_that_user(
+    world: World,
+) -> None:
     again = world.http.post(
         "/v1/sessions",
         json={"agent_id": str(world.acme.agent_id), "external_id": "dana-1", "user": "dana-17"},
@@ -167,7 +169,10 @@ def test_a_sessions_user_is_set_once_and_a_memory_of_it_carries_that_user(world:
         json={"agent_id": str(world.acme.agent_id), "external_id": "dana-1", "user": "grace-04"},
         headers=auth(world.token),
     )
-    assert other.status_code == 409 and other.json()["error"]["code"] == "USER_CONFLICT"
+    # An external id names a session per user: Grace's "dana-1" is a session of her own.
+    assert other.status_code == 201, other.text
+    assert other.json()["id"] != again.json()["id"]
+    assert other.json()["user_id"] != again.json()["user_id"]
     differs = world.http.post(
         "/v1/sessions",
         json={"agent_id": str(world.acme.agent_id), "external_id": "x", "user": "dana-17"},

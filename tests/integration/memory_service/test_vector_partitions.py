@@ -48,6 +48,13 @@ def axis(i: int, dimension: int = DIMENSION) -> list[float]:
     return unit(values)
 
 
+@pytest.fixture
+def registered(db: Any) -> None:
+    """The model registered, as the memory service registers its configured model at start
+    (a vector of an unregistered model is not stored)."""
+    EmbeddingStore(db).register(MODEL, DIMENSION)
+
+
 def new_memory(agent_id: uuid.UUID, content: str, vector: list[float] | None) -> NewMemory:
     if vector is None:
         return new_fact(agent_id, content)
@@ -55,7 +62,7 @@ def new_memory(agent_id: uuid.UUID, content: str, vector: list[float] | None) ->
 
 
 def test_vectors_are_partitioned_by_agent_and_a_read_naming_the_agent_reads_one_partition(
-    db: Any, acme: Tenant
+    db: Any, acme: Tenant, registered: None
 ) -> None:
     (strategy, partitions) = db.execute_sql(
         "SELECT p.partstrat, (SELECT count(*) FROM pg_inherits h WHERE h.inhparent = p.partrelid)"
@@ -184,8 +191,8 @@ def _bulk_agent(db: Any, org_id: uuid.UUID, agent_id: uuid.UUID, count: int) -> 
     )
     db.execute_sql(
         "INSERT INTO ibex_memory.memory_embeddings"
-        " (org_id, memory_id, agent_id, user_id, model, dimension, embedding)"
-        " SELECT m.org_id, m.id, m.agent_id, NULL, %s, 256,"
+        " (org_id, memory_id, agent_id, model, dimension, embedding)"
+        " SELECT m.org_id, m.id, m.agent_id, %s, 256,"
         "        ARRAY(SELECT CASE WHEN k = 1 + (g.n %% 128) THEN 0.99 ELSE 0.0063 END"
         "                FROM generate_series(1, 256) k)::real[]"
         "   FROM (SELECT id, org_id, agent_id, row_number() OVER (ORDER BY id) AS n"

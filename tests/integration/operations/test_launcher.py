@@ -13,7 +13,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from core.processes import ROOT, Launcher, ProcessError, ProcessExited, free_port, http_ok
+from cli.stack.processes import ROOT, Launcher, ProcessError, ProcessExited, free_port, http_ok
 
 pytestmark = pytest.mark.slow
 

@@ -13,7 +13,7 @@ import httpx
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from core.processes import ROOT, free_port
+from cli.stack.processes import ROOT, free_port
 from tests.integration.pipeline.test_e2e_workers import (  # noqa: F401 - the fixture
     _ibex,
     _start_worker,

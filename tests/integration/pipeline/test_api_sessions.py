@@ -21,8 +21,8 @@ import pytest
 import redis
 
 from cli.extract import InlineReport, drain_inline
+from cli.stack.processes import ROOT, Launcher
 from core.config import Settings
-from core.processes import ROOT, Launcher
 from extraction.memory_client import MemoryClient
 from extraction.providers import make_provider
 from extraction.scan_queries import ScanQueries

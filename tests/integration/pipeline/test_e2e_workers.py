@@ -1,6 +1,6 @@
 """End to end with real processes: ``ibex import`` of a generated file, the memory service (the
 Procfile's ``web`` line), a fake OpenAI-compatible LLM, ``dramatiq actors`` workers (the
-``worker`` line), both started by :mod:`core.processes`, ``ibex scan``; the workers are killed
+``worker`` line), both started by :mod:`cli.stack.processes`, ``ibex scan``; the workers are killed
 with SIGKILL mid-run and restarted, scans recover the lost work, and every invariant of the
 pipeline is checked from the database.
 """
@@ -20,7 +20,7 @@ import pytest
 
 from bench.fake_embeddings import FakeEmbeddings
 from bench.fake_llm import FakeLLM
-from core.processes import ROOT, Launcher, Process, free_port
+from cli.stack.processes import ROOT, Launcher, Process, free_port
 from memory_service.tokens.store import TokenStore
 
 pytestmark = [pytest.mark.chaos, pytest.mark.slow]

@@ -1,6 +1,6 @@
 """``examples/chat_with_memory.py`` end to end against real processes, as a deployment runs
 them: the Procfile's ``web``, ``worker`` and ``scheduler`` lines started by
-:mod:`core.processes`, the rules extractor, a token from ``ibex token create``. The example
+:mod:`cli.stack.processes`, the rules extractor, a token from ``ibex token create``. The example
 opens a session, appends two turns, completes it, polls the session until its extraction
 progress is done (the scheduler's scan, then the workers), asks for context and prints it.
 """
@@ -18,7 +18,7 @@ from typing import Any
 
 import pytest
 
-from core.processes import ROOT, Launcher, free_port
+from cli.stack.processes import ROOT, Launcher, free_port
 from memory_service.tokens.store import TokenStore
 
 pytestmark = pytest.mark.slow

@@ -31,10 +31,10 @@ import redis
 
 from bench.fake_embeddings import FakeEmbeddings
 from bench.fake_llm import FakeLLM
+from cli.stack.processes import ROOT
 from core.config import Settings
-from core.embeddings import OpenAIEmbedder
 from core.errors import ConfigError
-from core.processes import ROOT
+from embeddings import OpenAIEmbedder
 from extraction.memory_client import MemoryClient
 from extraction.providers import OpenAICompatibleProvider
 from extraction.stages import Send, StageDeps, extract_turn, scan

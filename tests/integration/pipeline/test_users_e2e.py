@@ -18,7 +18,7 @@ from typing import Any
 import pytest
 
 from bench.fake_llm import FakeLLM
-from core.processes import ROOT, Launcher, free_port
+from cli.stack.processes import ROOT, Launcher, free_port
 from memory_service.tokens.store import TokenStore
 
 pytestmark = [pytest.mark.slow]

@@ -17,8 +17,8 @@ import redis
 import uvicorn
 
 from bench.fake_llm import FakeLLM
+from cli.stack.processes import free_port
 from core.config import Settings
-from core.processes import free_port
 from extraction.stages import StageDeps
 from memory_service.app import make_pool
 from proxy.app import ChatProxy, create_app

@@ -76,7 +76,9 @@ def sse_content(text: str) -> str:
 def test_a_call_without_the_headers_is_passed_through_and_not_recorded(
     proxy_server: ProxyServer, upstream: Any, store: Any, worker: Any
 ) -> None:
-    answer = chat(proxy_server, [SYSTEM, {"role": "user", "content": "hi"}], {})
+    # The caller's own Authorization: passed through (the operator's key is not spent).
+    own_key = {"Authorization": "Bearer sk-callers-own"}
+    answer = chat(proxy_server, [SYSTEM, {"role": "user", "content": "hi"}], own_key)
     assert answer.status_code == 200
     assert answer.json()["choices"][0]["message"]["content"] == REPLY
     proxy_server.settle()
@@ -295,3 +297,22 @@ def test_a_body_over_the_limit_is_refused_before_anything_is_forwarded(
     assert answer.status_code == 413
     assert answer.json()["error"]["code"] == "BODY_TOO_LARGE"
     assert len(upstream.bodies) == before  # nothing reached the upstream
+
+
+def test_a_recorded_call_holding_nul_or_a_lone_surrogate_is_refused_before_forwarding(
+    proxy_server: ProxyServer, upstream: Any, acme: Org
+) -> None:
+    before = upstream.requests
+    for bad in ("\\u0000", "\\ud800"):
+        raw = (
+            '{"model": "fake", "messages": [{"role": "user", "content": "hi ' + bad + '"}]}'
+        ).encode()
+        answer = httpx.post(
+            f"{proxy_server.url}/v1/chat/completions",
+            content=raw,
+            headers={**headers(acme), "Content-Type": "application/json"},
+            timeout=10,
+        )
+        assert answer.status_code == 422, answer.text
+        assert "messages[0].content" in answer.json()["error"]["message"]
+    assert upstream.requests == before

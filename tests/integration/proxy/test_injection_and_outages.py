@@ -13,9 +13,9 @@ import openai
 import pytest
 import redis
 
+from cli.stack.processes import free_port
 from core.config import Settings
 from core.db import tenant
-from core.processes import free_port
 from extraction.prompt import render_turn
 from extraction.stages import StageDeps
 from memory_service.app import create_app as create_memory_app
@@ -127,6 +127,14 @@ def test_with_the_database_down_the_call_answers_and_the_turn_lands_later_once(
     messages = [SYSTEM, {"role": "user", "content": "The database is away."}]
     hdrs = {"X-IBEX-Token": acme.token, "X-IBEX-Agent": "bot", "X-IBEX-Session-ID": "conv-down"}
     with serve(app, proxy) as server:
+        # Without its own Authorization the call would spend the operator's upstream key,
+        # which needs a token checked valid: not while the database is away.
+        unverified = chat(server, messages, hdrs)
+        assert unverified.status_code == 503
+        assert unverified.json()["error"]["code"] == "TOKEN_UNVERIFIED"
+        server.settle()
+        # With its own key the call is answered, and recorded once the database is back.
+        hdrs["Authorization"] = "Bearer sk-callers-own"
         answer = chat(server, messages, hdrs)
         assert answer.status_code == 200
         assert answer.json()["choices"][0]["message"]["content"] == REPLY
@@ -207,7 +215,11 @@ def test_a_spooled_turn_whose_token_the_worker_refuses_is_dead_lettered(
     app, proxy = create_app(proxy_settings, db=dead, token_cache_seconds=0)
     hdrs = {"X-IBEX-Token": "ibex_forged", "X-IBEX-Agent": "bot", "X-IBEX-Session-ID": "forged"}
     with serve(app, proxy) as server:
-        # The token cannot be checked with the database away: the call is answered anyway.
+        # The token cannot be checked with the database away: a call that would spend the
+        # operator's key is refused, one with the caller's own key is answered anyway.
+        refused = chat(server, [{"role": "user", "content": "hi"}], hdrs)
+        assert refused.status_code == 503
+        hdrs["Authorization"] = "Bearer sk-callers-own"
         assert chat(server, [{"role": "user", "content": "hi"}], hdrs).status_code == 200
         server.settle()
     dead.close_all()

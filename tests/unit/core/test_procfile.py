@@ -7,9 +7,9 @@ from pathlib import Path
 
 import pytest
 
+from cli.stack.processes import PROCFILE, Procfile, expand, rebind, resolve
 from core.canonical import canonical_json
 from core.errors import ConfigError
-from core.processes import PROCFILE, Procfile, expand, rebind, resolve
 
 TEXT = """\
 # comment

@@ -14,17 +14,17 @@ from typing import Any
 import httpx
 import pytest
 
-from core import embeddings
 from core.config import Settings
-from core.embeddings import (
+from core.errors import ConfigError, EmbeddingsUnavailable
+from embeddings import (
     LOCAL_MODEL,
     LocalEmbedder,
     OpenAIEmbedder,
     QueryCache,
     embedder_from_env,
     normalise,
+    remote,
 )
-from core.errors import ConfigError, EmbeddingsUnavailable
 
 KEY = "sk-test-secret-123"
 
@@ -58,7 +58,7 @@ def answering(dimension: int = 4, requests: list[Any] | None = None) -> Any:
 
 
 def test_one_request_per_batch_in_order_unit_vectors(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(embeddings, "OPENAI_BATCH", 2)
+    monkeypatch.setattr(remote, "OPENAI_BATCH", 2)
     seen: list[Any] = []
     embedder = client(answering(requests=seen))
     texts = ["a", "bb", "ccc", "dddd", "eeeee"]

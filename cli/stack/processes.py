@@ -36,7 +36,7 @@ import httpx
 from core.errors import ConfigError, IbexError
 
 #: The checkout the package runs from: where the Procfile lives.
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 PROCFILE = ROOT / "Procfile"
 
 _VARIABLE = re.compile(

@@ -28,8 +28,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from cli.stack.processes import free_port
 from core.errors import ConfigError
-from core.processes import free_port
 
 INSTALL_HINT = "install the embedded servers with: python3 -m pip install -e '.[embedded]'"
 

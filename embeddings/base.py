@@ -1,0 +1,35 @@
+"""What every embedder is: texts to unit vectors of one model and dimension."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from typing import Protocol
+
+from core.errors import EmbeddingsUnavailable
+
+
+class Embedder(Protocol):
+    """Texts to unit vectors of :attr:`dimension` floats, tagged with :attr:`model`."""
+
+    @property
+    def model(self) -> str: ...
+
+    @property
+    def dimension(self) -> int: ...
+
+    def embed(self, texts: Sequence[str]) -> list[list[float]]:
+        """One unit vector per text, in order; raises :class:`EmbeddingsUnavailable`."""
+        ...
+
+
+def normalise(vector: Sequence[float]) -> list[float]:
+    """``vector`` scaled to length 1; raises :class:`EmbeddingsUnavailable` when it has a
+    non-finite component or is all zeros (nothing to compare)."""
+    values = [float(v) for v in vector]
+    if not all(math.isfinite(v) for v in values):
+        raise EmbeddingsUnavailable("an embedding has a non-finite component")
+    norm = math.sqrt(sum(v * v for v in values))
+    if norm == 0.0:
+        raise EmbeddingsUnavailable("an embedding is all zeros")
+    return [v / norm for v in values]
