@@ -115,12 +115,13 @@ class Calibration:
 
 
 #: The packaged static model (``EMBEDDINGS_PROVIDER=local``), measured by
-#: ``bench/search_quality.py`` (docs/search.md, "The fusion", has the figures): its cosines
-#: are small (an answer that shares no word with its question: median 0.09), so no absolute
-#: floor, a full-weight bonus from 0, and admission by rank (the scope's 5 nearest, each at
-#: least a fifth of the best one that the words did not find).
+#: ``bench/search_quality.py`` and on LoCoMo (docs/search.md, "The fusion", has the figures):
+#: its cosines are small (an answer that shares no word with its question: median 0.09), so
+#: no absolute floor and admission by rank (the scope's 5 nearest, each at least a fifth of
+#: the nearest one's similarity); a half-weight bonus from 0, since a full one reorders the
+#: word matches of questions that name people and things (LoCoMo: below the words alone).
 LOCAL_CALIBRATION = Calibration(
-    weight=1.0, floor=0.0, rank=5, relative=0.2, entry=0.0, relevance=0.35
+    weight=0.5, floor=0.0, rank=5, relative=0.2, entry=0.0, relevance=0.35
 )
 #: Any other model, e.g. an OpenAI-compatible endpoint's: not measured here (no endpoint);
 #: set from the similarity ranges such models publish (unrelated texts about 0.1-0.2), and

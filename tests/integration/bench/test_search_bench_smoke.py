@@ -20,7 +20,7 @@ def test_search_quality_benchmark(postgres_server: RunPostgres) -> None:
             "--paraphrase-agents", "3",
             "--association-people", "3",
             "--fusion", "0.5:0.15:0.3",
-            "--fusion", "1:0:0:5:0.2",
+            "--fusion", "0.5:0:0:5:0.2",
             "--context-tokens", "400",
             "--context-tokens", "120",
             timeout=180,
@@ -55,12 +55,12 @@ def test_search_quality_benchmark(postgres_server: RunPostgres) -> None:
     assert rankers["lexical"]["association"]["recall_at_5"] <= 0.1
     assert rankers["semantic"]["paraphrase"]["recall_at_5"] > 0.3
     trials = {t["fusion"]: t for t in doc["fusion_trials"]}
-    assert set(trials) == {"0.5:0.15:0.3:50:0", "1:0:0:5:0.2"}
+    assert set(trials) == {"0.5:0.15:0.3:50:0", "0.5:0:0:5:0.2"}
     assert doc["settings"]["store_fusion"] in trials  # the store's calibration, restored after
     assert rankers["hybrid"] == trials["0.5:0.15:0.3:50:0"]["summary"]
     for trial in trials.values():
         assert isinstance(trial["beats_lexical"], bool)
-    assert trials["1:0:0:5:0.2"]["beats_lexical"]
+    assert trials["0.5:0:0:5:0.2"]["beats_lexical"]
     # The context blocks, per budget: every memory packed for the query is at or above the
     # relevance bar; a no-answer question's block holds the person and nothing else.
     assert set(doc["context"]) == {"120", "400"}
