@@ -1,6 +1,6 @@
 """Search speed: ``POST /v1/memories/search``'s SQL over 1,000,000 memories of one org.
 
-``python -m bench.search_speed [--memories N] [--agents N] [--queries N]
+``python -m bench.search_speed [--memories N] [--agents N] [--queries N] [--contexts N]
 [--embeddings local|none] [--server system|embedded] [--reuse] [--json]``
 
 1. Generates, in one ``INSERT ... SELECT generate_series``, ``--memories`` memories for one org
@@ -17,6 +17,9 @@
    with the question's vector of the local model (embedded before the clock starts), for a
    mix of questions: a name and a common word, a common word alone, a misspelt name, two
    objects, and a question in words no memory uses (``meaning``).
+   Then ``--contexts`` context blocks of 400 tokens for the same questions, through the
+   service's context flow (the profile read, the search with the standing facts pinned, the
+   packing), as the chat path's injection asks for them.
 3. Prints p50 / p95 / p99 / max in milliseconds, overall and per kind of question, and the
    ``EXPLAIN (ANALYZE, BUFFERS)`` plans of the first question, of the slowest one and of a
    ``meaning`` question: the ranking statement as the tenant runs it, then each lexical
@@ -383,6 +386,7 @@ def _run(args: argparse.Namespace, url: str) -> dict[str, Any]:
             by_kind[kind].append(elapsed)
             hits.append(len(found))
             slowest = max(slowest, (elapsed, question, agent_id), key=lambda t: t[0])
+        contexts = _time_contexts(db, org_id, agent_ids, asked, args, embedder, query_vectors)
         plan = searches.explain(
             org_id, agent_ids[0], asked[0][1], limit=10, semantic=semantic(asked[0][1])
         )
@@ -446,6 +450,7 @@ def _run(args: argparse.Namespace, url: str) -> dict[str, Any]:
         "generation": generation,
         "latency_ms": _latency(timings),
         "latency_ms_by_kind": {kind: _latency(t) for kind, t in by_kind.items() if t},
+        "context_ms": contexts,
         "target_p99_ms": 50,
         "meets_target": p99 is not None and p99 < 50,
         "mean_hits": round(sum(hits) / len(hits), 2),
@@ -480,6 +485,59 @@ def _tenant(db: Any) -> tuple[Any, list[Any]]:
     return uuid.UUID(str(rows[0][0])), [uuid.UUID(str(r[1])) for r in rows]
 
 
+class _Vectors:
+    """The questions' vectors, embedded before any clock starts, as the service's query
+    embedder (the web process keeps a cache of them too)."""
+
+    def __init__(self, model: str, vectors: dict[str, Any]) -> None:
+        self.model = model
+        self.vectors = vectors
+
+    def embed_query(self, text: str) -> list[float]:
+        return list(self.vectors[text])
+
+
+def _time_contexts(
+    db: Any,
+    org_id: Any,
+    agent_ids: Sequence[Any],
+    asked: Sequence[tuple[str, str]],
+    args: argparse.Namespace,
+    embedder: Any,
+    query_vectors: dict[str, Any],
+) -> dict[str, Any] | None:
+    """``--contexts`` context blocks (400 tokens, the agent-wide scope) timed as
+    ``POST /v1/context`` assembles them (the service's flow, no HTTP): what injection costs
+    per chat turn."""
+    from memories.search.service import SearchService
+    from memories.search.store import SearchStore
+
+    if args.contexts < 1:
+        return None
+    vectors = _Vectors(embedder.model, query_vectors) if embedder is not None else None
+    service = SearchService(SearchStore(db), vectors)
+    rng = random.Random(args.seed + 1)
+
+    def once(question: str) -> float:
+        request = {
+            "agent_id": rng.choice(agent_ids),
+            "query": question,
+            "messages": None,
+            "max_tokens": 400,
+            "session_id": None,
+            "kinds": None,
+            "include_superseded": False,
+        }
+        started = time.perf_counter()
+        service.context(org_id, request)
+        return (time.perf_counter() - started) * 1000
+
+    chosen = [asked[i % len(asked)][1] for i in range(args.contexts)]
+    for question in chosen[: max(5, args.contexts // 10)]:  # warm-up
+        once(question)
+    return _latency([once(q) for q in chosen])
+
+
 def render(doc: dict[str, Any]) -> str:
     s, lat = doc["settings"], doc["latency_ms"]
     g = doc["generation"]
@@ -499,6 +557,13 @@ def render(doc: dict[str, Any]) -> str:
         f"latency ms: p50 {lat['p50']}  p95 {lat['p95']}  p99 {lat['p99']}  max {lat['max']}"
         f"  (target p99 < {doc['target_p99_ms']}: {'met' if doc['meets_target'] else 'MISSED'})",
         f"mean hits per question: {doc['mean_hits']}; load average {doc['load_average']}",
+        (
+            "context blocks (400 tokens) ms: p50 {p50}  p95 {p95}  p99 {p99}  max {max}".format(
+                **doc["context_ms"]
+            )
+            if doc.get("context_ms")
+            else "context blocks: not timed (--contexts 0)"
+        ),
         "indexes used: "
         + ", ".join(f"{k} {'yes' if v else 'no'}" for k, v in doc["indexes_used"].items()),
         f"sequential scans: {doc['sequential_scans'] or 'none'}",
@@ -539,6 +604,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--memories", type=int, default=1_000_000)
     p.add_argument("--agents", type=int, default=50)
     p.add_argument("--queries", type=int, default=500, help="timed searches (default 500)")
+    p.add_argument(
+        "--contexts",
+        type=int,
+        default=200,
+        help="context blocks timed after the searches (default 200; 0: none)",
+    )
     p.add_argument("--seed", type=int, default=7)
     p.add_argument("--reuse", action="store_true", help="keep a data set of the same shape")
     p.add_argument(

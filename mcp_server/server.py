@@ -469,8 +469,9 @@ def build_server(config: McpConfig) -> MCPServer[Any]:
         agent: AgentArg = None,
         user: UserArg = None,
     ) -> PackedContext:
-        """The best memories for a query packed into a token budget, as a <memories> block
-        ready to put into a system prompt."""
+        """The person's standing facts (allergies, who they are, where they live, their
+        people; all of their memories when they fit), then the memories relevant to the query,
+        packed into a token budget as a <memories> block ready to put into a system prompt."""
         token = calls.token(ctx)
         who = calls.user(user)
         async with calls.client(token) as ibex:

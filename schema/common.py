@@ -40,6 +40,18 @@ class StrictInteger(fields.Integer):
         return int(super()._deserialize(value, attr, data, **kwargs))
 
 
+class StrictNumber(fields.Float):
+    """A finite number (an integer or a float) that refuses booleans and numeric strings."""
+
+    def __init__(self, **kwargs: Any) -> None:
+        super().__init__(allow_nan=False, **kwargs)
+
+    def _deserialize(self, value: Any, attr: str | None, data: Any, **kwargs: Any) -> float:
+        if isinstance(value, bool) or not isinstance(value, int | float):
+            raise ValidationError("Not a valid number.")
+        return float(super()._deserialize(value, attr, data, **kwargs))
+
+
 #: What a string stored in Postgres may not hold: NUL (``text`` and ``jsonb`` refuse it) and
 #: a lone UTF-16 surrogate (it has no UTF-8 encoding). Both arrive only as JSON escapes.
 UNSTORABLE = "must not contain NUL or unpaired surrogate characters"

@@ -10,7 +10,7 @@ from typing import Any
 
 from marshmallow import RAISE, Schema, ValidationError, fields, validate, validates_schema
 
-from schema.common import Slug, StrictInteger
+from schema.common import Slug, StrictInteger, StrictNumber
 from schema.memory import (
     MEMORY_KINDS,
     NOT_BLANK_PATTERN,
@@ -84,6 +84,15 @@ class SearchRequestSchema(UserReadFields):
         load_default=False,
         metadata={"description": "Also return superseded memories (with their superseded_by)."},
     )
+    min_score = StrictNumber(
+        load_default=0.0,
+        validate=validate.Range(min=0, max=1),
+        metadata={
+            "description": "Only hits whose score is at least this (0-1, default 0: every "
+            "hit). Raise it to trade recall for precision: a memory that shares no word "
+            "with the query and is only among the nearest by meaning scores low."
+        },
+    )
 
     @validates_schema
     def _one_agent(self, data: dict[str, Any], **kwargs: Any) -> None:
@@ -134,8 +143,8 @@ class SearchHitSchema(MemorySchema):
         metadata={
             "description": "lexical + w x bonus x (1 - lexical), in [0, 1], higher is "
             "better; lexical = 0.75 x text + 0.25 x trigram (text alone without pg_trgm), "
-            "bonus = max(0, (semantic - floor) / (1 - floor)), w and floor as documented "
-            "(docs/search.md); exactly lexical when semantic is null."
+            "bonus = max(0, (semantic - floor) / (1 - floor)), w and floor calibrated per "
+            "embedding model (docs/search.md); exactly lexical when semantic is null."
         },
     )
     signals = fields.Nested(SignalsSchema, required=True)

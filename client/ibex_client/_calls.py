@@ -293,10 +293,13 @@ def search(
     include_superseded: bool = False,
     agent: str | None = None,
     who: Who = NOBODY,
+    min_score: float | None = None,
 ) -> Call[tuple[SearchHit, ...]]:
     body: dict[str, Any] = {"query": query, **_agent(agent, agent_id)}
     if include_superseded:
         body["include_superseded"] = True
+    if min_score is not None:
+        body["min_score"] = min_score
     body.update(who.fields())
     if session_id is not None:
         body["session_id"] = _id(session_id, "session_id")

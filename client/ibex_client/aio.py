@@ -309,14 +309,28 @@ class AsyncIbexClient:
         user_id: Id | None = None,
         include_shared: bool | None = None,
         all_users: bool | None = None,
+        min_score: float | None = None,
     ) -> tuple[SearchHit, ...]:
         """The agent's memories that match ``query``, best first: the user's and the
         agent-wide ones (without a user: agent-wide only). The agent is ``agent`` (a slug) or
         ``agent_id``, exactly one; one the org does not have raises
-        :class:`~ibex_client.errors.NotFoundError` (``UNKNOWN_AGENT``)."""
+        :class:`~ibex_client.errors.NotFoundError` (``UNKNOWN_AGENT``). ``min_score`` (0-1)
+        keeps only the hits that score at least that: higher trades recall for precision
+        (the scope's nearest memories by meaning are hits too, and score low when they share
+        no word with the query)."""
         who = _calls.Who(user, user_id, include_shared, all_users)
         return await self._run(
-            _calls.search(query, agent_id, session_id, kinds, limit, include_superseded, agent, who)
+            _calls.search(
+                query,
+                agent_id,
+                session_id,
+                kinds,
+                limit,
+                include_superseded,
+                agent,
+                who,
+                min_score,
+            )
         )
 
     async def context(

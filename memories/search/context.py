@@ -1,4 +1,4 @@
-"""Context assembly: the best memories for a query packed into a token budget.
+"""Context assembly: memories packed into a token budget, the standing facts first.
 
 Token estimate (documented, the same on every backend): one token per 4 UTF-8 bytes of the
 text, rounded up: ``ceil(len(text.encode("utf-8")) / 4)``. It overestimates English for the
@@ -6,11 +6,13 @@ common BPE tokenizers (about 4.5 bytes a token), so a block that fits the estima
 model. The estimate is taken over the whole block as returned, so ``tokens <= max_tokens``
 holds for the exact string, not for a sum of parts.
 
-Packing walks the hits in rank order (score, then recency, then id: deterministic) and adds a
-memory when the block with it still fits; a memory that does not fit is dropped and the walk
-goes on, so a shorter one further down may still get in. A memory whose words are nearly those
-of one already packed (Jaccard similarity of their word sets >= :data:`NEAR_DUPLICATE`) is not
-packed twice.
+Packing (:func:`pack_parts`) walks the person's standing facts in their order, each while the
+block stays within their share of the budget, then the query's hits in rank order (score, then
+recency, then id: deterministic) while it stays within the budget
+(:mod:`memories.search.service` chooses both). A memory that does not fit is dropped and
+the walk goes on, so a shorter one further down may still get in. A memory whose words are
+nearly those of one already packed (Jaccard similarity of their word sets >=
+:data:`NEAR_DUPLICATE`) is not packed twice.
 """
 
 from __future__ import annotations
@@ -64,21 +66,60 @@ class Packed:
 
 def pack(contents: Sequence[str], max_tokens: int) -> Packed:
     """Pack the texts (best first) into at most ``max_tokens`` estimated tokens."""
+    return pack_parts([], contents, max_tokens, standing_tokens=0)
+
+
+def pack_parts(
+    standing: Sequence[str],
+    relevant: Sequence[str],
+    max_tokens: int,
+    *,
+    standing_tokens: int,
+) -> Packed:
+    """Pack ``standing`` first, in order, each while the block stays within
+    ``standing_tokens`` (the share of the budget they may take), then ``relevant`` (best
+    first) while it stays within ``max_tokens``; a text whose words nearly repeat one already
+    packed is left out. ``chosen`` indexes ``[*standing, *relevant]``."""
     lines: list[str] = []
     chosen: list[int] = []
     seen: list[frozenset[str]] = []
-    for index, content in enumerate(contents):
+    parts = ((standing, min(standing_tokens, max_tokens)), (relevant, max_tokens))
+    # The block's size in bytes as it grows (the tags, then "- line\n" per line): a line's
+    # fit is known without rendering, and is checked before the near-duplicate test.
+    size = len(f"{OPEN}\n{CLOSE}".encode())
+    offset = 0
+    for texts, budget in parts:
+        for index, content in enumerate(texts):
+            line = neutralise(content)
+            grown = size + len(f"- {line}\n".encode())
+            if not line or math.ceil(grown / 4) > budget:
+                continue
+            words = _words(line)
+            if any(near_duplicate(words, other) for other in seen):
+                continue
+            lines.append(line)
+            chosen.append(offset + index)
+            seen.append(words)
+            size = grown
+        offset += len(texts)
+    context = render(lines)
+    return Packed(context, chosen, estimate_tokens(context), offset - len(chosen))
+
+
+def fits(contents: Sequence[str], max_tokens: int) -> bool:
+    """Whether the block of all of ``contents`` (each near-duplicate once) is within
+    ``max_tokens``."""
+    size = len(f"{OPEN}\n{CLOSE}".encode())
+    seen: list[frozenset[str]] = []
+    for content in contents:
         line = neutralise(content)
         words = _words(line)
-        if not line or any(near_duplicate(words, other) for other in seen):
-            continue
-        if estimate_tokens(render([*lines, line])) > max_tokens:
-            continue
-        lines.append(line)
-        chosen.append(index)
-        seen.append(words)
-    context = render(lines)
-    return Packed(context, chosen, estimate_tokens(context), len(contents) - len(chosen))
+        if line and not any(near_duplicate(words, other) for other in seen):
+            seen.append(words)
+            size += len(f"- {line}\n".encode())
+            if math.ceil(size / 4) > max_tokens:
+                return False  # the lines so far are already over: no need to read on
+    return True
 
 
 def _text(message: Any) -> str:

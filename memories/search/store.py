@@ -33,16 +33,21 @@ A query runs in one tenant transaction (:func:`core.db.tenant`) and one statemen
      without a query vector (no embedder, or it failed).
 
 3. **Score**: ``lexical = 0.75 * text + 0.25 * trigram`` with trigram, ``text`` alone without;
-   then ``score = lexical + SEMANTIC_WEIGHT * bonus * (1 - lexical)`` where ``bonus =
-   max(0, (semantic - SEMANTIC_FLOOR) / (1 - SEMANTIC_FLOOR))``. Not reciprocal-rank fusion:
-   on conversation data RRF ranked worse than the words alone. This fusion keeps the lexical
-   score as the base: a memory that matches the words well gains little (the room left above
-   its score shrinks), an order decided by the words changes only where the meaning clearly
-   disagrees, and a memory that shares no word with the question can still enter on meaning
-   alone when ``semantic >= SEMANTIC_ENTRY_FLOOR`` (it comes from the semantic branch: the
-   scope's :data:`SEMANTIC_CANDIDATES` nearest vectors). Without a query vector the score
-   is exactly the lexical one. Ties are broken by recency (newer first), then by id, so the
-   order is total and deterministic.
+   then ``score = lexical + weight * bonus * (1 - lexical)`` where ``bonus = max(0, (semantic
+   - floor) / (1 - floor))``, ``weight`` and ``floor`` from the query model's
+   :class:`Calibration`. Not reciprocal-rank fusion: on conversation data RRF ranked worse
+   than the words alone. This fusion keeps the lexical score as the base: a memory that
+   matches the words well gains little (the room left above its score shrinks), and an order
+   decided by the words changes only where the meaning clearly disagrees.
+4. **Admission**: a memory is a hit when it shares a word with the query (or, for a word no
+   memory has, a trigram-similar one), or when it comes from the semantic branch ranked among
+   the scope's ``rank`` nearest, with a similarity of at least ``relative`` x the nearest
+   one's and at least ``entry``: relative to the reader's scope, not an absolute cosine, which
+   for a static model says little (its answers' cosines lie among the unrelated memories').
+   Then ``score >= min_score``. Without a query vector the score is exactly the lexical one.
+   Ties are broken by recency (newer first), then by id, so the order is total and
+   deterministic. Memories ``pinned`` by the caller (a context's standing facts) are ranked in
+   the same statement and returned with their signals whether they are hits or not.
 
 A highlighted snippet (``ts_headline``, matches between :data:`HIGHLIGHT_START` and
 :data:`HIGHLIGHT_STOP`) is made for the returned rows only.
@@ -50,6 +55,8 @@ A highlighted snippet (``ts_headline``, matches between :data:`HIGHLIGHT_START` 
 
 from __future__ import annotations
 
+import dataclasses
+import datetime as dt
 import functools
 import re
 import time
@@ -60,7 +67,8 @@ from typing import Any
 
 import peewee
 
-from core.db import db_errors, tenant
+from core.db import db_errors, tenant, uuid_column
+from embeddings import LOCAL_MODEL
 from memories.scope import AGENT_WIDE, ReadScope
 from memories.store import COLUMNS, MemoryRow
 
@@ -81,12 +89,61 @@ TRIGRAM_WEIGHT = 0.25
 #: fallback without pgvector compares the query with the scope's newest SEMANTIC_WINDOW.
 SEMANTIC_CANDIDATES = 50
 SEMANTIC_WINDOW = 500
-#: The fusion (module docstring): the weight of the semantic bonus, the similarity at which
-#: the bonus starts, and the similarity a memory with no matching word needs to be a hit.
-#: Module constants so the quality bench can tune them.
-SEMANTIC_WEIGHT = 0.5
-SEMANTIC_FLOOR = 0.15
-SEMANTIC_ENTRY_FLOOR = 0.3
+
+
+@dataclass(frozen=True)
+class Calibration:
+    """How one embedding model's similarities enter the fusion (module docstring). Cosines
+    are the model's own scale, so these belong with the model: :data:`CALIBRATIONS` per
+    model name, :data:`DEFAULT_CALIBRATION` for any other (an OpenAI-compatible endpoint)."""
+
+    #: The weight of the semantic bonus: ``score = lexical + weight * bonus * (1 - lexical)``.
+    weight: float
+    #: The similarity at which the bonus starts: ``bonus = max(0, (s - floor) / (1 - floor))``.
+    floor: float
+    #: A memory that shares no word with the query is a hit when it is among the scope's
+    #: ``rank`` nearest by meaning ...
+    rank: int
+    #: ... and its similarity is at least ``relative`` x that of the scope's nearest ...
+    relative: float
+    #: ... and at least ``entry`` (an absolute floor: a similarity the model gives unrelated
+    #: texts).
+    entry: float
+    #: The score below which a hit is not put into a context block (the person's standing
+    #: facts aside): the relevance measured to be worth a prompt's tokens.
+    relevance: float
+
+
+#: The packaged static model (``EMBEDDINGS_PROVIDER=local``), measured by
+#: ``bench/search_quality.py`` and on LoCoMo (docs/search.md, "The fusion", has the figures):
+#: its cosines are small (an answer that shares no word with its question: median 0.09), so
+#: no absolute floor and admission by rank (the scope's 5 nearest, each at least a fifth of
+#: the nearest one's similarity); a half-weight bonus from 0, since a full one reorders the
+#: word matches of questions that name people and things (LoCoMo: below the words alone).
+LOCAL_CALIBRATION = Calibration(
+    weight=0.5, floor=0.0, rank=5, relative=0.2, entry=0.0, relevance=0.35
+)
+#: Any other model, e.g. an OpenAI-compatible endpoint's: not measured here (no endpoint);
+#: set from the similarity ranges such models publish (unrelated texts about 0.1-0.2), and
+#: to be measured with the same benchmark (``--embeddings openai``).
+DEFAULT_CALIBRATION = Calibration(
+    weight=1.0, floor=0.2, rank=5, relative=0.5, entry=0.25, relevance=0.35
+)
+#: Calibrations by model name (the embedder's ``model``). A dict, so the quality bench can
+#: try others between runs.
+CALIBRATIONS: dict[str, Calibration] = {LOCAL_MODEL: LOCAL_CALIBRATION}
+#: The relevance bar of a search without a query vector (the words alone).
+LEXICAL_RELEVANCE = 0.35
+
+
+def calibration(model: str | None) -> Calibration:
+    """The calibration of ``model`` (None: no semantic signal, the default's fields unused
+    but ``relevance``, which is then :data:`LEXICAL_RELEVANCE`)."""
+    if model is None:
+        return dataclasses.replace(DEFAULT_CALIBRATION, relevance=LEXICAL_RELEVANCE)
+    return CALIBRATIONS.get(model, DEFAULT_CALIBRATION)
+
+
 HIGHLIGHT_START = "<mark>"
 HIGHLIGHT_STOP = "</mark>"
 HEADLINE_OPTIONS = (
@@ -148,23 +205,38 @@ def _search_sql(*, trigram: bool, semantic: bool, vector_dimension: int | None =
     # Whose memories: the user scope (migration 000013) narrows every branch, so the capped
     # branches hold the reader's memories only. (Not filtered again on the rows: a condition
     # there makes the planner scan the table instead of reading the candidates by id.)
+    # Pinned ids (a context's standing facts, read in the reader's scope by profile()) are
+    # ranked with the others so their signals are known, and returned whether they match
+    # or not; they count for neither the words' IDF nor the semantic ranks.
     lexical = (
-        "SELECT DISTINCT id, true AS lexical FROM ibex_memory.search_candidates("
-        "%(agent_id)s::uuid,"
+        "SELECT DISTINCT id, true AS lexical, NULL::integer AS sem_rank, false AS pinned"
+        " FROM ibex_memory.search_candidates(%(agent_id)s::uuid,"
         " %(words)s::text[], %(tri_words)s::text[], %(session_id)s::uuid, %(kinds)s::text[],"
         f" {WORD_CANDIDATES}, {TRIGRAM_CANDIDATES},"
         " %(all_users)s, %(user_id)s::uuid, %(include_shared)s) AS id"
+        # The reader's user scope again on the pinned ids, as user_scope_condition (000013)
+        # makes it: the caller read them in that scope, and an id outside it is dropped.
+        " UNION ALL SELECT p.id, false, NULL, true FROM unnest(%(pinned)s::uuid[]) AS p(id)"
+        " JOIN ibex_memory.memories pm ON pm.id = p.id AND pm.agent_id = %(agent_id)s::uuid"
+        " AND pm.deleted_at IS NULL AND (%(all_users)s"
+        " OR (%(user_id)s::uuid IS NOT NULL AND pm.user_id = %(user_id)s::uuid)"
+        " OR (pm.user_id IS NULL AND (%(user_id)s::uuid IS NULL OR %(include_shared)s)))"
     )
-    candidates = lexical
+    candidates = (
+        f"SELECT id, bool_or(lexical) AS lexical, min(sem_rank) AS sem_rank,"
+        f" bool_or(pinned) AS pinned FROM ({lexical}) u GROUP BY id"
+    )
     semantic_signal = "NULL::float8"
     if semantic:
-        # The scope's nearest vectors of the query's model join the lexical candidates
-        # (flagged, so the words' IDF and the trigram test stay those of the lexical ones);
-        # the similarity is then computed exactly for every candidate with such a vector.
+        # The scope's nearest vectors of the query's model join the lexical candidates, each
+        # with its rank among them (1: the nearest); the similarity is then computed exactly
+        # for every candidate with such a vector.
         candidates = (
-            f"SELECT id, bool_or(lexical) AS lexical FROM ({lexical}"
-            " UNION ALL SELECT c.id, false FROM ibex_memory.semantic_candidates("
-            "%(agent_id)s::uuid,"
+            f"SELECT id, bool_or(lexical) AS lexical, min(sem_rank) AS sem_rank,"
+            f" bool_or(pinned) AS pinned FROM ({lexical}"
+            " UNION ALL SELECT c.id, false,"
+            " (row_number() OVER (ORDER BY c.similarity DESC, c.id))::integer, false"
+            " FROM ibex_memory.semantic_candidates(%(agent_id)s::uuid,"
             " %(model)s, %(vector)s::real[], %(semantic_limit)s, %(semantic_window)s,"
             " %(session_id)s::uuid, %(kinds)s::text[], %(include_superseded)s,"
             " %(all_users)s, %(user_id)s::uuid, %(include_shared)s) AS c) u GROUP BY id"
@@ -196,7 +268,8 @@ WITH q AS (
 ),
 ids AS MATERIALIZED ({candidates}),
 cand AS (
-    SELECT m.*, ids.lexical, ({trigram_signal}) AS trigram, ({semantic_signal}) AS semantic,
+    SELECT m.*, ids.lexical, ids.sem_rank, ids.pinned, ({trigram_signal}) AS trigram,
+           ({semantic_signal}) AS semantic,
            ts_rank_cd(m.content_tsv, q.tsq, 2) AS rank_cd,
            ARRAY(SELECT l FROM unnest(tsvector_to_array(m.content_tsv)) l
                   WHERE l = ANY(q.lexemes)) AS hits
@@ -222,26 +295,47 @@ scored AS (
                          / (SELECT sum(w) FROM idf)
                      + 0.2 * c.rank_cd / (c.rank_cd + 1)
                 ELSE 0 END AS text_score,
-           1 / (1 + extract(epoch FROM now() - c.created_at) / 86400.0 / 30) AS recency
+           1 / (1 + extract(epoch FROM now() - c.created_at) / 86400.0 / 30) AS recency,
+           -- The similarity of the scope's nearest memory: what a memory entering on
+           -- meaning alone is measured against.
+           max(c.semantic) FILTER (WHERE c.sem_rank IS NOT NULL) OVER () AS nearest
       FROM cand c
 ),
 fused AS (
     SELECT s.*, ({text_weight} * s.text_score + {trigram_weight} * s.trigram)::float8
            AS lexical_score,
            GREATEST(0, (COALESCE(s.semantic, 0) - %(semantic_floor)s::float8)
-                       / (1 - %(semantic_floor)s::float8))::float8 AS bonus
+                       / (1 - %(semantic_floor)s::float8))::float8 AS bonus,
+           -- A hit: it shares a word (or a trigram-similar one) with the query, or it is
+           -- among the scope's nearest by meaning, close to the nearest one, above the floor.
+           COALESCE(s.text_score > 0 OR (s.lexical AND s.trigram > 0)
+                    OR (s.sem_rank <= %(semantic_rank)s
+                        AND s.semantic >= %(semantic_entry)s::float8
+                        AND s.semantic > 0
+                        AND s.semantic >= %(semantic_relative)s::float8 * s.nearest),
+                    false) AS admitted
       FROM scored s
+),
+ranked AS (
+    SELECT s.*, (s.lexical_score
+                 + %(semantic_weight)s::float8 * s.bonus * (1 - s.lexical_score))::float8
+                AS score
+      FROM fused s
+     WHERE s.admitted OR s.pinned
+),
+positioned AS (
+    SELECT s.*, s.admitted AND s.score >= %(min_score)s::float8 AS hit,
+           row_number() OVER (ORDER BY s.admitted AND s.score >= %(min_score)s::float8 DESC,
+                                       s.score DESC, s.created_at DESC, s.id) AS position
+      FROM ranked s
 )
 SELECT {columns},
        s.text_score::float8, s.trigram::float8, s.recency::float8, s.semantic::float8,
-       (s.lexical_score
-        + %(semantic_weight)s::float8 * s.bonus * (1 - s.lexical_score))::float8 AS score,
-       ts_headline('english', s.content, q.tsq, %(headline)s) AS snippet
-  FROM fused s, q
- WHERE s.text_score > 0 OR (s.lexical AND s.trigram > 0)
-    OR s.semantic >= %(semantic_entry)s::float8
- ORDER BY score DESC, s.created_at DESC, s.id
- LIMIT %(limit)s
+       s.score, ts_headline('english', s.content, q.tsq, %(headline)s) AS snippet,
+       s.hit AND s.position <= %(limit)s AS hit, s.pinned, s.sem_rank
+  FROM positioned s, q
+ WHERE (s.hit AND s.position <= %(limit)s) OR s.pinned
+ ORDER BY s.position
 """
 
 
@@ -271,14 +365,16 @@ def _prepare(
     scope: ReadScope = AGENT_WIDE,
     semantic: SemanticQuery | None = None,
     vector_index: bool = False,
+    min_score: float = 0.0,
+    pinned: Sequence[uuid.UUID] = (),
 ) -> tuple[str, dict[str, Any]] | None:
-    """The statement and its parameters; None when the query has no word worth looking up.
-    ``vector_index``: pgvector serves the query's dimension (its operator computes the
-    signal)."""
+    """The statement and its parameters; None when the query has no word worth looking up
+    and nothing is pinned. ``vector_index``: pgvector serves the query's dimension (its
+    operator computes the signal)."""
     words = query_words(query)
     significant = [w for w in words if w not in STOP_WORDS][:MAX_BRANCH_WORDS]
     tri = trigram_words(words) if trigram else []
-    if not significant and not tri:
+    if not significant and not tri and not pinned:
         return None
     params: dict[str, Any] = {
         "agent_id": str(agent_id),
@@ -288,21 +384,26 @@ def _prepare(
         "tri_words": tri,
         "headline": HEADLINE_OPTIONS,
         "limit": limit,
+        "min_score": float(min_score),
+        "pinned": [str(i) for i in pinned],
     }
     params["words"] = significant
     params["session_id"] = str(session_id) if session_id is not None else None
     params["kinds"] = list(kinds) if kinds else None
     params["include_superseded"] = include_superseded
     params.update(scope_params(scope))
+    # Read at each call, so a bench may try other calibrations between runs.
+    tuned = calibration(semantic.model if semantic is not None else None)
     if semantic is not None:
         params["model"] = semantic.model
         params["vector"] = [float(v) for v in semantic.vector]
-        params["semantic_limit"] = SEMANTIC_CANDIDATES
+        params["semantic_limit"] = max(SEMANTIC_CANDIDATES, tuned.rank)
         params["semantic_window"] = SEMANTIC_WINDOW
-    # Read at each call, so a bench may tune the module's constants between runs.
-    params["semantic_weight"] = SEMANTIC_WEIGHT
-    params["semantic_floor"] = SEMANTIC_FLOOR
-    params["semantic_entry"] = SEMANTIC_ENTRY_FLOOR
+    params["semantic_weight"] = tuned.weight
+    params["semantic_floor"] = tuned.floor
+    params["semantic_entry"] = tuned.entry
+    params["semantic_rank"] = tuned.rank
+    params["semantic_relative"] = tuned.relative
     dimension = len(semantic.vector) if semantic is not None and vector_index else None
     return _statement(trigram, semantic is not None, dimension), params
 
@@ -329,6 +430,9 @@ class RankedMemory:
     #: Cosine similarity to the query in [0, 1]; None: not available (no query vector, or
     #: no vector of the query's model for this memory).
     semantic: float | None = None
+    #: Its rank among the scope's nearest memories by meaning (1: the nearest); None: not
+    #: among them (or no query vector).
+    semantic_rank: int | None = None
 
     def as_json(self) -> dict[str, Any]:
         return {
@@ -342,6 +446,26 @@ class RankedMemory:
             },
             "snippet": self.snippet,
         }
+
+
+@dataclass(frozen=True)
+class ProfileRow:
+    """A memory as the profile read returns it: what choosing and packing standing facts
+    needs (the rest of the row comes with its signals, from :meth:`SearchStore.rank`)."""
+
+    id: uuid.UUID
+    content: str
+    user_id: uuid.UUID | None
+    created_at: dt.datetime
+
+
+@dataclass(frozen=True)
+class Ranked:
+    """A search's hits, best first, and the pinned memories with their signals (by id),
+    whether or not they are hits."""
+
+    hits: list[RankedMemory]
+    pinned: dict[uuid.UUID, RankedMemory]
 
 
 class SearchStore:
@@ -393,10 +517,43 @@ class SearchStore:
         include_superseded: bool = False,
         scope: ReadScope = AGENT_WIDE,
         semantic: SemanticQuery | None = None,
+        min_score: float = 0.0,
     ) -> list[RankedMemory]:
-        """The best ``limit`` memories for ``query`` among the reader's ``scope``, best first;
-        none for a query of no words. With ``semantic`` (the query's vector), fused with the
-        semantic signal and branch (module docstring)."""
+        """The best ``limit`` memories for ``query`` among the reader's ``scope`` whose score
+        is at least ``min_score``, best first; none for a query of no words. With
+        ``semantic`` (the query's vector), fused with the semantic signal and branch (module
+        docstring)."""
+        return self.rank(
+            org_id,
+            agent_id,
+            query,
+            limit=limit,
+            session_id=session_id,
+            kinds=kinds,
+            include_superseded=include_superseded,
+            scope=scope,
+            semantic=semantic,
+            min_score=min_score,
+        ).hits
+
+    def rank(
+        self,
+        org_id: uuid.UUID,
+        agent_id: uuid.UUID,
+        query: str,
+        *,
+        limit: int,
+        session_id: uuid.UUID | None = None,
+        kinds: Sequence[str] | None = None,
+        include_superseded: bool = False,
+        scope: ReadScope = AGENT_WIDE,
+        semantic: SemanticQuery | None = None,
+        min_score: float = 0.0,
+        pinned: Sequence[uuid.UUID] = (),
+    ) -> Ranked:
+        """:meth:`search`, and the signals of the ``pinned`` memories (ids the caller read in
+        the same ``scope``; one not in it, or not current, is left out) in the same
+        statement."""
         trigram = self.trigram_available()
         prepared = _prepare(
             agent_id,
@@ -409,14 +566,18 @@ class SearchStore:
             scope=scope,
             semantic=semantic,
             vector_index=semantic is not None and self.vector_index(len(semantic.vector)),
+            min_score=min_score,
+            pinned=pinned,
         )
         if prepared is None:
-            return []
+            return Ranked([], {})
         sql, params = prepared
         rows = self._run(org_id, trigram, sql, params)
         width = len(COLUMNS.split(","))
-        return [
-            RankedMemory(
+        hits: list[RankedMemory] = []
+        found: dict[uuid.UUID, RankedMemory] = {}
+        for r in rows:
+            hit = RankedMemory(
                 row=MemoryRow.from_db(r[:width]),
                 text=float(r[width]),
                 trigram=float(r[width + 1]),
@@ -424,9 +585,13 @@ class SearchStore:
                 semantic=float(r[width + 3]) if r[width + 3] is not None else None,
                 score=float(r[width + 4]),
                 snippet=r[width + 5],
+                semantic_rank=int(r[width + 8]) if r[width + 8] is not None else None,
             )
-            for r in rows
-        ]
+            if r[width + 6]:
+                hits.append(hit)
+            if r[width + 7]:
+                found[hit.row.id] = hit
+        return Ranked(hits, found)
 
     def explain(
         self,
@@ -508,6 +673,66 @@ class SearchStore:
                 )
                 params = {**params, "threshold": str(TRIGRAM_THRESHOLD)}
             return list(self.db.execute_sql(sql, params).fetchall())
+
+    def profile(
+        self,
+        org_id: uuid.UUID,
+        agent_id: uuid.UUID,
+        scope: ReadScope,
+        *,
+        limit: int,
+        session_id: uuid.UUID | None = None,
+        kinds: Sequence[str] | None = None,
+    ) -> list[ProfileRow]:
+        """The newest ``limit`` current memories of the reader's ``scope`` (its user's and the
+        agent-wide ones; none for ``all_users``, which is no one person), newest first: what a
+        context's standing facts are chosen from. One statement: a branch per user of the
+        scope (the user's rows, the agent-wide rows), each read newest first from
+        ``idx_memories_agent_user`` and capped, so the work is bounded however many memories
+        the agent's other users or the agent-wide scope hold. The scope's own condition is on
+        every branch as well."""
+        if scope.all_users or scope.empty:
+            return []
+        condition, scope_values = scope.condition()
+        users: list[tuple[str, list[Any]]] = []
+        if scope.user_id is not None:
+            users.append(("user_id = %s", [str(scope.user_id)]))
+        if scope.shared:
+            users.append(("user_id IS NULL", []))
+        extra = ""
+        extra_values: list[Any] = []
+        if session_id is not None:
+            extra += " AND session_id = %s"
+            extra_values.append(str(session_id))
+        if kinds:
+            extra += " AND kind = ANY(%s::text[])"
+            extra_values.append(list(kinds))
+        branches = []
+        values: list[Any] = []
+        for user_condition, user_values in users:
+            branches.append(
+                "(SELECT id, content, user_id, created_at FROM ibex_memory.memories"
+                f" WHERE org_id = %s AND agent_id = %s AND {user_condition} AND {condition}"
+                " AND deleted_at IS NULL AND superseded_by IS NULL"
+                f"{extra} ORDER BY created_at DESC, id DESC LIMIT %s)"
+            )
+            values += [str(org_id), str(agent_id), *user_values, *scope_values]
+            values += [*extra_values, limit]
+        sql = (
+            f"SELECT * FROM ({' UNION ALL '.join(branches)}) p"
+            " ORDER BY created_at DESC, id DESC LIMIT %s"
+        )
+        with tenant(self.db, org_id):
+            rows = self.db.execute_sql(sql, [*values, limit]).fetchall()
+        return [
+            ProfileRow(
+                uuid_column(r[0]),
+                r[1],
+                uuid_column(r[2]) if r[2] is not None else None,
+                r[3],
+            )
+            for r in rows
+        ]
 
     def find_agent(self, org_id: uuid.UUID, slug: str) -> uuid.UUID | None:
         """The agent of the org with this slug, or None (never created here)."""

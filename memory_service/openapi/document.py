@@ -384,8 +384,10 @@ def _read_path(spec: APISpec, secured: list[dict[str, list[str]]], max_body_byte
             "/v1/memories/search",
             "searchMemories",
             "Rank an agent's memories for a query (full-text fused with trigram similarity "
-            "where pg_trgm is installed; recency breaks ties). Each hit has its score, the "
-            "signals behind it and a highlighted snippet.",
+            "where pg_trgm is installed and with semantic similarity where an embedder is "
+            "configured, the scope's nearest memories by meaning admitted by rank; recency "
+            "breaks ties). Each hit has its score, the signals behind it and a highlighted "
+            "snippet; min_score keeps the hits that score at least that.",
             "SearchRequest",
             "SearchResult",
             "The hits, best first (at most limit).",
@@ -393,8 +395,9 @@ def _read_path(spec: APISpec, secured: list[dict[str, list[str]]], max_body_byte
         (
             "/v1/context",
             "assembleContext",
-            "The best memories for a query, or for the last messages, packed into a token "
-            "budget as a <memories> block for a system prompt.",
+            "The person's standing facts (chosen without the query; all of their memories "
+            "when they fit), then the memories relevant to a query or to the last messages, "
+            "packed into a token budget as a <memories> block for a system prompt.",
             "ContextRequest",
             "ContextResult",
             "The block, the memories in it, its estimated tokens and how many were left out.",

@@ -18,38 +18,62 @@ def test_search_quality_benchmark(postgres_server: RunPostgres) -> None:
             "--database-url", url,
             "--agents", "3",
             "--paraphrase-agents", "3",
+            "--association-people", "3",
             "--fusion", "0.5:0.15:0.3",
-            "--fusion", "1:0:0.05",
-            timeout=120,
+            "--fusion", "0.5:0:0:5:0.2",
+            "--context-tokens", "400",
+            "--context-tokens", "120",
+            timeout=180,
         )  # fmt: skip
     finally:
         postgres_server.drop(url)
     rankers = doc["rankers"]
     assert set(rankers) == {"bm25", "lexical", "semantic", "hybrid"}
-    kinds = {"all", "direct", "inflected", "typo", "paraphrase-named", "paraphrase"}
+    kinds = {
+        "all", "original", "associations", "direct", "inflected", "typo", "paraphrase-named",
+        "paraphrase", "association", "association-hand",
+    }  # fmt: skip
     for summary in rankers.values():
-        assert set(summary) <= kinds and {"all", "direct", "paraphrase"} <= set(summary)
+        assert set(summary) <= kinds and {"all", "direct", "paraphrase", "association"} <= set(
+            summary
+        )
         for kind in summary.values():
             assert 0 <= kind["recall_at_5"] <= 1 and 0 <= kind["mrr"] <= kind["recall_at_5"] + 1
             assert 0 <= kind["mrr"] <= 1
-    # 12 paraphrase questions per one-person agent, each pair checked by the english stemmer.
+    # 12 paraphrase questions per one-person agent, 5 template questions per person of the
+    # association part, each pair checked by the english stemmer.
     assert rankers["lexical"]["paraphrase"]["questions"] == 36
-    assert doc["paraphrase_pairs_checked"] >= 36
-    assert doc["questions"] == rankers["bm25"]["all"]["questions"]
+    assert rankers["lexical"]["association"]["questions"] == 15
+    assert doc["paraphrase_pairs_checked"] >= 36 + 15
+    assert doc["questions"] > rankers["bm25"]["all"]["questions"]  # no-answer ones aside
     # Every direct question's answer shares its words: both lexical rankings find all of them.
     assert rankers["lexical"]["direct"]["recall_at_5"] == 1.0
     assert rankers["bm25"]["direct"]["recall_at_5"] == 1.0
     assert rankers["lexical"]["all"]["recall_at_5"] >= rankers["bm25"]["all"]["recall_at_5"]
     # No shared word: the full-text search finds (almost) nothing; meaning does.
     assert rankers["lexical"]["paraphrase"]["recall_at_5"] <= 0.1
+    assert rankers["lexical"]["association"]["recall_at_5"] <= 0.1
     assert rankers["semantic"]["paraphrase"]["recall_at_5"] > 0.3
     trials = {t["fusion"]: t for t in doc["fusion_trials"]}
-    assert set(trials) == {"0.5:0.15:0.3", "1:0:0.05"}
-    assert doc["settings"]["store_fusion"] in trials  # the store's constants, restored after
-    assert rankers["hybrid"] == trials["0.5:0.15:0.3"]["summary"]
+    assert set(trials) == {"0.5:0.15:0.3:50:0", "0.5:0:0:5:0.2"}
+    assert doc["settings"]["store_fusion"] in trials  # the store's calibration, restored after
+    assert rankers["hybrid"] == trials["0.5:0.15:0.3:50:0"]["summary"]
     for trial in trials.values():
         assert isinstance(trial["beats_lexical"], bool)
-    assert trials["1:0:0.05"]["beats_lexical"]
+    assert trials["0.5:0:0:5:0.2"]["beats_lexical"]
+    # The context blocks, per budget: every memory packed for the query is at or above the
+    # relevance bar; a no-answer question's block holds the person and nothing else.
+    assert set(doc["context"]) == {"120", "400"}
+    for blocks in doc["context"].values():
+        assert {"all", "no-answer", "association"} <= set(blocks)
+        for counts in blocks.values():
+            assert 0 <= counts["coverage"] <= 1 and counts["below_bar"] == 0
+            assert counts["mean_tokens"] <= 400
+    assert doc["context"]["120"]["all"]["mean_tokens"] <= 120
+    assert doc["context"]["400"]["no-answer"]["coverage"] == 0
+    assert [r["threshold"] for r in doc["relevance_bar"]] == sorted(
+        r["threshold"] for r in doc["relevance_bar"]
+    )
 
 
 def test_search_quality_benchmark_without_embeddings(postgres_server: RunPostgres) -> None:
@@ -60,6 +84,7 @@ def test_search_quality_benchmark_without_embeddings(postgres_server: RunPostgre
             "--database-url", url,
             "--agents", "2",
             "--paraphrase-agents", "1",
+            "--association-people", "2",
             "--embeddings", "none",
             timeout=120,
         )  # fmt: skip
@@ -104,6 +129,8 @@ def test_search_speed_benchmark_small(postgres_server: RunPostgres) -> None:
     for kind in by_kind.values():
         assert 0 < kind["p50"] <= kind["p95"] <= kind["p99"] <= kind["max"] <= latency["max"]
     assert doc["slowest"]["ms"] == latency["max"]
+    contexts = doc["context_ms"]  # the context blocks, timed after the searches
+    assert 0 < contexts["p50"] <= contexts["p95"] <= contexts["p99"] <= contexts["max"]
     assert "candidate branch" in doc["slowest"]["plan"]
     assert doc["mean_hits"] > 0
     # Which indexes the planner picks depends on the size; the report names each.

@@ -48,20 +48,25 @@ def test_packs_the_best_memories_once_within_the_budget(
     http: httpx.Client, acme: Tenant, session_id: uuid.UUID
 ) -> None:
     write(http, acme, "dana is allergic to peanuts!", session_id)
-    # A near-duplicate with the same score, written later: it ranks first (recency), and the
-    # older copy is then left out.
+    # A near-duplicate written later: it is the newer standing fact, and the older copy is
+    # then left out.
     allergy = write(http, acme, "Dana is allergic to peanuts.", session_id)
     lives = write(http, acme, "Dana lives in Lisbon.", session_id)
-    write(http, acme, "The user prefers tea.", session_id)
+    tea = write(http, acme, "The user prefers tea.", session_id)
     result = context(http, acme, query="What is Dana allergic to?", max_tokens=400)
+    # All of the scope's memories fit: all of them, the standing facts first (the allergy,
+    # then where she lives), then the others.
     assert result["context"] == (
-        "<memories>\n- Dana is allergic to peanuts.\n- Dana lives in Lisbon.\n</memories>"
+        "<memories>\n- Dana is allergic to peanuts.\n- Dana lives in Lisbon.\n"
+        "- The user prefers tea.\n</memories>"
     )
-    assert [m["id"] for m in result["memories"]] == [allergy, lives]
+    assert [m["id"] for m in result["memories"]] == [allergy, lives, tea]
     assert result["tokens"] == estimate_tokens(result["context"])
     assert result["dropped"] == 1
     assert context(http, acme, query="What is Dana allergic to?", max_tokens=400) == result
 
+    # Not all fit: the allergy (too long for the standing facts' share of 15) comes in as
+    # the query's best hit; its near-duplicate and Lisbon, hits too, are left out.
     tight = context(http, acme, query="What is Dana allergic to?", max_tokens=15)
     assert tight["context"] == "<memories>\n- Dana is allergic to peanuts.\n</memories>"
     assert tight["tokens"] <= 15
@@ -78,7 +83,7 @@ def test_messages_make_the_query_without_recalled_blocks(
     http: httpx.Client, acme: Tenant, session_id: uuid.UUID
 ) -> None:
     cello = write(http, acme, "Marcus plays the cello.", session_id)
-    write(http, acme, "Dana lives in Lisbon.", session_id)
+    lives = write(http, acme, "Dana lives in Lisbon.", session_id)
     messages = [
         {"role": "system", "content": "<memories>\n- Dana lives in Lisbon.\n</memories>"},
         {"role": "user", "content": "<memories>\n- Dana lives in Lisbon.\n</memories>hi"},
@@ -89,7 +94,12 @@ def test_messages_make_the_query_without_recalled_blocks(
         },
     ]
     result = context(http, acme, messages=messages)
-    assert [m["id"] for m in result["memories"]] == [cello]
+    # Both fit: where Dana lives is a standing fact, packed first whatever was asked; the
+    # query holds no word of the recalled blocks, so only the cello matches its words.
+    assert [m["id"] for m in result["memories"]] == [lives, cello]
+    signals = {m["id"]: m["signals"] for m in result["memories"]}
+    assert signals[cello]["text"] > 0
+    assert signals[lives]["text"] == 0 and signals[lives]["trigram"] < 0.5
 
 
 @pytest.mark.parametrize(
@@ -146,3 +156,29 @@ def test_the_agent_by_slug_or_id_and_an_unknown_one(
     both = {**by_slug, "agent_id": str(acme.agent_id)}
     response = http.post("/v1/context", json=both, headers=acme.headers())
     assert response.status_code == 422 and "agent" in response.json()["error"]["fields"]
+
+
+def test_the_person_then_the_moment_when_not_all_fit(
+    http: httpx.Client, acme: Tenant, session_id: uuid.UUID
+) -> None:
+    """More memories than the budget holds: the standing facts (chosen without the query)
+    lead, within their share; then the query's hits above the relevance bar. A question
+    nothing answers gets the same block whatever it is: the person, nothing random."""
+    cello = write(http, acme, "Marcus plays the cello in a string quartet.", session_id)
+    for n in range(30):
+        write(http, acme, f"Ticket {n + 100} about the office printer was closed.", session_id)
+    allergy = write(http, acme, "Dana is allergic to peanuts.", session_id)
+    home = write(http, acme, "Dana lives in Lisbon.", session_id)
+    blocks = [
+        context(http, acme, query=q, max_tokens=120)
+        for q in ("How many ounces are in a pound?", "Write a haiku about autumn leaves.")
+    ]
+    assert blocks[0]["context"] == blocks[1]["context"]
+    ids = [m["id"] for m in blocks[0]["memories"]]
+    assert ids[:2] == [allergy, home] and cello not in ids
+    assert blocks[0]["tokens"] <= 120 and len(ids) < 33
+
+    asked = context(http, acme, query="Who plays the cello?", max_tokens=120)
+    ids = [m["id"] for m in asked["memories"]]
+    assert ids[:2] == [allergy, home] and ids[-1] == cello
+    assert asked["memories"][-1]["score"] >= 0.35  # the local model's relevance bar

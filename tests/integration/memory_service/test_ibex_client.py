@@ -75,7 +75,15 @@ def test_memories_round_trip_through_the_service(ibex: IbexClient, acme: Tenant)
     assert hits[0].memory == allergy
     assert 0 < hits[0].score <= 1 and hits[0].signals.text > 0
     assert "<mark>" in hits[0].snippet
-    assert [h.memory.id for h in ibex.search("tea", agent_id=acme.agent_id, kinds=["fact"])] == []
+    # The kinds filter: the preference is not a fact. What a ranked search still shows are
+    # the facts nearest "tea" by meaning, sharing no word with it, at a low score; a caller
+    # who wants only relevant hits asks for a min_score.
+    facts = ibex.search("tea", agent_id=acme.agent_id, kinds=["fact"])
+    assert tea.id not in {h.memory.id for h in facts}
+    assert all(h.memory.kind == "fact" and h.signals.text == 0 for h in facts)
+    assert all(h.score < 0.3 for h in facts)
+    assert ibex.search("tea", agent_id=acme.agent_id, kinds=["fact"], min_score=0.3) == ()
+    assert ibex.search("tea", agent_id=acme.agent_id)[0].memory.id == tea.id
 
     context = ibex.context(acme.agent_id, query="What is Dana allergic to?", max_tokens=400)
     assert context.context.startswith("<memories>\n- Dana is allergic to peanuts.")

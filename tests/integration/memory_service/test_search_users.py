@@ -88,3 +88,39 @@ def test_one_users_memories_are_not_crowded_out_and_the_plan_reads_the_indexes(
     for line in plan.splitlines():
         if "Seq Scan on memories" in line:
             assert "rows=1 loops=1" in line, plan
+
+
+def test_the_profile_read_and_pinned_ids_keep_to_the_readers_scope(db: Any, acme: Tenant) -> None:
+    """A context's standing facts are chosen from the reader's memories and the agent-wide
+    ones, newest first, never another person's, however many the others hold; an id of
+    another person's memory pinned into the ranking is dropped, not returned."""
+    dana, danas = _seed(db, acme)
+    searches = SearchStore(db)
+    scope = ReadScope(user_id=dana, named=True)
+    rows = searches.profile(acme.org_id, acme.agent_id, scope, limit=201)
+    assert len(rows) == 201 and [r.id for r in rows[:3]] == danas
+    assert {r.user_id for r in rows[3:]} == {None}
+    assert rows == sorted(rows, key=lambda r: (r.created_at, r.id), reverse=True)
+    only_dana = ReadScope(user_id=dana, named=True, include_shared=False)
+    assert [r.id for r in searches.profile(acme.org_id, acme.agent_id, only_dana, limit=10)] == (
+        danas
+    )
+    agent_wide = searches.profile(acme.org_id, acme.agent_id, ReadScope(), limit=10)
+    assert len(agent_wide) == 10 and {r.user_id for r in agent_wide} == {None}
+    everyone = ReadScope(all_users=True)
+    assert searches.profile(acme.org_id, acme.agent_id, everyone, limit=10) == []
+
+    (other,) = db.execute_sql(
+        "SELECT id FROM ibex_memory.memories WHERE user_id IS NOT NULL AND user_id <> %s LIMIT 1",
+        (str(dana),),
+    ).fetchone()
+    ranked = searches.rank(
+        acme.org_id,
+        acme.agent_id,
+        "allergic",
+        limit=10,
+        scope=scope,
+        pinned=[uuid.UUID(str(other)), danas[0]],
+    )
+    assert set(ranked.pinned) == {danas[0]}
+    assert {h.row.id for h in ranked.hits} == set(danas)

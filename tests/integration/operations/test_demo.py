@@ -130,8 +130,10 @@ def _assert_recall(out: str) -> None:
         assert found.group(5) is not None, line
     assert 0 < len(hits) <= 3 and hits == sorted(hits, key=lambda h: -h[0]), out
     assert any("allergic to" in content for _, content, _ in hits), out
-    # The embedded server has pg_trgm, as the production one does: trigram similarity counts.
-    assert all(trigram > 0 for _, _, trigram in hits), out
+    # The embedded server has pg_trgm, as the production one does: trigram similarity counts
+    # (for the hits that share the question's significant words; a hit may also rank by
+    # its meaning and the common word "user" alone, with no trigram similarity).
+    assert any(trigram > 0 for _, _, trigram in hits), out
     header = next(i for i, line in enumerate(lines) if line.startswith("context "))
     assert header > start
     assert re.fullmatch(

@@ -8,8 +8,10 @@ from hypothesis import strategies as st
 from memories.search.context import (
     _words,
     estimate_tokens,
+    fits,
     near_duplicate,
     pack,
+    pack_parts,
     query_from_messages,
     render,
 )
@@ -94,3 +96,57 @@ def test_query_from_messages_uses_the_last_user_messages_without_recalled_blocks
         {"role": "user", "content": "<memories>\n- old\n</memories>What does Dana eat?"},
     ]
     assert query_from_messages(messages) == "two\nthree\nWhat does Dana eat?"
+
+
+@settings(max_examples=examples(200), deadline=None)
+@given(
+    standing=texts,
+    relevant=texts,
+    budget=st.integers(min_value=1, max_value=2000),
+    share=st.floats(min_value=0, max_value=1),
+)
+def test_the_standing_part_keeps_its_share_and_the_block_its_budget(
+    standing: list[str], relevant: list[str], budget: int, share: float
+) -> None:
+    cap = int(budget * share)
+    packed = pack_parts(standing, relevant, budget, standing_tokens=cap)
+    assert packed.tokens == estimate_tokens(packed.context) <= budget
+    assert packed.chosen == sorted(packed.chosen)
+    assert packed.dropped == len(standing) + len(relevant) - len(packed.chosen)
+    first = [i for i in packed.chosen if i < len(standing)]
+    head = pack_parts([standing[i] for i in first], [], budget, standing_tokens=cap)
+    assert head.tokens <= cap or not first  # the standing lines alone fit their share
+    assert pack_parts(standing, relevant, budget, standing_tokens=cap) == packed
+
+
+def test_standing_lines_come_first_and_the_query_fills_the_rest() -> None:
+    standing = ["The user is allergic to peanuts.", "The user moved to Munich."]
+    relevant = ["The user plays the cello.", "The user is allergic to peanuts!"]
+    packed = pack_parts(standing, relevant, 400, standing_tokens=300)
+    assert packed.context == render(
+        [
+            "The user is allergic to peanuts.",
+            "The user moved to Munich.",
+            "The user plays the cello.",
+        ]
+    )
+    assert packed.chosen == [0, 1, 2] and packed.dropped == 1  # the near-duplicate
+    # A share too small for the second standing line: it is left out, the query's still fits.
+    small = estimate_tokens(render(standing[:1]))
+    packed = pack_parts(standing, relevant, 400, standing_tokens=small)
+    assert packed.chosen == [0, 2]
+
+
+def test_fits_counts_near_duplicates_once() -> None:
+    texts_ = ["The user moved to Munich.", "the user moved to munich!"]
+    exact = estimate_tokens(render(texts_[:1]))
+    assert fits(texts_, exact)
+    assert not fits(texts_, exact - 1)
+    assert fits([], 1)
+
+
+@settings(max_examples=examples(200), deadline=None)
+@given(contents=texts, budget=st.integers(min_value=1, max_value=2000))
+def test_fits_agrees_with_packing_everything(contents: list[str], budget: int) -> None:
+    everything = pack(contents, 10**9)
+    assert fits(contents, budget) == (everything.tokens <= budget)
