@@ -392,7 +392,7 @@ class Boundary(RuleBasedStateMachine):
     ) -> dict[str, set[str]]:
         from mcp import Client
 
-        from mcp_server.server import McpConfig, build_server
+        from mcp_server import McpConfig, build_server
 
         config = McpConfig(url=self.url, token=token, agent=self.agent, user=who.get("user"))
         recalled: set[str] = set()

@@ -8,7 +8,7 @@ import asyncio
 import uuid
 
 from mcp_server import TOOL_NAMES, McpConfig, build_server, remember_key
-from mcp_server.server import _bearer
+from mcp_server.calls import bearer as _bearer
 
 AGENT = uuid.UUID("0b0c4a4e-3c55-4c79-9d2f-4f1f0bb3f7a1")
 
@@ -72,7 +72,7 @@ def test_the_tools_and_their_schemas() -> None:
 
 def test_an_api_refusal_names_its_code_and_fields() -> None:
     from ibex_client.errors import error_for
-    from mcp_server.server import _api_error
+    from mcp_server.answers import api_error as _api_error
 
     scope = error_for(403, "INSUFFICIENT_SCOPE", "this token lacks the memory:write scope")
     assert str(_api_error(scope)) == ("INSUFFICIENT_SCOPE: this token lacks the memory:write scope")
