@@ -1,7 +1,7 @@
 """The pieces every route's OpenAPI description shares: error answers and the org header.
 
-:mod:`memory_service.openapi.document` (memories, search, health) and
-:mod:`memory_service.openapi.sessions` (the sessions API) both build on them.
+Each domain's part (``memory_service/<domain>/openapi.py``) builds on them and
+:mod:`memory_service.openapi.document` puts the parts together.
 """
 
 from __future__ import annotations
