@@ -13,6 +13,7 @@ from dataclasses import dataclass, fields
 from typing import Any
 
 from core.errors import ConfigError
+from core.prices import parse_prices
 
 #: Variables read by :meth:`Settings.from_env`, with their defaults (``None``: no default).
 #: ``.env.example`` and the README list the same variables; a unit test keeps them in step.
@@ -64,6 +65,8 @@ DEFAULTS: dict[str, str | None] = {
     "EMBEDDINGS_API_KEY": None,
     "EMBEDDINGS_DIMENSION": None,  # openai: required; local: 256
     "EMBEDDINGS_TIMEOUT_SECONDS": "5",
+    # Usage: prices per model over the default table (core/prices.py), JSON.
+    "LLM_PRICES": None,
 }
 
 LLM_PROVIDERS = ("openai", "rules")
@@ -104,6 +107,13 @@ def _int(env: Mapping[str, str], name: str, minimum: int = 0) -> int:
     if value < minimum:
         raise ConfigError(f"{name} must be at least {minimum}, got {value}", variable=name)
     return value
+
+
+def _prices(env: Mapping[str, str]) -> str | None:
+    """``LLM_PRICES`` as given, once it parses (a malformed table fails at start-up)."""
+    raw = _str(env, "LLM_PRICES")
+    parse_prices(raw)
+    return raw
 
 
 def _str(env: Mapping[str, str], name: str) -> str | None:
@@ -213,6 +223,9 @@ class Settings:
     embeddings_api_key: str | None = None
     embeddings_dimension: int | None = None
     embeddings_timeout_seconds: int = 5
+    #: ``LLM_PRICES``: USD per million tokens per model, over the default table
+    #: (:mod:`core.prices`); validated at start-up.
+    llm_prices: str | None = None
     #: The variables that were set (non-empty) in the environment, defaults aside.
     explicit: frozenset[str] = frozenset()
 
@@ -287,6 +300,7 @@ class Settings:
             upstream_llm_base_url=(_str(env, "UPSTREAM_LLM_BASE_URL") or "").rstrip("/") or None,
             upstream_llm_api_key=_str(env, "UPSTREAM_LLM_API_KEY"),
             upstream_timeout_seconds=_int(env, "UPSTREAM_TIMEOUT_SECONDS", 1),
+            llm_prices=_prices(env),
             **embeddings,
             explicit=frozenset(name for name in DEFAULTS if (env.get(name) or "").strip()),
         )

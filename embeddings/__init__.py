@@ -27,7 +27,7 @@ from collections.abc import Mapping
 
 from core.config import Settings
 from core.errors import ConfigError, EmbeddingsUnavailable
-from embeddings.base import Embedder, normalise
+from embeddings.base import Embedder, embed_counted, normalise
 from embeddings.cache import QueryCache
 from embeddings.local import LOCAL_DIMENSION, LOCAL_MODEL, LocalEmbedder
 from embeddings.remote import OpenAIEmbedder
@@ -39,6 +39,7 @@ __all__ = [
     "LocalEmbedder",
     "OpenAIEmbedder",
     "QueryCache",
+    "embed_counted",
     "embedder_from_env",
     "embedder_from_settings",
     "normalise",

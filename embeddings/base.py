@@ -23,6 +23,17 @@ class Embedder(Protocol):
         ...
 
 
+def embed_counted(embedder: Embedder, texts: Sequence[str]) -> tuple[list[list[float]], int]:
+    """:meth:`Embedder.embed` with the tokens the request cost, as the embedder reports them:
+    an embedder with ``embed_counted`` (the OpenAI-compatible one, from the answer's
+    ``usage``) says; any other (the local model, which bills nothing) counts 0."""
+    counted = getattr(embedder, "embed_counted", None)
+    if counted is not None:
+        vectors, tokens = counted(texts)
+        return list(vectors), int(tokens)
+    return embedder.embed(texts), 0
+
+
 def normalise(vector: Sequence[float]) -> list[float]:
     """``vector`` scaled to length 1; raises :class:`EmbeddingsUnavailable` when it has a
     non-finite component or is all zeros (nothing to compare)."""

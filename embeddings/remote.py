@@ -45,12 +45,20 @@ class OpenAIEmbedder:
         self._client.close()
 
     def embed(self, texts: Sequence[str]) -> list[list[float]]:
-        vectors: list[list[float]] = []
-        for start in range(0, len(texts), OPENAI_BATCH):
-            vectors.extend(self._request(list(texts[start : start + OPENAI_BATCH])))
-        return vectors
+        return self.embed_counted(texts)[0]
 
-    def _request(self, texts: list[str]) -> list[list[float]]:
+    def embed_counted(self, texts: Sequence[str]) -> tuple[list[list[float]], int]:
+        """The vectors and the tokens the endpoint says they cost (its ``usage``; 0 when it
+        reports none)."""
+        vectors: list[list[float]] = []
+        tokens = 0
+        for start in range(0, len(texts), OPENAI_BATCH):
+            batch, used = self._request(list(texts[start : start + OPENAI_BATCH]))
+            vectors.extend(batch)
+            tokens += used
+        return vectors, tokens
+
+    def _request(self, texts: list[str]) -> tuple[list[list[float]], int]:
         try:
             response = self._client.post(
                 self.url, json={"model": self.remote_model, "input": texts}
@@ -67,7 +75,8 @@ class OpenAIEmbedder:
                 f"embeddings endpoint answered {response.status_code} ({self.url})"
             )
         try:
-            data = response.json()["data"]
+            answer = response.json()
+            data = answer["data"]
             items = sorted(data, key=lambda item: int(item["index"]))
             vectors = [item["embedding"] for item in items]
         except (ValueError, KeyError, TypeError) as exc:
@@ -88,4 +97,8 @@ class OpenAIEmbedder:
             if not all(isinstance(v, int | float) and not isinstance(v, bool) for v in vector):
                 raise EmbeddingsUnavailable("embeddings endpoint: a vector of non-numbers")
             out.append(normalise(vector))
-        return out
+        usage = answer.get("usage") if isinstance(answer, dict) else None
+        used = (
+            usage.get("total_tokens", usage.get("prompt_tokens")) if isinstance(usage, dict) else 0
+        )
+        return out, used if isinstance(used, int) and not isinstance(used, bool) and used > 0 else 0

@@ -53,7 +53,7 @@ from core.errors import (
     RowNotFoundError,
     TurnBusyError,
 )
-from embeddings import Embedder
+from embeddings import Embedder, embed_counted
 from extraction.keys import idempotency_key
 from extraction.metrics import PipelineMetrics
 from extraction.prompt import RelatedMemory, input_hash
@@ -339,11 +339,13 @@ def _call_llm(
             return LlmAnswer(stored, stored_provider, stored_model, 0, 0, digest, reused=True)
         refs = {f"m{i + 1}": memory for i, memory in enumerate(begun.related)}
         related = [RelatedMemory(r, content, kind) for r, (_, content, kind) in refs.items()]
+        started = time.monotonic()
         try:
             result = provider.extract(turns[-1], turns[:-1], related)
         except Exception:
             deps.metrics.llm_call(name, ok=False)
             raise
+        latency_ms = round((time.monotonic() - started) * 1000)
         deps.metrics.llm_call(
             result.provider or name,
             ok=True,
@@ -357,6 +359,7 @@ def _call_llm(
             prompt_tokens=result.prompt_tokens,
             completion_tokens=result.completion_tokens,
             input_hash=digest,
+            latency_ms=latency_ms,
         )
     except Exception as exc:
         # Best effort: a failed call releases its claim so the retry need not wait for it.
@@ -392,7 +395,7 @@ def _embedded(deps: StageDeps, ref: TurnRef, answer: LlmAnswer) -> LlmAnswer:
     if any((m.get("embedding") or {}).get("model") == model for m in memories):
         return answer
     try:
-        vectors = embedder.embed([m["content"] for m in memories])
+        vectors, tokens = embed_counted(embedder, [m["content"] for m in memories])
     except EmbeddingsUnavailable as exc:
         deps.metrics.embedding_request(ok=False, texts=len(memories))
         log.warning("turn %s: persisted without vectors (backfilled later): %s", ref, exc)
@@ -407,7 +410,12 @@ def _embedded(deps: StageDeps, ref: TurnRef, answer: LlmAnswer) -> LlmAnswer:
                 "vector": [float(f"{v:.{VECTOR_DIGITS}g}") for v in vector],
             }
         embedded.append(item)
-    return dataclasses.replace(answer, result={**answer.result, "memories": embedded})
+    return dataclasses.replace(
+        answer,
+        result={**answer.result, "memories": embedded},
+        embedding_tokens=tokens,
+        embedding_model=model,
+    )
 
 
 def _resolve_refs(
@@ -462,6 +470,9 @@ def _persist(
                 lease_seconds=deps.settings.extraction_lease_seconds,
                 input_hash=answer.input_hash,
                 reused=answer.reused,
+                latency_ms=answer.latency_ms,
+                embedding_tokens=answer.embedding_tokens,
+                embedding_model=answer.embedding_model,
             )
         except DatabaseUnavailableError as exc:
             if time.monotonic() + pause > deadline:

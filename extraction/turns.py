@@ -77,7 +77,7 @@ _BEGIN_EXTRACT = (
 )
 _PERSIST_RESULT = (
     "SELECT * FROM ibex_core.persist_result("
-    "%s::uuid, %s::uuid, %s, %s::uuid, %s::jsonb, %s, %s, %s, %s, %s, %s, %s, %s)"
+    "%s::uuid, %s::uuid, %s, %s::uuid, %s::jsonb, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s)"
 )
 _FIND_RESULT = "SELECT * FROM ibex_core.find_result(%s::uuid, %s)"
 _COMPLETE_TURN = "SELECT * FROM ibex_core.complete_turn(%s::uuid, %s::uuid, %s)"
@@ -339,10 +339,16 @@ class TurnStore:
         lease_seconds: int,
         input_hash: str | None = None,
         reused: bool = False,
+        latency_ms: int = 0,
+        embedding_tokens: int = 0,
+        embedding_model: str | None = None,
     ) -> Persisted:
         """Transaction 2 of ``extract_turn``: store ``result`` unless one is stored already
         (first wins), then return the stored one and the slots already written. The input
-        hash is stored with it, for a repeated turn to find."""
+        hash is stored with it, for a repeated turn to find; the turn's usage (the tokens,
+        the LLM calls counted, ``latency_ms``, ``embedding_tokens`` of ``embedding_model``)
+        goes into the usage ledger (``ibex_core.turn_usage``) by the same statement, only when
+        this call stores the result: a turn's usage is counted once, whatever the retries."""
         row = self._call(
             _PERSIST_RESULT,
             (
@@ -359,6 +365,9 @@ class TurnStore:
                 lease_seconds,
                 input_hash,
                 reused,
+                latency_ms,
+                embedding_tokens,
+                embedding_model,
             ),
         ).fetchone()
         if row is None:

@@ -110,6 +110,11 @@ class LlmAnswer:
     input_hash: str | None = None
     #: The result is another turn's, persisted for the same input hash: no LLM call was made.
     reused: bool = False
+    #: How long the LLM call took (0: none was made), and the tokens the embedding request
+    #: for the answer's memories cost (0: none made, or an embedder that reports none).
+    latency_ms: int = 0
+    embedding_tokens: int = 0
+    embedding_model: str | None = None
 
 
 # -- what begin_extract found ----------------------------------------------------------------

@@ -27,6 +27,7 @@ from redis.retry import Retry
 from core.config import Settings
 from core.db import make_pool as db_pool
 from core.errors import DatabaseUnavailableError
+from core.prices import PriceTable
 from embeddings import Embedder, QueryCache, embedder_from_settings
 from memories.auth import Authenticator
 from memories.idempotency import IdempotencyStore
@@ -172,7 +173,7 @@ def create_app(
     )
     app.add_route("/v1/memories/search", SearchResource(api, reads, users, agents))
     app.add_route("/v1/context", ContextResource(api, reads, users, agents))
-    add_session_routes(app, api, db, users)
+    add_session_routes(app, api, db, users, PriceTable.from_json(settings.llm_prices))
     app.add_route("/v1/users/{user}", UserResource(api, users))
     check = None
     if embedder is not None:

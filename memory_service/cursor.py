@@ -49,3 +49,33 @@ def decode_cursor(cursor: object) -> Position:
     if created_at.tzinfo is None or raw != canonical:
         raise InvalidCursorError(cursor)
     return created_at, memory_id
+
+
+# -- the turns list (``GET /v1/sessions/{id}/turns``): its own cursor, a turn index ---------
+
+_TURN_PREFIX = "turn|"
+
+
+def encode_turn_cursor(turn_index: int) -> str:
+    """The turns list's cursor after ``turn_index`` (unpadded URL-safe base64 of
+    ``turn|<index>``)."""
+    raw = f"{_TURN_PREFIX}{turn_index}".encode()
+    return base64.urlsafe_b64encode(raw).decode("ascii").rstrip("=")
+
+
+def decode_turn_cursor(cursor: object) -> int:
+    """The turn index in a cursor from :func:`encode_turn_cursor`; anything else raises
+    :class:`InvalidCursorError`."""
+    if not isinstance(cursor, str) or not 0 < len(cursor) <= MAX_CURSOR_CHARS:
+        raise InvalidCursorError(cursor)
+    try:
+        raw = base64.urlsafe_b64decode(cursor + "=" * (-len(cursor) % 4)).decode("ascii")
+    except (binascii.Error, ValueError, UnicodeError):
+        raise InvalidCursorError(cursor) from None
+    number = raw.removeprefix(_TURN_PREFIX)
+    if not raw.startswith(_TURN_PREFIX) or not number.isdigit() or len(number) > 10:
+        raise InvalidCursorError(cursor)
+    turn_index = int(number)
+    if raw != f"{_TURN_PREFIX}{turn_index}" or turn_index > 2**31 - 1:
+        raise InvalidCursorError(cursor)
+    return turn_index

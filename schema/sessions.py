@@ -21,7 +21,12 @@ from schema.imports import (
     TurnSchema,
     check_strings,
 )
-from schema.memory import next_cursor_field, page_cursor_field, page_limit_field
+from schema.memory import (
+    MAX_CURSOR_CHARS,
+    next_cursor_field,
+    page_cursor_field,
+    page_limit_field,
+)
 from schema.users import check_one_user, user_field, user_id_field
 
 MAX_EXTERNAL_ID_CHARS = 255
@@ -229,12 +234,118 @@ class SessionListQuerySchema(Schema):
     cursor = page_cursor_field()
 
 
+#: A turn's extraction state (DESIGN §21), as ``ibex_core.turn_state`` computes it.
+TURN_STATES = (
+    "pending",
+    "extracting",
+    "extracted",
+    "empty",
+    "waiting_for_budget",
+    "failed",
+    "dead_lettered",
+)
+#: The turns list's cursor: its own format, not the memories list's (a turn index, not a
+#: time and an id).
+TURN_CURSOR_FORMAT = "ibex-turn-cursor"
+
+
+class TurnUsageSchema(Schema):
+    """What extracting one turn cost, counted once with its persisted result."""
+
+    class Meta:
+        unknown = RAISE
+
+    llm_calls = fields.Integer(
+        required=True,
+        metadata={"description": "LLM calls counted for the turn (0: a repeated turn reused)."},
+    )
+    input_tokens = fields.Integer(required=True)
+    output_tokens = fields.Integer(required=True)
+    embedding_tokens = fields.Integer(required=True)
+    latency_ms = fields.Integer(
+        required=True, metadata={"description": "The LLM call's duration (0: no call)."}
+    )
+    provider = fields.String(required=True, allow_none=True)
+    model = fields.String(required=True, allow_none=True)
+    embedding_model = fields.String(required=True, allow_none=True)
+    cost = fields.Float(
+        required=True,
+        metadata={"description": "USD, by the price table (0 for a model it does not price)."},
+    )
+
+
+class RecordedTurnSchema(Schema):
+    """One turn as recorded, with where its extraction stands."""
+
+    class Meta:
+        unknown = RAISE
+
+    turn_index = fields.Integer(required=True)
+    messages = fields.List(fields.Dict(), required=True)
+    completion = fields.Dict(required=True)
+    state = fields.String(required=True, validate=validate.OneOf(TURN_STATES))
+    reason = fields.String(
+        required=True,
+        allow_none=True,
+        metadata={"description": "The failure's class when failed or dead_lettered, else null."},
+    )
+    memories = fields.Integer(
+        required=True,
+        allow_none=True,
+        metadata={"description": "Memories extracted (null: no result yet)."},
+    )
+    superseding = fields.Integer(
+        required=True,
+        allow_none=True,
+        metadata={"description": "Of those, how many replace an earlier memory."},
+    )
+    reused = fields.Boolean(
+        required=True,
+        allow_none=True,
+        metadata={"description": "The result was reused from an identical earlier input."},
+    )
+    usage = fields.Nested(TurnUsageSchema, required=True, allow_none=True)
+
+
+class TurnPageSchema(Schema):
+    """One page of ``GET /v1/sessions/{id}/turns``, in turn order."""
+
+    class Meta:
+        unknown = RAISE
+
+    items = fields.List(fields.Nested(RecordedTurnSchema), required=True)
+    next_cursor = next_cursor_field()
+
+
+class TurnListQuerySchema(Schema):
+    """Query parameters of ``GET /v1/sessions/{id}/turns``."""
+
+    class Meta:
+        unknown = RAISE
+
+    limit = page_limit_field()
+    cursor = fields.String(
+        validate=validate.Length(min=1, max=MAX_CURSOR_CHARS),
+        metadata={
+            "description": "Opaque; the `next_cursor` of the previous page, as it was given "
+            "(anything else is 400 INVALID_CURSOR).",
+            "format": TURN_CURSOR_FORMAT,
+        },
+    )
+
+
 __all__ = [
     "MAX_TURNS_PER_REQUEST",
+    "TURN_CURSOR_FORMAT",
+    "TURN_STATES",
+    "RecordedTurnSchema",
     "SessionCreateSchema",
     "SessionListQuerySchema",
     "SessionPageSchema",
     "SessionSchema",
+    "TurnListQuerySchema",
+    "TurnPageSchema",
+    "TurnUsageSchema",
     "TurnsAppendSchema",
     "TurnsAppendedSchema",
 ]

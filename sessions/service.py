@@ -20,6 +20,7 @@ import peewee
 from playhouse.postgres_ext import PostgresqlExtDatabase
 
 from core.errors import RowNotFoundError
+from core.prices import PriceTable
 from sessions.agents import AgentResolver
 from sessions.errors import (
     AgentNotFoundError,
@@ -27,6 +28,7 @@ from sessions.errors import (
     SessionDeletedError,
     SessionNotFoundError,
 )
+from sessions.readback import RecordedTurn, TurnReader
 from sessions.status import SessionInfo, SessionStatusStore
 from sessions.store import SessionStore, UnknownOrgError
 from sessions.turns import TurnInput
@@ -37,12 +39,13 @@ class SessionService:
     (another user's session, or an agent-wide one, is not found, as another org's is); None
     reaches every session of the org."""
 
-    def __init__(self, db: peewee.Database) -> None:
+    def __init__(self, db: peewee.Database, prices: PriceTable | None = None) -> None:
         self.db = db
         # The service's pool; the models stay bound to whatever the process bound them to.
         self.sessions = SessionStore(cast(PostgresqlExtDatabase, db), bind_models=False)
         self.status = SessionStatusStore(db)
         self.agents = AgentResolver(db)
+        self.reader = TurnReader(db, prices)
 
     def info(
         self, org_id: uuid.UUID, session_id: uuid.UUID, owner: uuid.UUID | None = None
@@ -52,6 +55,20 @@ class SessionService:
         if not infos:
             raise SessionNotFoundError()
         return infos[0]
+
+    def turns(
+        self,
+        org_id: uuid.UUID,
+        session_id: uuid.UUID,
+        *,
+        after: int,
+        limit: int,
+        owner: uuid.UUID | None = None,
+    ) -> list[RecordedTurn]:
+        """The live session's turns after ``after`` (at most ``limit``) with their state and
+        usage; a session the caller may not reach is not found, as an unknown one."""
+        self.info(org_id, session_id, owner)
+        return self.reader.turns(org_id, session_id, after=after, limit=limit)
 
     def _reachable(self, org_id: uuid.UUID, session_id: uuid.UUID, owner: uuid.UUID | None) -> None:
         """A user-bound token's check before a change: the session must be its user's."""

@@ -47,11 +47,13 @@ from ibex_client.types import (
     MemorySource,
     Page,
     Progress,
+    RecordedTurn,
     SearchHit,
     Session,
     Signals,
     Turn,
     TurnsAppended,
+    TurnUsage,
 )
 
 __all__ = [
@@ -78,6 +80,7 @@ __all__ = [
     "PermissionDeniedError",
     "Progress",
     "RateLimitedError",
+    "RecordedTurn",
     "RetryPolicy",
     "SearchHit",
     "ServerError",
@@ -86,6 +89,7 @@ __all__ = [
     "Turn",
     "TurnConflictError",
     "TurnGapError",
+    "TurnUsage",
     "TurnsAppended",
     "UnexpectedResponseError",
     "UserConflictError",

@@ -24,6 +24,7 @@ from ibex_client.types import (
     Memory,
     MemorySource,
     Page,
+    RecordedTurn,
     SearchHit,
     Session,
     Turn,
@@ -32,6 +33,7 @@ from ibex_client.types import (
     memory_page,
     search_hits,
     session_page,
+    turn_page,
 )
 
 Id = uuid.UUID | str
@@ -191,6 +193,15 @@ def list_sessions(
         cursor=cursor,
     )
     return Call("GET", "/v1/sessions", lambda r: session_page(_json(r)), params=params)
+
+
+def list_turns(session_id: Id, limit: int | None, cursor: str | None) -> Call[Page[RecordedTurn]]:
+    return Call(
+        "GET",
+        f"/v1/sessions/{_id(session_id, 'session_id')}/turns",
+        lambda r: turn_page(_json(r)),
+        params=_params(limit=limit, cursor=cursor),
+    )
 
 
 def delete_session(session_id: Id) -> Call[bool]:

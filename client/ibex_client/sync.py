@@ -31,6 +31,7 @@ from ibex_client.types import (
     Memory,
     MemorySource,
     Page,
+    RecordedTurn,
     SearchHit,
     Session,
     Turn,
@@ -144,6 +145,13 @@ class IbexClient:
         cursor: str | None = None,
     ) -> Page[Session]:
         return self._run(_calls.list_sessions(agent_id, external_id, status, limit, cursor))
+
+    def list_turns(
+        self, session_id: Id, *, limit: int | None = None, cursor: str | None = None
+    ) -> Page[RecordedTurn]:
+        """The session's turns in order, each as recorded with its extraction state and
+        usage (``GET /v1/sessions/{id}/turns``): one page."""
+        return self._run(_calls.list_turns(session_id, limit, cursor))
 
     def iter_sessions(
         self,

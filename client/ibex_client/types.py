@@ -428,6 +428,96 @@ def session_page(value: Any) -> Page[Session]:
     return _page(value, Session.from_json)
 
 
+#: A turn's extraction state, as ``GET /v1/sessions/{id}/turns`` reports it.
+TURN_STATES = (
+    "pending",
+    "extracting",
+    "extracted",
+    "empty",
+    "waiting_for_budget",
+    "failed",
+    "dead_lettered",
+)
+
+
+@dataclass(frozen=True)
+class TurnUsage:
+    """What extracting a turn cost, counted once: LLM calls and tokens, embedding tokens, the
+    LLM call's latency, and the cost in USD by the service's price table."""
+
+    llm_calls: int
+    input_tokens: int
+    output_tokens: int
+    embedding_tokens: int
+    latency_ms: int
+    provider: str | None
+    model: str | None
+    embedding_model: str | None
+    cost: float
+
+    @classmethod
+    def from_json(cls, value: Any) -> TurnUsage:
+        data = _obj(value, "usage")
+        what = "usage"
+        return cls(
+            llm_calls=_req_int(data, "llm_calls", what),
+            input_tokens=_req_int(data, "input_tokens", what),
+            output_tokens=_req_int(data, "output_tokens", what),
+            embedding_tokens=_req_int(data, "embedding_tokens", what),
+            latency_ms=_req_int(data, "latency_ms", what),
+            provider=_opt_str(data, "provider", what),
+            model=_opt_str(data, "model", what),
+            embedding_model=_opt_str(data, "embedding_model", what),
+            cost=_float(_req(data, "cost", what), "usage.cost"),
+        )
+
+
+@dataclass(frozen=True)
+class RecordedTurn:
+    """A turn read back: as recorded, with its extraction ``state`` (one of
+    :data:`TURN_STATES`), the failure's class when it failed (``reason``), the memories
+    extracted (None: no result yet) and its ``usage`` (None until known)."""
+
+    turn_index: int
+    messages: tuple[Mapping[str, Any], ...]
+    completion: Mapping[str, Any]
+    state: str
+    reason: str | None
+    memories: int | None
+    superseding: int | None
+    reused: bool | None
+    usage: TurnUsage | None
+
+    @classmethod
+    def from_json(cls, value: Any) -> RecordedTurn:
+        data = _obj(value, "turn")
+        what = "turn"
+        messages = _req(data, "messages", what)
+        if not isinstance(messages, list):
+            raise UnexpectedResponseError("turn.messages: expected a list")
+        usage = data.get("usage")
+        memories, superseding, reused = (
+            data.get("memories"),
+            data.get("superseding"),
+            data.get("reused"),
+        )
+        return cls(
+            turn_index=_req_int(data, "turn_index", what),
+            messages=tuple(_obj(m, "turn.messages[]") for m in messages),
+            completion=_obj(_req(data, "completion", what), "turn.completion"),
+            state=_str(_req(data, "state", what), "turn.state"),
+            reason=_opt_str(data, "reason", what),
+            memories=None if memories is None else _int(memories, "turn.memories"),
+            superseding=None if superseding is None else _int(superseding, "turn.superseding"),
+            reused=reused if isinstance(reused, bool) else None,
+            usage=None if usage is None else TurnUsage.from_json(usage),
+        )
+
+
+def turn_page(value: Any) -> Page[RecordedTurn]:
+    return _page(value, RecordedTurn.from_json)
+
+
 # -- users -----------------------------------------------------------------------------------
 
 
@@ -472,6 +562,7 @@ class ForgottenUser:
 __all__ = [
     "MEMORY_KINDS",
     "SESSION_STATUSES",
+    "TURN_STATES",
     "Agent",
     "Context",
     "ForgottenUser",
@@ -479,9 +570,11 @@ __all__ = [
     "MemorySource",
     "Page",
     "Progress",
+    "RecordedTurn",
     "SearchHit",
     "Session",
     "Signals",
     "Turn",
+    "TurnUsage",
     "TurnsAppended",
 ]

@@ -19,24 +19,35 @@ from typing import Any
 import falcon
 import peewee
 
+from core.prices import PriceTable
 from memories.scope import USER_HEADER, UserRef
 from memories.users import UserService
-from memory_service.cursor import encode_cursor
+from memory_service.cursor import (
+    InvalidCursorError,
+    decode_turn_cursor,
+    encode_cursor,
+    encode_turn_cursor,
+)
 from memory_service.errors import ErrorAnswer, validation_error
 from memory_service.http import (
     Api,
     authenticate,
+    cursor_error,
     json_body,
     list_request,
+    load_or_422,
+    query_params,
     respond_json,
 )
 from schema.sessions import (
     MAX_EXTERNAL_ID_CHARS,
     SessionCreateSchema,
     SessionListQuerySchema,
+    TurnListQuerySchema,
     TurnsAppendSchema,
 )
 from schema.users import MAX_USER_KEY_CHARS
+from sessions.readback import RecordedTurn
 from sessions.service import SessionService
 from sessions.status import SessionInfo
 from sessions.turns import TurnInput
@@ -49,6 +60,7 @@ REPLAYED_HEADER = "Idempotent-Replayed"
 CREATE_SCHEMA = SessionCreateSchema()
 TURNS_SCHEMA = TurnsAppendSchema()
 LIST_QUERY_SCHEMA = SessionListQuerySchema()
+TURNS_QUERY_SCHEMA = TurnListQuerySchema()
 
 
 def _iso(value: dt.datetime | None) -> str | None:
@@ -80,6 +92,34 @@ def session_json(info: SessionInfo) -> dict[str, Any]:
         "created_at": _iso(s.created_at),
         "updated_at": _iso(s.updated_at),
         "completed_at": _iso(s.completed_at),
+    }
+
+
+def recorded_turn_json(turn: RecordedTurn) -> dict[str, Any]:
+    """A turn read back (``schema.sessions.RecordedTurnSchema``), JSON-ready."""
+    u = turn.usage
+    return {
+        "turn_index": turn.turn_index,
+        "messages": turn.messages,
+        "completion": turn.completion,
+        "state": turn.state,
+        "reason": turn.reason,
+        "memories": turn.memories,
+        "superseding": turn.superseding,
+        "reused": turn.reused,
+        "usage": None
+        if u is None
+        else {
+            "llm_calls": u.llm_calls,
+            "input_tokens": u.input_tokens,
+            "output_tokens": u.output_tokens,
+            "embedding_tokens": u.embedding_tokens,
+            "latency_ms": u.latency_ms,
+            "provider": u.provider,
+            "model": u.model,
+            "embedding_model": u.embedding_model,
+            "cost": round(u.cost, 9),
+        },
     }
 
 
@@ -224,6 +264,32 @@ class SessionsResource:
             resp, 201 if added else 200, {"session": session_json(info), "turns_added": added}
         )
 
+    def on_get_turns(
+        self, req: falcon.Request, resp: falcon.Response, session_id: uuid.UUID
+    ) -> None:
+        """The session's turns in order, each as recorded with its state and usage. A
+        user-bound token reaches its user's sessions only: another's is 404, as unknown."""
+        principal, org_id = authenticate(self.api, req, SESSIONS_READ)
+        after = 0
+        if "cursor" in req.params:  # read first: a malformed cursor is a 400 of its own
+            try:
+                after = decode_turn_cursor(req.params["cursor"])
+            except InvalidCursorError:
+                raise cursor_error() from None
+        query = load_or_422(TURNS_QUERY_SCHEMA, query_params(req))
+        limit = query["limit"]
+        turns = self.service.turns(
+            org_id, session_id, after=after, limit=limit + 1, owner=principal.user_id
+        )
+        next_cursor = (
+            encode_turn_cursor(turns[limit - 1].turn_index) if len(turns) > limit else None
+        )
+        respond_json(
+            resp,
+            200,
+            {"items": [recorded_turn_json(t) for t in turns[:limit]], "next_cursor": next_cursor},
+        )
+
     def _status(
         self, req: falcon.Request, resp: falcon.Response, session_id: uuid.UUID, status: str
     ) -> None:
@@ -247,9 +313,10 @@ def add_routes(
     api: Api,
     db: peewee.Database,
     users: UserService,
+    prices: PriceTable | None = None,
 ) -> None:
-    """Serve the sessions API on ``app``."""
-    resource = SessionsResource(api, SessionService(db), users)
+    """Serve the sessions API on ``app``; ``prices`` turns a turn's usage into money."""
+    resource = SessionsResource(api, SessionService(db, prices), users)
     one = "/v1/sessions/{session_id:uuid}"
     app.add_route("/v1/sessions", resource)
     app.add_route(one, resource, suffix="one")

@@ -27,6 +27,8 @@ from schema.sessions import (
     SessionListQuerySchema,
     SessionPageSchema,
     SessionSchema,
+    TurnListQuerySchema,
+    TurnPageSchema,
     TurnsAppendedSchema,
     TurnsAppendSchema,
 )
@@ -84,6 +86,7 @@ def document(spec: APISpec, secured: list[dict[str, list[str]]], max_body_bytes:
         ("SessionPage", SessionPageSchema),
         ("TurnsAppend", TurnsAppendSchema),
         ("TurnsAppended", TurnsAppendedSchema),
+        ("TurnPage", TurnPageSchema),
     ):
         spec.components.schema(name, schema=schema)
 
@@ -227,6 +230,34 @@ def document(spec: APISpec, secured: list[dict[str, list[str]]], max_body_bytes:
     spec.path(
         path=f"{one}/turns",
         operations={
+            "get": {
+                "operationId": "listTurns",
+                "summary": "The session's turns in order, each as recorded with its extraction "
+                "state and usage, with cursor pagination.",
+                "description": "state is one of pending, extracting, extracted, empty, "
+                "waiting_for_budget, failed (reason: the failure's class; it will be retried) "
+                "and dead_lettered (reason: the failure's class; `ibex dlq replay` sends it "
+                "again). usage is null until the turn's result is persisted; it is counted "
+                "once, whatever the retries, and cost is in USD by the price table.",
+                "security": secured,
+                "parameters": [
+                    SESSION_ID,
+                    ORG_HEADER,
+                    {"in": "query", "schema": TurnListQuerySchema},
+                ],
+                "responses": with_org_errors(
+                    {
+                        "200": ok("One page.", "TurnPage"),
+                        "400": error(
+                            "A cursor this service did not issue (INVALID_CURSOR), or a "
+                            "malformed X-IBEX-Org-ID (INVALID_HEADER) or none with a service "
+                            "token (ORG_REQUIRED)."
+                        ),
+                        **missing,
+                        "422": error("Invalid query parameter (VALIDATION_FAILED)."),
+                    }
+                ),
+            },
             "post": {
                 "operationId": "appendTurns",
                 "summary": "Append consecutive turns in one transaction; safe to retry.",
@@ -255,7 +286,7 @@ def document(spec: APISpec, secured: list[dict[str, list[str]]], max_body_bytes:
                         ),
                     }
                 ),
-            }
+            },
         },
     )
     for action, operation_id, summary in (

@@ -64,6 +64,8 @@ TENANT_TABLES: dict[str, dict[str, Any]] = {
     "ibex_core.checkpoint_payloads": {"SELECT": ALL, "INSERT": ALL},  # append-only
     "ibex_core.extraction_turns": {"SELECT": ALL, "INSERT": ALL, "UPDATE": ALL},
     "ibex_core.extraction_slots": {"SELECT": ALL, "INSERT": ALL},
+    # The usage ledger (000022): written with the turn's result, never changed.
+    "ibex_core.turn_usage": {"SELECT": ALL, "INSERT": ALL},
     "ibex_core.dead_letters": {},  # operator data, written by the owner
     "ibex_core.users": {"SELECT": ALL, "INSERT": ALL, "UPDATE": ALL},  # never deleted by it
     "ibex_memory.memories": {"SELECT": ALL, "INSERT": ALL, "UPDATE": ALL},
@@ -158,8 +160,9 @@ SCAN_LEASE = (
 STAGE_STEPS = {
     "ibex_core.begin_extract(uuid,uuid,integer,integer,integer,integer,integer,uuid,boolean,uuid,"
     "integer)",
+    # 000022: with the LLM call's latency and the embedding tokens, for the usage ledger.
     "ibex_core.persist_result(uuid,uuid,integer,uuid,jsonb,integer,integer,integer,text,text,integer,"
-    "text,boolean)",
+    "text,boolean,integer,integer,text)",
     # A result persisted for the same LLM input (000014): reused with no LLM call.
     "ibex_core.find_result(uuid,text)",
     "ibex_core.load_slot(uuid,uuid,integer,integer)",
@@ -168,6 +171,15 @@ STAGE_STEPS = {
     "ibex_core.turn_status(uuid,uuid,integer)",
 }
 STAGE_PAUSE = "ibex_core.stage_pause(text)"
+
+#: Turn states and usage (000022), read under the caller's row-level security: a turn's state,
+#: a failure's class, a session's turns with state and usage, the org's turns by state.
+TURN_READS = {
+    "ibex_core.turn_state(ibex_core.extraction_turns,integer,integer)",
+    "ibex_core.turn_failure_class(text)",
+    "ibex_core.session_turns(uuid,integer,integer)",
+    "ibex_core.turn_state_counts(uuid[])",
+}
 
 #: Forgetting a user: called by the login role (it revokes tokens as that role, then switches
 #: to the tenant role itself), so no role here may execute it.
@@ -183,6 +195,7 @@ EXPECTED: dict[str, dict[str, Any]] = {
             BEARER_LOOKUP,
             PROGRESS,
             STAGE_PAUSE,
+            *TURN_READS,
             *SEARCH,
             *CHANGE,
             *SEMANTIC,
@@ -196,6 +209,7 @@ EXPECTED: dict[str, dict[str, Any]] = {
             BEARER_LOOKUP,
             PROGRESS,
             STAGE_PAUSE,
+            *TURN_READS,
             *SEARCH,
             *CHANGE,
             *SEMANTIC,
@@ -238,6 +252,7 @@ KNOWN_FUNCTIONS = {
     *SEMANTIC,
     FORGET_USER,
     PROGRESS,
+    *TURN_READS,
     SCAN_LEASE,
     STAGE_PAUSE,
     *STAGE_STEPS,
@@ -319,6 +334,11 @@ def seed(store: Any) -> tuple[uuid.UUID, uuid.UUID]:
             "INSERT INTO ibex_core.extraction_slots (org_id, session_id, turn_index, ordinal,"
             " idempotency_key, outcome) VALUES (%s, %s, 1, 0, %s, 'created')",
             (str(org_id), str(session_id), str(uuid.uuid4())),
+        )
+        db.execute_sql(
+            "INSERT INTO ibex_core.turn_usage (org_id, agent_id, session_id, turn_index,"
+            " llm_calls, input_tokens, output_tokens) VALUES (%s, %s, %s, 1, 1, 10, 2)",
+            (str(org_id), str(agent_id), str(session_id)),
         )
         db.execute_sql(
             "INSERT INTO ibex_memory.memories (org_id, agent_id, session_id, turn_index,"

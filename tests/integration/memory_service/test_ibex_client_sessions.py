@@ -22,7 +22,9 @@ from ibex_client import (
     IbexClient,
     MemorySource,
     NotFoundError,
+    Page,
     Progress,
+    RecordedTurn,
     Session,
     Turn,
     TurnConflictError,
@@ -227,3 +229,17 @@ def test_the_readme_client_example_runs_against_the_service(
         stored = ibex.get_session(session.id)
     assert (stored.status, stored.turn_count) == ("completed", 1)
     assert scope["hits"] == () and scope["block"] == ""
+
+
+def test_list_turns_reads_the_turns_back_page_by_page(ibex: Driver) -> None:
+    opened = ibex("create_session", "support-bot", create_agent=True, external_id="conv-turns")
+    ibex("append_turns", opened.id, [turn(1), turn(2), turn(3)])
+    first = ibex("list_turns", opened.id, limit=2)
+    assert isinstance(first, Page) and [t.turn_index for t in first] == [1, 2]
+    assert all(isinstance(t, RecordedTurn) for t in first)
+    assert first.items[0].messages == tuple(turn(1).messages)
+    assert {t.state for t in first} == {"pending"} and first.items[0].usage is None
+    rest = ibex("list_turns", str(opened.id), cursor=first.next_cursor)
+    assert [t.turn_index for t in rest] == [3] and rest.next_cursor is None
+    with pytest.raises(NotFoundError):
+        ibex("list_turns", uuid.uuid4())

@@ -19,8 +19,9 @@ from schemathesis import GenerationMode, checks
 from schemathesis.config import SchemathesisConfig
 from schemathesis.core.failures import Failure, FailureGroup
 
-from memory_service.cursor import encode_cursor
+from memory_service.cursor import encode_cursor, encode_turn_cursor
 from schema.memory import CURSOR_FORMAT
+from schema.sessions import TURN_CURSOR_FORMAT
 from sessions.store import SessionStore
 from tests.conftest import examples
 from tests.integration.memory_service.helpers import Tenant, make_token
@@ -30,6 +31,8 @@ from tests.integration.memory_service.helpers import Tenant, make_token
 CURSORS = st.builds(
     encode_cursor, st.datetimes(timezones=st.just(dt.UTC)).filter(lambda d: d.year > 1), st.uuids()
 )
+#: The turns list's cursor (its own format): a turn index.
+TURN_CURSORS = st.builds(encode_turn_cursor, st.integers(min_value=0, max_value=2**31 - 1))
 #: Every body over the body limit is 413 BODY_TOO_LARGE, as documented: a limit in bytes of
 #: the serialized body, which no JSON Schema keyword can state.
 CONFIG = SchemathesisConfig.from_dict(
@@ -97,6 +100,7 @@ def test_schemathesis_finds_no_rejected_valid_or_accepted_invalid_request(
     # A made-up user id is an unknown user, which no schema can state: bodies name acme's.
     user_id = SessionStore(db, bind_models=False).resolve_user(acme.org_id, external_id="fuzz")
     schemathesis.openapi.format(CURSOR_FORMAT, CURSORS)
+    schemathesis.openapi.format(TURN_CURSOR_FORMAT, TURN_CURSORS)
     schema = schemathesis.openapi.from_wsgi("/openapi.json", app, config=CONFIG)
     operations = [result.ok() for result in schema.get_all_operations()]
     assert len(operations) >= 10

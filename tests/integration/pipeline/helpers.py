@@ -380,6 +380,31 @@ def turn_rows(db: Any, session_id: uuid.UUID) -> dict[int, dict[str, Any]]:
     }
 
 
+def usage_rows(db: Any, session_id: uuid.UUID) -> dict[int, dict[str, Any]]:
+    """The usage ledger's rows of a session, by turn (at most one each: its primary key)."""
+    rows = db.execute_sql(
+        "SELECT turn_index, llm_calls, input_tokens, output_tokens, embedding_tokens,"
+        "       latency_ms, reused, model"
+        "  FROM ibex_core.turn_usage WHERE session_id = %s ORDER BY turn_index",
+        (str(session_id),),
+    ).fetchall()
+    keys = ("llm_calls", "input_tokens", "output_tokens", "embedding_tokens", "latency_ms")
+    return {
+        int(r[0]): {**dict(zip(keys, r[1:6], strict=True)), "reused": r[6], "model": r[7]}
+        for r in rows
+    }
+
+
+def assert_usage_counted_once(db: Any, session_id: uuid.UUID) -> None:
+    """Every turn with a persisted result has exactly one ledger row, whose LLM calls are the
+    turn's own counter: a retry, a redelivery or a replay added nothing."""
+    turns = turn_rows(db, session_id)
+    usage = usage_rows(db, session_id)
+    assert set(usage) == {t for t, r in turns.items() if r["result"] is not None}
+    for turn_index, row in usage.items():
+        assert row["llm_calls"] == turns[turn_index]["llm_calls"], (turn_index, row)
+
+
 def pointer_of(db: Any, session_id: uuid.UUID) -> int:
     row = db.execute_sql(
         "SELECT last_extracted_turn FROM ibex_core.sessions WHERE id = %s", (str(session_id),)

@@ -21,6 +21,7 @@ from tests.integration.pipeline.helpers import (
     Harness,
     SessionRef,
     assert_complete,
+    assert_usage_counted_once,
     crash_at,
     make_session,
     once_each,
@@ -51,6 +52,8 @@ def check_end_state(
     assert sum(calls) == TURNS + extra
     stored = turn_rows(db, ref.session_id)
     assert sum(r["llm_calls"] for r in stored.values()) == TURNS + extra
+    # The usage ledger holds one row per turn, written with the result, whatever crashed.
+    assert_usage_counted_once(db, ref.session_id)
 
 
 @pytest.mark.parametrize(

@@ -48,6 +48,7 @@ def test_every_command_is_a_module_of_the_cli_package() -> None:
         "token",
         "user",
         "search",
+        "session",
         "scan",
         "extract",
         "scheduler",
