@@ -17,6 +17,7 @@ import sys
 from collections.abc import Sequence
 
 from cli import (
+    budget,
     demo,
     dlq,
     extract,
@@ -32,6 +33,7 @@ from cli import (
     status,
     tokens,
     up,
+    usage,
     user,
 )
 from cli.common import EXIT_FAILURE, EXIT_OK, EXIT_USAGE, Command
@@ -53,6 +55,8 @@ COMMANDS: dict[str, Command] = {
     "user": user,
     "search": search,
     "session": session,
+    "usage": usage,
+    "budget": budget,
     "scan": scan,
     "extract": extract,
     "scheduler": scheduler,

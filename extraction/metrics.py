@@ -20,6 +20,14 @@ Series (all prefixed ``ibex_``):
 ``backlog_turns``                  gauge    unextracted turns by ``state`` (at the last scan)
 ``backlog_sessions``               gauge    sessions with unextracted turns (last scan)
 ``dead_letters``                   gauge    open dead letters by ``queue`` (last scan)
+``usage_llm_calls_total``          counter  by ``org`` (id) and ``model``: the call of each
+                                            stored answer (0 for a reused result), counted
+                                            when the result is stored, once per turn
+``usage_tokens_total``             counter  by ``org``, ``model`` and ``kind`` (input, output,
+                                            embedding), counted with the stored result
+``budget_waits_total``             counter  deliveries held back by the org's spent budget
+``budget_thresholds_total``        counter  budget thresholds crossed by ``org`` and
+                                            ``threshold`` (80, 100)
 =================================  =======  ==================================================
 """
 
@@ -54,6 +62,24 @@ class PipelineMetrics:
 
     def backlog(self, status: Any) -> None:
         """The backlog as :func:`extraction.status.collect` reported it."""
+
+    def usage(
+        self,
+        org: str,
+        model: str | None,
+        *,
+        llm_calls: int,
+        input_tokens: int,
+        output_tokens: int,
+        embedding_tokens: int,
+    ) -> None:
+        """A turn's usage, counted when its result is stored (once per turn)."""
+
+    def budget_wait(self, org: str) -> None:
+        """A turn of ``org`` found its budget spent: no LLM call, it waits."""
+
+    def budget_threshold(self, org: str, percent: int) -> None:
+        """``org`` crossed ``percent`` (80, 100) of its token budget."""
 
 
 class PrometheusMetrics(PipelineMetrics):
@@ -109,6 +135,27 @@ class PrometheusMetrics(PipelineMetrics):
                 "Sessions with unextracted turns, at the last scan.",
                 multiprocess_mode="mostrecent",
             ),
+            "usage_calls": prom.Counter(
+                "ibex_usage_llm_calls_total",
+                "LLM calls of extracted turns, counted with their result, by org and model.",
+                ["org", "model"],
+            ),
+            "usage_tokens": prom.Counter(
+                "ibex_usage_tokens_total",
+                "Tokens of extracted turns, counted with their result, by org, model and kind"
+                " (input, output, embedding).",
+                ["org", "model", "kind"],
+            ),
+            "budget_waits": prom.Counter(
+                "ibex_budget_waits_total",
+                "Deliveries of a turn held back by its org's spent token budget (no LLM call).",
+                ["org"],
+            ),
+            "budget_thresholds": prom.Counter(
+                "ibex_budget_thresholds_total",
+                "Token budget thresholds (80, 100 percent) crossed, by org.",
+                ["org", "threshold"],
+            ),
             "dead_letters": prom.Gauge(
                 "ibex_dead_letters",
                 "Open dead letters by queue, at the last scan.",
@@ -126,6 +173,33 @@ class PrometheusMetrics(PipelineMetrics):
             m["llm_tokens"].labels("prompt").inc(prompt_tokens)
         if completion_tokens:
             m["llm_tokens"].labels("completion").inc(completion_tokens)
+
+    def budget_wait(self, org: str) -> None:
+        self._metrics()["budget_waits"].labels(org).inc()
+
+    def budget_threshold(self, org: str, percent: int) -> None:
+        self._metrics()["budget_thresholds"].labels(org, str(percent)).inc()
+
+    def usage(
+        self,
+        org: str,
+        model: str | None,
+        *,
+        llm_calls: int,
+        input_tokens: int,
+        output_tokens: int,
+        embedding_tokens: int,
+    ) -> None:
+        m = self._metrics()
+        label = model or "unknown"
+        m["usage_calls"].labels(org, label).inc(llm_calls)
+        for kind, n in (
+            ("input", input_tokens),
+            ("output", output_tokens),
+            ("embedding", embedding_tokens),
+        ):
+            if n:
+                m["usage_tokens"].labels(org, label, kind).inc(n)
 
     def memory_write(self, status: int | None, code: str | None) -> None:
         self._metrics()["writes"].labels(str(status or "none"), code or "").inc()

@@ -67,6 +67,7 @@ from extraction.values import (
     Claimed,
     GaveUp,
     LlmAnswer,
+    OverBudget,
     Persisted,
     PersistedResult,
     TurnRef,
@@ -302,6 +303,13 @@ def extract_turn(
             f"turn {ref.turn_index} of {ref.session_id} is being extracted by another delivery",
             retry_after=begun.retry_after,
         )
+    if isinstance(begun, OverBudget):
+        # No LLM call, no attempt counted, no retry consumed: the message ends here and the
+        # scan sends the turn again when its short lease ends (or at once once the budget is
+        # raised), so the turn waits in the database, never in the queue.
+        deps.metrics.budget_wait(str(ref.org_id))
+        log.info("turn %s waits: its org's token budget is spent", ref)
+        return []
     if isinstance(begun, GaveUp):
         raise ExtractionAbandonedError(
             f"turn {ref.turn_index} of {ref.session_id}: gave up after {begun.attempts}"
@@ -490,6 +498,20 @@ def _persist(
             pause = min(pause * 2, longest)
             continue
         deps.turns.answers.discard(ref)
+        if stored.budget_crossed is not None:
+            deps.metrics.budget_threshold(str(ref.org_id), stored.budget_crossed)
+            log.warning(
+                "org %s reached %d%% of its token budget", ref.org_id, stored.budget_crossed
+            )
+        if stored.stored_now:
+            deps.metrics.usage(
+                str(ref.org_id),
+                answer.model,
+                llm_calls=0 if answer.reused else 1,
+                input_tokens=answer.prompt_tokens,
+                output_tokens=answer.completion_tokens,
+                embedding_tokens=answer.embedding_tokens,
+            )
         return stored
 
 

@@ -57,6 +57,7 @@ from extraction.values import (
     Busy,
     Claimed,
     GaveUp,
+    OverBudget,
     Persisted,
     PersistedResult,
     PointerOutcome,
@@ -246,6 +247,8 @@ class TurnStore:
             return Busy(float(retry_after))
         if outcome == "gave_up":
             return GaveUp(int(attempts), last_error)
+        if outcome == "over_budget":
+            return OverBudget()
         assert outcome == "claimed", outcome
         return Claimed(
             token,
@@ -313,6 +316,18 @@ class TurnStore:
                 found[TurnRef(org, uuid.UUID(str(sid)), int(turn_index))] = str(error)
         return found
 
+    def release_budget_waits(self, org_id: UUIDLike) -> int:
+        """The org's budget changed: end the short leases of its turns waiting for it, so
+        the next scan sends them at once (each checks the budget again before any LLM
+        call). How many were waiting."""
+        with tenant(self.db, org_id):
+            return int(
+                self._sql(
+                    "UPDATE ibex_core.extraction_turns SET lease_expires_at = NULL"
+                    " WHERE waiting_for_budget AND state = 'pending'"
+                ).rowcount
+            )
+
     def keep_leased(self, ref: TurnRef, lease_seconds: int, error: str) -> None:
         """A write of this turn failed and will be retried: keep the scan from sending the turn
         again meanwhile (a lost retry still ends with the lease, and the scan takes over)."""
@@ -372,11 +387,17 @@ class TurnStore:
         ).fetchone()
         if row is None:
             raise RowNotFoundError(f"turn {ref.turn_index} of {ref.session_id} vanished")
-        mine, stored_result, stored_provider, stored_model, pt, ct, written, agent, user = row
+        (mine, stored_result, stored_provider, stored_model, pt, ct, written, agent, user,
+         crossed) = row  # fmt: skip
         stored = PersistedResult.from_row(stored_result, stored_provider, stored_model, pt, ct)
         if mine:
             self.slot_cache.put(ref, uuid.UUID(str(agent)), _user(user), stored)
-        return Persisted(stored, frozenset(int(o) for o in written or ()))
+        return Persisted(
+            stored,
+            frozenset(int(o) for o in written or ()),
+            bool(mine),
+            None if crossed is None else int(crossed),
+        )
 
     # -- write_memory ----------------------------------------------------------------------
 

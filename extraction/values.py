@@ -138,6 +138,16 @@ class Persisted:
 
     result: PersistedResult
     written: frozenset[int]
+    #: This call stored the result (and the turn's usage row); False: found stored.
+    stored_now: bool = False
+    #: The budget threshold (80, 100) this result made its org cross, if any.
+    budget_crossed: int | None = None
+
+
+@dataclass(frozen=True)
+class OverBudget:
+    """The org's token budget is spent: no LLM call; the turn waits (``waiting_for_budget``)
+    and the scan sends it again when its short lease ends."""
 
 
 @dataclass(frozen=True)
@@ -164,7 +174,7 @@ class GaveUp:
     last_error: str | None
 
 
-BeginOutcome = AlreadyDone | Busy | Persisted | Claimed | GaveUp
+BeginOutcome = AlreadyDone | Busy | Persisted | Claimed | GaveUp | OverBudget
 
 
 @dataclass(frozen=True)
@@ -211,6 +221,7 @@ __all__ = [
     "Claimed",
     "GaveUp",
     "LlmAnswer",
+    "OverBudget",
     "Persisted",
     "PersistedResult",
     "PointerOutcome",

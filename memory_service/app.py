@@ -29,6 +29,8 @@ from core.db import make_pool as db_pool
 from core.errors import DatabaseUnavailableError
 from core.prices import PriceTable
 from embeddings import Embedder, QueryCache, embedder_from_settings
+from extraction.budgets import BudgetStore
+from extraction.usage import UsageReader
 from memories.auth import Authenticator
 from memories.idempotency import IdempotencyStore
 from memories.search.service import SearchService
@@ -52,6 +54,7 @@ from memory_service.openapi.document import build_spec
 from memory_service.openapi.endpoints import OpenApiResource
 from memory_service.search.endpoints import ContextResource, SearchResource
 from memory_service.sessions.endpoints import add_routes as add_session_routes
+from memory_service.usage.endpoints import add_routes as add_usage_routes
 from memory_service.users.endpoints import UserResource
 from sessions.agents import AgentResolver
 from sessions.store import SessionStore
@@ -173,7 +176,9 @@ def create_app(
     )
     app.add_route("/v1/memories/search", SearchResource(api, reads, users, agents))
     app.add_route("/v1/context", ContextResource(api, reads, users, agents))
-    add_session_routes(app, api, db, users, PriceTable.from_json(settings.llm_prices))
+    prices = PriceTable.from_json(settings.llm_prices)
+    add_session_routes(app, api, db, users, prices)
+    add_usage_routes(app, api, UsageReader(db, prices), BudgetStore(db))
     app.add_route("/v1/users/{user}", UserResource(api, users))
     check = None
     if embedder is not None:

@@ -28,6 +28,7 @@ SCOPES = (
     "sessions:write",
     "memory:admin",
     "users:delete",
+    "usage:read",
 )
 MAX_CONTENT_CHARS = 4000
 MAX_METADATA_BYTES = 16384

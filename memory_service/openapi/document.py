@@ -26,6 +26,7 @@ from memory_service.openapi.parts import (
 from memory_service.search.openapi import document as document_search
 from memory_service.sessions.openapi import document as document_sessions
 from memory_service.sessions.openapi import finish as finish_sessions
+from memory_service.usage.openapi import document as document_usage
 from memory_service.users.openapi import document as document_users
 from schema.memory import ERROR_CODES, ErrorSchema, HealthSchema
 
@@ -99,6 +100,7 @@ def build_spec(max_body_bytes: int, embedding: tuple[str, int] | None = None) ->
     document_search(spec, secured, max_body_bytes)
     document_sessions(spec, secured, max_body_bytes)
     document_users(spec, secured)
+    document_usage(spec, secured)
     health = {"application/json": {"schema": "Health"}}
     spec.path(
         path="/healthz",

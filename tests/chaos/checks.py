@@ -243,6 +243,24 @@ def end_state(
             if tag and int(tag.group(1)) > calls:
                 bad.append(f"turn {sid}/{ti}: stored wording {tag.group(1)} of {calls} calls")
 
+    # Usage counted once: every turn with a stored result has exactly one ledger row (its
+    # primary key forbids a second), written with the result, whose LLM calls are the turn's
+    # own counter, whatever crashed, was retried or replayed.
+    usage = {
+        (sid, int(ti)): int(calls)
+        for sid, ti, calls in _rows(
+            db, "SELECT session_id::text, turn_index, llm_calls FROM ibex_core.turn_usage"
+        )
+    }
+    for sid, ti, _state, result, _count, llm_calls, _attempts in turns:
+        counted = usage.pop((sid, int(ti)), None)
+        if result is not None and counted != int(llm_calls):
+            bad.append(f"turn {sid}/{ti}: usage ledger says {counted} calls, claims {llm_calls}")
+        if result is None and counted is not None:
+            bad.append(f"turn {sid}/{ti}: usage counted without a stored result")
+    if usage:
+        bad.append(f"usage rows for unknown turns: {list(usage)[:3]}")
+
     # Whose memory: every memory of a session carries that session's user (none for an
     # agent-wide session), however the run was cut.
     wrong_user = _rows(

@@ -55,6 +55,11 @@ def _extracted(db: Any, ref: SessionRef, memories: int = 2, pointer: int | None 
             " VALUES (%s, %s, %s, 'done', %s::jsonb, %s, 1, 1)",
             (str(ref.org_id), str(ref.session_id), turn, json.dumps(result), memories),
         )
+        db.execute_sql(
+            "INSERT INTO ibex_core.turn_usage (org_id, agent_id, session_id, turn_index,"
+            " llm_calls, input_tokens, output_tokens) VALUES (%s, %s, %s, %s, 1, 11, 7)",
+            (str(ref.org_id), str(ref.agent_id), str(ref.session_id), turn),
+        )
         for o in range(memories):
             db.execute_sql(
                 "INSERT INTO ibex_core.extraction_slots (org_id, session_id, turn_index, ordinal,"
@@ -140,6 +145,7 @@ def test_a_second_answer_is_allowed_only_for_a_turn_a_fault_held(
 ) -> None:
     stats = _stats(store, db, answers=2)
     db.execute_sql("UPDATE ibex_core.extraction_turns SET llm_calls = 2")
+    db.execute_sql("UPDATE ibex_core.turn_usage SET llm_calls = 2")  # as persisted with them
     violations = end_state(db, store, stats, []).violations
     assert sum("LLM answers, allowed 1" in v for v in violations) == 3, violations
     held = frozenset((str(ref.session_id), t) for t in (1, 2, 3))
@@ -190,4 +196,22 @@ def test_a_fault_that_hit_nothing_is_reported_as_proving_nothing(tmp_path: Any) 
     stack._record("pg_terminate_backend", "hit 0 backends mid-transaction", hit=0)
     assert stack.proved_nothing() == [
         "fault at 0.0s proved nothing: pg_terminate_backend: hit 0 backends mid-transaction"
+    ]
+
+
+def test_a_turn_whose_usage_is_missing_or_miscounted_is_a_violation(
+    db: Any, store: SessionStore, ref: SessionRef
+) -> None:
+    db.execute_sql(
+        "DELETE FROM ibex_core.turn_usage WHERE session_id = %s AND turn_index = 1",
+        (str(ref.session_id),),
+    )
+    db.execute_sql(
+        "UPDATE ibex_core.turn_usage SET llm_calls = 2 WHERE session_id = %s AND turn_index = 2",
+        (str(ref.session_id),),
+    )
+    violations = end_state(db, store, _stats(store, db), []).violations
+    assert violations == [
+        f"turn {ref.session_id}/1: usage ledger says None calls, claims 1",
+        f"turn {ref.session_id}/2: usage ledger says 2 calls, claims 1",
     ]

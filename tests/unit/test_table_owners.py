@@ -46,6 +46,7 @@ OWNERS = {
     "ibex_core.extraction_turns": "extraction/turns.py",
     "ibex_core.extraction_slots": "extraction/turns.py",
     "ibex_core.dead_letters": "extraction/deadletter_rows.py",
+    "ibex_core.org_budgets": "extraction/budgets.py",
     "ibex_memory.memories": "memories/store.py",
     "ibex_memory.embedding_models": "memories/vectors.py",
     "ibex_memory.api_tokens": "memories/tokens.py",

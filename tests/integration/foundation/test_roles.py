@@ -66,6 +66,9 @@ TENANT_TABLES: dict[str, dict[str, Any]] = {
     "ibex_core.extraction_slots": {"SELECT": ALL, "INSERT": ALL},
     # The usage ledger (000022): written with the turn's result, never changed.
     "ibex_core.turn_usage": {"SELECT": ALL, "INSERT": ALL},
+    # Budgets (000022): set by the owner (`ibex budget`); the tenant role reads its org's and
+    # counts each stored result's tokens into it.
+    "ibex_core.org_budgets": {"SELECT": ALL, "UPDATE": {"used", "period_start", "reported"}},
     "ibex_core.dead_letters": {},  # operator data, written by the owner
     "ibex_core.users": {"SELECT": ALL, "INSERT": ALL, "UPDATE": ALL},  # never deleted by it
     "ibex_memory.memories": {"SELECT": ALL, "INSERT": ALL, "UPDATE": ALL},
@@ -179,6 +182,7 @@ TURN_READS = {
     "ibex_core.turn_failure_class(text)",
     "ibex_core.session_turns(uuid,integer,integer)",
     "ibex_core.turn_state_counts(uuid[])",
+    "ibex_core.budget_period_start(text)",
 }
 
 #: Forgetting a user: called by the login role (it revokes tokens as that role, then switches
@@ -334,6 +338,11 @@ def seed(store: Any) -> tuple[uuid.UUID, uuid.UUID]:
             "INSERT INTO ibex_core.extraction_slots (org_id, session_id, turn_index, ordinal,"
             " idempotency_key, outcome) VALUES (%s, %s, 1, 0, %s, 'created')",
             (str(org_id), str(session_id), str(uuid.uuid4())),
+        )
+        db.execute_sql(
+            "INSERT INTO ibex_core.org_budgets (org_id, token_limit, period, period_start)"
+            " VALUES (%s, 1000, 'month', now())",
+            (str(org_id),),
         )
         db.execute_sql(
             "INSERT INTO ibex_core.turn_usage (org_id, agent_id, session_id, turn_index,"

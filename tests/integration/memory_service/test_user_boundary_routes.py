@@ -104,6 +104,7 @@ def test_session_routes_answer_a_bound_token_as_for_an_unknown_session(people: P
     }
     for method, suffix, body in [
         ("GET", "", None),
+        ("GET", "/turns", None),
         ("POST", "/turns", {"turns": [turn]}),
         ("POST", "/complete", None),
         ("POST", "/abandon", None),

@@ -49,6 +49,8 @@ def test_every_command_is_a_module_of_the_cli_package() -> None:
         "user",
         "search",
         "session",
+        "usage",
+        "budget",
         "scan",
         "extract",
         "scheduler",
