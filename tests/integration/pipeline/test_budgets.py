@@ -3,13 +3,17 @@ dead-lettered, never lost) while other orgs go on, and raising the budget drains
 
 The check sits in ``begin_extract`` (when an LLM call is claimed) and the count in
 ``persist_result`` (when a result is stored), so the overrun is at most the calls in flight
-when the limit was reached: here one delivery at a time, so none."""
+when the limit was reached: none with one delivery at a time, at most the other threads'
+calls with several (the last test, where all three of them land)."""
 
 from __future__ import annotations
 
+import threading
+from collections import deque
 from typing import Any
 
 from extraction.budgets import BudgetStore
+from extraction.dispatch import run_message
 from extraction.metrics import PipelineMetrics
 from extraction.stages import extract_turn, scan
 from tests.integration.pipeline.helpers import (
@@ -106,3 +110,54 @@ def test_a_zero_budget_holds_every_call_and_clearing_it_resumes_at_once(
     Harness(deps).drain(scan(deps).sent)  # cleared: sent again at once
     assert_complete(db, memory, [a])
     assert provider.total_calls == 2
+
+
+THREADS = 4
+
+
+def test_concurrent_deliveries_overrun_the_budget_by_at_most_the_calls_in_flight(
+    store: Any, db: Any, deps: Any, memory: FakeMemoryService
+) -> None:
+    """Four threads deliver at once (as one worker process with WORKER_THREADS=4), each LLM
+    call taking 50 ms so calls overlap: once the limit is reached no new call is claimed, and
+    the calls already in flight (at most the other threads') are the whole overrun."""
+    deps.provider = provider = FakeProvider(memories=1, latency=0.05)
+    a = make_session(store, 20, org="acme")
+    b = make_session(store, 6, org="globex")
+    budgets = BudgetStore(store.db)
+    budgets.set(a.org_id, 2 * PER_CALL - 1)  # reached by the second stored result
+    queue = deque(scan(deps).sent)
+    lock = threading.Lock()
+    errors: list[BaseException] = []
+
+    def work() -> None:
+        while True:
+            with lock:
+                if not queue:
+                    return
+                message = queue.popleft()
+            try:
+                follow = run_message(deps, message.actor_name, message.kwargs)
+            except BaseException as exc:  # surfaced below
+                errors.append(exc)
+                return
+            with lock:
+                queue.extend(follow)
+
+    threads = [threading.Thread(target=work) for _ in range(THREADS)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=60)
+    assert not errors, errors
+    a_calls = sum(n for (sid, _), n in provider.calls.items() if sid == a.session_id)
+    assert 2 <= a_calls <= 2 + THREADS - 1, a_calls
+    spent = budgets.get(a.org_id)
+    assert spent is not None and spent.used - spent.limit <= THREADS * PER_CALL
+    assert spent.waiting_turns == 20 - a_calls
+    assert_complete(db, memory, [b])  # the other org went on
+
+    budgets.set(a.org_id, 1000 * PER_CALL)
+    Harness(deps).drain(scan(deps).sent)
+    assert_complete(db, memory, [a, b])
+    assert all(n == 1 for n in provider.calls.values()) and provider.total_calls == 26
