@@ -132,7 +132,7 @@ class ConversationPage(Page):
         session, progress = info.session, info.progress
         after = int_param(req, "after")
         first, last = after + 1, min(after + PAGE_SIZE, session.turn_count)
-        turns = deps.sessions.sessions.read_turns(org_id, session_id, first, last)
+        turns = reads.turns(deps.db, org_id, session_id, first, last)
         states = turn_states(deps.db, org_id, session_id, progress.pointer, first, last)
         produced = reads.turn_memories(deps.db, org_id, session_id, first, last)
         items = [self._turn(who, t, states[t.turn_index], produced) for t in turns]

@@ -178,8 +178,8 @@ class PersonPage(Page):
                     )
                 )
             versions = fmt(
-                '<details><summary>History: {} earlier version(s)</summary><ol class="history">{}'
-                "</ol></details>",
+                "<details open><summary>History: {} earlier version(s)</summary>"
+                '<ol class="history">{}</ol></details>',
                 len(older),
                 Markup("".join(lines)),
             )

@@ -1,8 +1,9 @@
 """The console's reads that no API route makes: an agent's people with their memory counts, a
 person's memories of one kind, the superseded versions behind a page of memories, the memories
-of a range of turns. Read only, each one statement in the org's tenant transaction (row-level
-security applies), keyset-paged, each served by an index (``idx_memories_agent_user``,
-``idx_memories_superseded_by``, ``idx_memories_session``, the users' unique key)."""
+and the recorded content of a range of turns. Read only, each one statement in the org's tenant
+transaction (row-level security applies), keyset-paged, each served by an index
+(``idx_memories_agent_user``, ``idx_memories_superseded_by``, ``idx_memories_session``, the
+users' unique key, the checkpoints' (session, turn) key)."""
 
 from __future__ import annotations
 
@@ -17,6 +18,7 @@ import peewee
 from core.db import tenant
 from memories.scope import ReadScope
 from memories.store import COLUMNS, MemoryRow
+from sessions.turns import TurnRecord
 
 PERSON_COLUMNS = ", ".join(f"m.{c.strip()}" for c in COLUMNS.split(","))
 
@@ -157,3 +159,24 @@ def turn_memories(
         memory = MemoryRow.from_db(row)
         out[int(memory.turn_index or 0)].append(memory)
     return dict(out)
+
+
+TURNS_SQL = """
+SELECT c.turn_index, c.prompt_tokens, c.completion_tokens, c.latency_ms, p.messages, p.completion
+  FROM ibex_core.checkpoints c
+  JOIN ibex_core.checkpoint_payloads p ON p.checkpoint_id = c.id
+ WHERE c.org_id = %s AND c.session_id = %s AND c.turn_index BETWEEN %s AND %s
+ ORDER BY c.turn_index
+"""
+
+
+def turns(
+    db: peewee.Database, org_id: uuid.UUID, session_id: uuid.UUID, first: int, last: int
+) -> list[TurnRecord]:
+    """Turns ``first..last`` of a session as recorded (the unique (session, turn) key)."""
+    with tenant(db, org_id):
+        rows = db.execute_sql(TURNS_SQL, (str(org_id), str(session_id), first, last)).fetchall()
+    return [
+        TurnRecord(session_id, int(ti), msgs, comp, int(pt), int(ct), int(lat))
+        for ti, pt, ct, lat, msgs, comp in rows
+    ]
