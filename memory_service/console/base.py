@@ -95,8 +95,16 @@ class _Base:
     def __init__(self, deps: ConsoleDeps) -> None:
         self.deps = deps
 
-    def _guard(self, req: falcon.Request, resp: falcon.Response, run: Callable[[], None]) -> None:
-        who: Viewer | None = None
+    def _guard(
+        self,
+        req: falcon.Request,
+        resp: falcon.Response,
+        run: Callable[[], None],
+        seen: list[Viewer] | None = None,
+    ) -> None:
+        """Run ``run``, answering its refusals as pages (with the navigation of the viewer it
+        put in ``seen``, once known)."""
+        who = seen[0] if seen else None
         try:
             run()
         except SignInNeeded:
@@ -105,10 +113,13 @@ class _Base:
             else:
                 answer(resp, 401, layout("Signed out", esc("Sign in again."), None))
         except Refused as exc:
+            who = seen[0] if seen else None
             answer(resp, exc.status, layout(exc.title, fmt("<p>{}</p>", exc.message), who))
         except ErrorAnswer as exc:
+            who = seen[0] if seen else None
             answer(resp, exc.status_code, layout("Refused", fmt("<p>{}</p>", exc.message), who))
         except DatabaseUnavailableError:
+            who = seen[0] if seen else None
             answer(resp, 503, layout("Unavailable", esc("The database did not answer."), who))
 
 
@@ -116,12 +127,15 @@ class Page(_Base):
     """A GET page: :meth:`get` returns (title, body) for the signed-in viewer."""
 
     def on_get(self, req: falcon.Request, resp: falcon.Response, **params: Any) -> None:
+        seen: list[Viewer] = []
+
         def run() -> None:
             who = viewer(self.deps.api, req)
+            seen.append(who)
             title, body = self.get(req, who, **params)
             answer(resp, 200, layout(title, body, who))
 
-        self._guard(req, resp, run)
+        self._guard(req, resp, run, seen)
 
     def get(self, req: falcon.Request, who: Viewer, **params: Any) -> tuple[str, Markup]:
         raise NotImplementedError
@@ -132,8 +146,11 @@ class Action(_Base):
     next (303) or a (title, body) page to show."""
 
     def on_post(self, req: falcon.Request, resp: falcon.Response, **params: Any) -> None:
+        seen: list[Viewer] = []
+
         def run() -> None:
             who = viewer(self.deps.api, req)
+            seen.append(who)
             form = read_form(req)
             who.check_csrf(form)
             result = self.post(req, who, form, **params)
@@ -142,7 +159,7 @@ class Action(_Base):
             else:
                 answer(resp, 200, layout(result[0], result[1], who))
 
-        self._guard(req, resp, run)
+        self._guard(req, resp, run, seen)
 
     def post(
         self, req: falcon.Request, who: Viewer, form: dict[str, str], **params: Any

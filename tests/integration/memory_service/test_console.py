@@ -253,3 +253,55 @@ def test_an_admin_revokes_a_token_of_its_org_with_the_csrf_token(
     ).fetchall()
     assert {str(r[0]): r[1] for r in rows} == {str(victim_id): True, str(foreign_id): False}
     assert victim
+
+
+def test_each_turn_state_is_read_from_the_pipeline_tables(
+    http: httpx.Client, db: Any, acme: Tenant, world: World
+) -> None:
+    from memory_service.console.turn_states import turn_states
+
+    org = make_token(db, acme.org_id, ALL)[0]
+    body = {"agent_id": str(acme.agent_id), "external_id": "states", "user": "dana"}
+    session = http.post("/v1/sessions", json=body, headers=auth(org)).json()["id"]
+    turns = [
+        {
+            "turn_index": i,
+            "messages": [{"role": "user", "content": f"turn {i}"}],
+            "completion": {"role": "assistant", "content": "ok"},
+        }
+        for i in range(1, 7)
+    ]
+    added = http.post(f"/v1/sessions/{session}/turns", json={"turns": turns}, headers=auth(org))
+    assert added.status_code == 201
+    rows = [(1, "done", 2), (2, "done", 0), (3, "extracted", 1), (4, "failed", None),
+            (5, "pending", None)]  # fmt: skip
+    for index, state, count in rows:
+        db.execute_sql(
+            "INSERT INTO ibex_core.extraction_turns"
+            " (org_id, session_id, turn_index, state, result, memory_count)"
+            " VALUES (%s, %s, %s, %s, %s, %s)",
+            (
+                str(acme.org_id),
+                session,
+                index,
+                state,
+                None if count is None else '{"memories": []}',
+                count,
+            ),
+        )
+    db.execute_sql(
+        "UPDATE ibex_core.sessions SET last_extracted_turn = 2 WHERE id = %s", (session,)
+    )
+    states = turn_states(db, acme.org_id, uuid.UUID(session), 2, 1, 6)
+    assert states == {
+        1: "extracted",
+        2: "empty",
+        3: "extracting",
+        4: "dead_lettered",
+        5: "pending",
+        6: "pending",
+    }
+    sign_in(http, org)
+    page = http.get(f"/console/conversations/{session}").text
+    for state in ("extracted", "empty", "extracting", "dead_lettered", "pending"):
+        assert f'class="state state-{state}"' in page
