@@ -20,12 +20,12 @@ from extraction.deadletters import DeadLetter
 from extraction.status import collect, throughput
 from memory_service.console.base import Action, Page
 from memory_service.console.markup import Markup, esc, fmt, hidden, link, table, url
+from memory_service.console.paging import keyed_page, next_link
 from memory_service.console.people import when
 from memory_service.console.session import Refused, Viewer
 from schema.messages import WORKER_QUEUES
 
 THROUGHPUT_MINUTES = 15
-MAX_LETTERS = 200
 
 
 def need_operator(who: Viewer) -> None:
@@ -109,10 +109,13 @@ class PipelinePage(Page):
             empty="",
         )
         try:
-            letters = [x for x in deps.dead_letters().list() if visible(who, x)][:MAX_LETTERS]
+            every = [x for x in deps.dead_letters().list() if visible(who, x)]
         except redis.RedisError:
             notes.append("Redis did not answer: dead letters unknown")
-            letters = []
+            every = []
+        letters, more_letters = keyed_page(
+            every, lambda x: (x.failed_at, x.ref), req.get_param("letters")
+        )
         dead = table(
             ["id", "queue", "actor", "slot", "failed", "tries", "reason", ""],
             [
@@ -137,11 +140,11 @@ class PipelinePage(Page):
             ],
             empty="No dead letters.",
         )
-        tokens = [
-            t
-            for t in deps.tokens.list()
-            if own is None or (t.org_id is not None and t.org_id == own)
-        ]
+        tokens, more_tokens = keyed_page(
+            [t for t in deps.tokens.list() if own is None or t.org_id == own],
+            lambda t: (t.created_at, str(t.id)),
+            req.get_param("tokens"),
+        )
         token_rows = table(
             ["prefix", "name", "owner", "scopes", "created", "last used", "state", ""],
             [
@@ -172,11 +175,19 @@ class PipelinePage(Page):
             + fmt("<h2>Throughput</h2>")
             + rate
             + fmt("<h2>Dead letters</h2>")
+            + fmt('<p class="meta">{} open</p>', len(every))
             + dead
+            + self._next(req, who, "letters", more_letters)
             + fmt("<h2>Tokens</h2>")
             + token_rows
+            + self._next(req, who, "tokens", more_tokens)
         )
         return "Pipeline", body
+
+    def _next(self, req: falcon.Request, who: Viewer, name: str, cursor: str | None) -> Markup:
+        if cursor is None:
+            return Markup("")
+        return next_link(url(req.path, who.params(**{name: cursor})), f"More {name} →")
 
 
 def _back(who: Viewer, text: str) -> tuple[str, Markup]:
