@@ -225,6 +225,11 @@ def test_the_console_in_a_browser(stack: Stack, chromium: Any, db: Any, tmp_path
     page = context.new_page()
     base = stack.base
     sign_in(page, base, stack.admin)
+    (cookie,) = [c for c in context.cookies() if c["name"] == "ibex_console"]
+    assert cookie["httpOnly"] and cookie["sameSite"] == "Strict" and cookie["path"] == "/console"
+    shown = page.goto(base + "/console/people")
+    assert shown is not None
+    assert "script-src 'none'" in shown.headers["content-security-policy"]
     assert page.locator("text=dana").first.is_visible()
     page.screenshot(path=str(shots / "people.png"), full_page=True)
 
