@@ -104,7 +104,6 @@ class _Base:
     ) -> None:
         """Run ``run``, answering its refusals as pages (with the navigation of the viewer it
         put in ``seen``, once known)."""
-        who = seen[0] if seen else None
         try:
             run()
         except SignInNeeded:
@@ -112,15 +111,15 @@ class _Base:
                 redirect(resp, url("/console/signin", {"next": req.relative_uri}))
             else:
                 answer(resp, 401, layout("Signed out", esc("Sign in again."), None))
-        except Refused as exc:
+        except (Refused, ErrorAnswer, DatabaseUnavailableError) as exc:
             who = seen[0] if seen else None
-            answer(resp, exc.status, layout(exc.title, fmt("<p>{}</p>", exc.message), who))
-        except ErrorAnswer as exc:
-            who = seen[0] if seen else None
-            answer(resp, exc.status_code, layout("Refused", fmt("<p>{}</p>", exc.message), who))
-        except DatabaseUnavailableError:
-            who = seen[0] if seen else None
-            answer(resp, 503, layout("Unavailable", esc("The database did not answer."), who))
+            if isinstance(exc, Refused):
+                status, title, message = exc.status, exc.title, exc.message
+            elif isinstance(exc, ErrorAnswer):
+                status, title, message = exc.status_code, "Refused", exc.message
+            else:
+                status, title, message = 503, "Unavailable", "The database did not answer."
+            answer(resp, status, layout(title, fmt("<p>{}</p>", message), who))
 
 
 class Page(_Base):
