@@ -411,11 +411,23 @@ class DeadLetterStore:
         for letter in self.list(queue=queue):
             if cutoff is not None and letter.failed_at > cutoff:
                 continue
-            pipe = self.redis.pipeline()
-            pipe.zrem(self._xq(letter.queue), letter.redis_message_id)
-            pipe.hdel(self._xq(letter.queue) + ".msgs", letter.redis_message_id)
-            pipe.execute()
-            if letter.mirror_id is not None:
-                deadletter_rows.mark_purged(self.db, letter.mirror_id)
+            self._purge_one(letter)
             purged += 1
         return purged
+
+    def discard(self, ref: str) -> bool:
+        """Delete one open dead letter (Redis and mirror), by any of its ids; False when there
+        is no open letter by that id (already replayed or discarded)."""
+        letter = self.get(ref)
+        if letter is None:
+            return False
+        self._purge_one(letter)
+        return True
+
+    def _purge_one(self, letter: DeadLetter) -> None:
+        pipe = self.redis.pipeline()
+        pipe.zrem(self._xq(letter.queue), letter.redis_message_id)
+        pipe.hdel(self._xq(letter.queue) + ".msgs", letter.redis_message_id)
+        pipe.execute()
+        if letter.mirror_id is not None:
+            deadletter_rows.mark_purged(self.db, letter.mirror_id)

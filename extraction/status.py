@@ -188,4 +188,25 @@ def collect(
     return Status(orgs, total, queue_stats, now.isoformat())
 
 
-__all__ = ["BACKLOG_SQL", "OrgBacklog", "QueueCounts", "Status", "collect"]
+THROUGHPUT_SQL = """
+SELECT floor(extract(epoch FROM now() - t.updated_at) / 60)::int AS minutes_ago, count(*)
+  FROM ibex_core.extraction_turns t
+ WHERE t.state = 'done' AND t.updated_at > now() - make_interval(mins => %s)
+   AND (%s::uuid IS NULL OR t.org_id = %s::uuid)
+ GROUP BY 1
+"""
+
+
+def throughput(db: peewee.Database, minutes: int, org_id: str | None = None) -> list[int]:
+    """Turns finished in each of the last ``minutes`` minutes, the current minute first (every
+    org's, or ``org_id``'s); read as the operator role."""
+    with operator_scope(db):
+        rows = db.execute_sql(THROUGHPUT_SQL, (minutes, org_id, org_id)).fetchall()
+    counts = [0] * minutes
+    for ago, count in rows:
+        if 0 <= int(ago) < minutes:
+            counts[int(ago)] = int(count)
+    return counts
+
+
+__all__ = ["BACKLOG_SQL", "OrgBacklog", "QueueCounts", "Status", "collect", "throughput"]

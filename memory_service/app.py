@@ -40,7 +40,7 @@ from memories.store import MemoryStore
 from memories.tokens import TokenStore
 from memories.users import UserService
 from memories.vectors import EmbeddingStore
-from memory_service import docs_page, errors
+from memory_service import console, docs_page, errors
 from memory_service.agents import AgentResource
 from memory_service.health import HealthResource, ReadyResource, SchemaGate
 from memory_service.http import Api
@@ -197,4 +197,9 @@ def create_app(
     app.add_route("/openapi.json", OpenApiResource(spec))
     app.add_route("/metrics", MetricsResource(metrics))
     docs_page.add_routes(app)
+    # The console reads the broker's Redis (dead letters, queue depths).
+    broker = make_redis(settings.redis_url) if settings.idempotency_redis_url else redis_client
+    console.add_routes(
+        app, settings, api=api, db=db, users=users, searches=reads, broker_redis=broker
+    )
     return app

@@ -91,6 +91,7 @@ def world(store: Any, db: Any, database_url: str, redis_url: str, env: None):  #
             "broker": broker,
             "redis": client,
             "redis_url": redis_url,
+            "database_url": database_url,
         }
 
 
@@ -242,3 +243,69 @@ def test_fresh_payload_resets_attempts_and_keeps_the_identity() -> None:
     assert fresh["message_timestamp"] == 1234 and fresh["kwargs"] == {"turn_index": 2}
     assert fresh["options"] == {"retries": 0, "redis_message_id": "new"}
     assert payload["options"]["retries"] == 20  # the input is not modified
+
+
+# -- the console's pipeline page: the same replay and discard, behind a form -----------------
+
+
+def _console(world: dict[str, Any], scopes: list[str], org: str = "") -> tuple[Any, str]:
+    """A console client signed in with a new token of the letter's org (or of ``org``); its
+    CSRF token."""
+    import re
+
+    import httpx
+
+    from core.config import Settings
+    from memories.tokens import TokenStore
+    from memory_service.app import create_app
+
+    settings = Settings.from_env(
+        {"DATABASE_URL": world["database_url"], "REDIS_URL": world["redis_url"]}
+    )
+    app = create_app(settings, db=world["db"], redis_client=world["redis"], embedder=None)
+    tokens = TokenStore(world["db"])
+    org_id = tokens.ensure_org(org) if org else world["ref"].org_id
+    token = tokens.issue(org_id=org_id, name="console", scopes=scopes)[1]
+    http = httpx.Client(transport=httpx.WSGITransport(app=app), base_url="http://console.test")
+    nonce = re.search(r'name="csrf" value="([^"]+)"', http.get("/console/signin").text)
+    assert nonce is not None
+    http.post("/console/signin", data={"csrf": nonce.group(1), "token": token})
+    page = http.get("/console/pipeline")
+    csrf = re.search(r'name="csrf" value="([^"]+)"', page.text)
+    assert csrf is not None
+    return http, csrf.group(1)
+
+
+def test_the_console_replays_a_dead_letter_once_and_only_with_the_csrf_token(world) -> None:
+    ref, letters = world["ref"], world["letters"]
+    world["provider"].always_fail.clear()  # the cause is fixed
+    (letter,) = letters.list()
+    http, csrf = _console(world, ["memory:read", "memory:admin"])
+    page = http.get("/console/pipeline").text
+    assert "LLMRejectedError" in page and f'name="ref" value="{letter.ref}"' in page
+    refused = http.post("/console/pipeline/replay", data={"ref": letter.ref})
+    assert refused.status_code == 403 and len(letters.list()) == 1
+    first = http.post("/console/pipeline/replay", data={"ref": letter.ref, "csrf": csrf})
+    assert first.status_code == 200 and "replayed 1, already replayed 0" in first.text
+    second = http.post("/console/pipeline/replay", data={"ref": letter.ref, "csrf": csrf})
+    assert "nothing replayed" in second.text
+    wait_for(lambda: pointer_of(world["db"], ref.session_id) == 3, "the replayed turn")
+    assert_complete(world["db"], world["memory"], [ref])
+    assert world["provider"].calls[(ref.session_id, 2)] == 2  # the rejected call and one more
+
+
+def test_the_console_discards_a_dead_letter_of_its_own_org_only(world) -> None:
+    letters, client = world["letters"], world["redis"]
+    (letter,) = letters.list()
+    other, other_csrf = _console(world, ["memory:read", "memory:admin"], org="globex")
+    foreign = other.get("/console/pipeline").text
+    assert "No dead letters." in foreign and "LLMRejectedError" not in foreign
+    answer = other.post("/console/pipeline/discard", data={"ref": letter.ref, "csrf": other_csrf})
+    assert "nothing discarded" in answer.text and len(letters.list()) == 1
+    plain, _ = _console(world, ["memory:read"])
+    assert plain.get("/console/pipeline").status_code == 403
+    http, csrf = _console(world, ["memory:read", "memory:admin"])
+    assert http.post("/console/pipeline/discard", data={"ref": letter.ref}).status_code == 403
+    done = http.post("/console/pipeline/discard", data={"ref": letter.ref, "csrf": csrf})
+    assert done.status_code == 200 and f"Discarded dead letter {letter.ref}" in done.text
+    assert letters.list() == [] and client.zcard("dramatiq:extract.XQ") == 0
