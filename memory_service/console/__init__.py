@@ -16,6 +16,7 @@ import peewee
 import redis
 
 from core.config import Settings
+from core.prices import PriceTable
 from extraction.deadletters import DeadLetterStore
 from extraction.queues import queue_counts
 from memories.search.service import SearchService
@@ -51,7 +52,7 @@ def add_routes(
         db=db,
         users=users,
         searches=searches,
-        sessions=SessionService(db),
+        sessions=SessionService(db, PriceTable.from_json(settings.llm_prices)),
         agents=AgentResolver(db),
         tokens=TokenStore(db),
         dead_letters=partial(

@@ -1,5 +1,6 @@
 """Conversations: sessions by agent, person and status; one session's turns as recorded, each
-with its extraction state (:mod:`.turn_states`) and the memories it produced. A user-bound
+with its extraction state and usage (the sessions API's read-back) and the memories it
+produced. A user-bound
 token sees its own person's sessions only: another session is answered as an unknown one."""
 
 from __future__ import annotations
@@ -16,9 +17,9 @@ from memory_service.console.markup import Markup, esc, fmt, join, link, table, u
 from memory_service.console.paging import PAGE_SIZE, int_param, next_link, read_cursor
 from memory_service.console.people import when
 from memory_service.console.session import Refused, Viewer
-from memory_service.console.turn_states import turn_states
 from memory_service.cursor import encode_cursor
 from sessions.errors import SessionNotFoundError
+from sessions.readback import RecordedTurn, TurnUsage
 
 READ = "sessions:read"
 STATUSES = ("active", "completed", "abandoned")
@@ -133,9 +134,14 @@ class ConversationPage(Page):
         after = int_param(req, "after")
         first, last = after + 1, min(after + PAGE_SIZE, session.turn_count)
         turns = reads.turns(deps.db, org_id, session_id, first, last)
-        states = turn_states(deps.db, org_id, session_id, progress.pointer, first, last)
+        states = {
+            t.turn_index: t
+            for t in deps.sessions.turns(
+                org_id, session_id, after=after, limit=last - after, owner=who.bound
+            )
+        }
         produced = reads.turn_memories(deps.db, org_id, session_id, first, last)
-        items = [self._turn(who, t, states[t.turn_index], produced) for t in turns]
+        items = [self._turn(who, t, states.get(t.turn_index), produced) for t in turns]
         head = fmt(
             '<p class="meta">{} turns · status {} · pointer {} · {} done, {} pending, {} failed'
             " · {}</p>",
@@ -157,7 +163,14 @@ class ConversationPage(Page):
         body = head + (Markup("".join(items)) if items else esc("No turns yet.")) + nav
         return f"Conversation {session.external_id}", body
 
-    def _turn(self, who: Viewer, turn: Any, state: str, produced: dict[int, list[Any]]) -> Markup:
+    def _turn(
+        self, who: Viewer, turn: Any, recorded: RecordedTurn | None, produced: dict[int, list[Any]]
+    ) -> Markup:
+        state = recorded.state if recorded is not None else "pending"
+        if recorded is not None and recorded.reason:
+            state_note = fmt(' <span class="meta">({})</span>', recorded.reason)
+        else:
+            state_note = Markup("")
         lines = [
             fmt(
                 '<div class="message"><span class="role">{}</span><pre>{}</pre></div>',
@@ -193,15 +206,33 @@ class ConversationPage(Page):
             )
         return fmt(
             '<section class="turn" id="turn-{}"><h2>Turn {} <span class="state state-{}">{}'
-            '</span></h2>{}<p class="meta">{} prompt + {} completion tokens · {} ms</p>{}'
+            '</span>{}</h2>{}<p class="meta">{} prompt + {} completion tokens · {} ms</p>{}{}'
             "</section>",
             turn.turn_index,
             turn.turn_index,
             state,
             state.replace("_", " "),
+            state_note,
             Markup("".join(lines)),
             turn.prompt_tokens,
             turn.completion_tokens,
             turn.latency_ms,
+            _cost(recorded.usage if recorded is not None else None),
             made,
         )
+
+
+def _cost(usage: TurnUsage | None) -> Markup:
+    """What extracting the turn cost, once known (the usage ledger)."""
+    if usage is None:
+        return Markup("")
+    return fmt(
+        '<p class="meta cost">extraction: {} LLM call{} · {} input + {} output tokens'
+        " · {} embedding tokens · ${}</p>",
+        usage.llm_calls,
+        "" if usage.llm_calls == 1 else "s",
+        usage.input_tokens,
+        usage.output_tokens,
+        usage.embedding_tokens,
+        f"{usage.cost:.6f}",
+    )

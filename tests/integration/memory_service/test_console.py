@@ -255,11 +255,9 @@ def test_an_admin_revokes_a_token_of_its_org_with_the_csrf_token(
     assert victim
 
 
-def test_each_turn_state_is_read_from_the_pipeline_tables(
+def test_each_turn_shows_the_state_the_turns_route_answers(
     http: httpx.Client, db: Any, acme: Tenant, world: World
 ) -> None:
-    from memory_service.console.turn_states import turn_states
-
     org = make_token(db, acme.org_id, ALL)[0]
     body = {"agent_id": str(acme.agent_id), "external_id": "states", "user": "dana"}
     session = http.post("/v1/sessions", json=body, headers=auth(org)).json()["id"]
@@ -292,7 +290,8 @@ def test_each_turn_state_is_read_from_the_pipeline_tables(
     db.execute_sql(
         "UPDATE ibex_core.sessions SET last_extracted_turn = 2 WHERE id = %s", (session,)
     )
-    states = turn_states(db, acme.org_id, uuid.UUID(session), 2, 1, 6)
+    listed = http.get(f"/v1/sessions/{session}/turns", headers=auth(org)).json()["items"]
+    states = {t["turn_index"]: t["state"] for t in listed}
     assert states == {
         1: "extracted",
         2: "empty",
@@ -301,7 +300,16 @@ def test_each_turn_state_is_read_from_the_pipeline_tables(
         5: "pending",
         6: "pending",
     }
+    db.execute_sql(
+        "INSERT INTO ibex_core.turn_usage (org_id, agent_id, session_id, turn_index, provider,"
+        " model, llm_calls, input_tokens, output_tokens) VALUES (%s, %s, %s, 1, 'openai',"
+        " 'gpt-4o-mini', 1, 1200, 80)",
+        (str(acme.org_id), str(acme.agent_id), session),
+    )
     sign_in(http, org)
     page = http.get(f"/console/conversations/{session}").text
     for state in ("extracted", "empty", "extracting", "dead_lettered", "pending"):
         assert f'class="state state-{state}"' in page
+    # The usage ledger's row for turn 1, priced by the default table; no other turn has one.
+    assert page.count('class="meta cost"') == 1
+    assert "1 LLM call · 1200 input + 80 output tokens" in page
