@@ -1,11 +1,20 @@
-"""The pipeline's own state: per-turn rows, written slots, the dead-letter mirror.
+"""The pipeline's own state: per-turn rows, written slots, the dead-letter mirror, the usage
+ledger and the org budgets.
 
-Mirrors ``migrations/000002_pipeline.sql``.
+Mirrors ``migrations/000002_pipeline.sql`` and ``000022_usage_budgets.sql``.
 """
 
 from __future__ import annotations
 
-from peewee import BigAutoField, BooleanField, CompositeKey, IntegerField, TextField, UUIDField
+from peewee import (
+    BigAutoField,
+    BigIntegerField,
+    BooleanField,
+    CompositeKey,
+    IntegerField,
+    TextField,
+    UUIDField,
+)
 from playhouse.postgres_ext import BinaryJSONField, DateTimeTZField
 
 from models.base import BaseModel, PgEnumField
@@ -38,6 +47,8 @@ class ExtractionTurn(BaseModel):
     #: was reused from another turn's (no LLM call).
     input_hash = TextField(null=True)
     reused = BooleanField()
+    #: Budgets (``000022_usage_budgets.sql``): held back with no LLM call until allowed.
+    waiting_for_budget = BooleanField()
 
     class Meta:
         schema = "ibex_core"
@@ -84,3 +95,43 @@ class DeadLetter(BaseModel):
     class Meta:
         schema = "ibex_core"
         table_name = "dead_letters"
+
+
+class TurnUsage(BaseModel):
+    """What extracting a turn cost, one row per turn written with its persisted result."""
+
+    org_id = UUIDField()
+    agent_id = UUIDField()
+    session_id = UUIDField()
+    turn_index = IntegerField()
+    provider = TextField(null=True)
+    model = TextField(null=True)
+    llm_calls = IntegerField()
+    input_tokens = IntegerField()
+    output_tokens = IntegerField()
+    embedding_tokens = IntegerField()
+    embedding_model = TextField(null=True)
+    latency_ms = IntegerField()
+    reused = BooleanField()
+    created_at = DateTimeTZField()
+
+    class Meta:
+        schema = "ibex_core"
+        table_name = "turn_usage"
+        primary_key = CompositeKey("session_id", "turn_index")
+
+
+class OrgBudget(BaseModel):
+    """A token limit per org and period, and what the period has used."""
+
+    org_id = UUIDField(primary_key=True)
+    token_limit = BigIntegerField()
+    period = TextField()
+    period_start = DateTimeTZField()
+    used = BigIntegerField()
+    reported = IntegerField()
+    updated_at = DateTimeTZField()
+
+    class Meta:
+        schema = "ibex_core"
+        table_name = "org_budgets"

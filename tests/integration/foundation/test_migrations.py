@@ -89,11 +89,14 @@ def test_every_tenant_table_enables_and_forces_rls(empty_database: str) -> None:
         "extraction_slots",
         "memories",
         "memory_embeddings",
+        "turn_usage",
     ]:
         assert rls[table] == (True, True), table
+    # Budgets: enabled, not forced (the owner's `ibex budget` writes any org's row).
+    assert rls["org_budgets"] == (True, False)
     policies = _snapshot(empty_database)[2]
     tenant_policies = [p for p in policies if p[2] == "tenant_isolation"]
-    assert len(tenant_policies) == 11
+    assert len(tenant_policies) == 13
     assert all("rls_org_visible(org_id)" in p[4] for p in tenant_policies)
 
 

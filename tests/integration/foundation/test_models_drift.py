@@ -9,7 +9,13 @@ from tests.integration.foundation.models_memory import (
     Memory,
     MemoryEmbedding,
 )
-from tests.integration.foundation.models_pipeline import DeadLetter, ExtractionSlot, ExtractionTurn
+from tests.integration.foundation.models_pipeline import (
+    DeadLetter,
+    ExtractionSlot,
+    ExtractionTurn,
+    OrgBudget,
+    TurnUsage,
+)
 
 # The tables their stores read and write with SQL of their own have no product model; their
 # declarations sit beside this test, which is all they serve.
@@ -18,6 +24,8 @@ ALL_MODELS = (
     ExtractionTurn,
     ExtractionSlot,
     DeadLetter,
+    TurnUsage,
+    OrgBudget,
     Memory,
     ApiToken,
     MemoryEmbedding,
