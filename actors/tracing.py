@@ -19,6 +19,7 @@ traces (:func:`core.tracing.wanted`); otherwise nothing of it runs.
 from __future__ import annotations
 
 import contextlib
+import multiprocessing.util
 import threading
 import uuid
 from typing import Any
@@ -68,7 +69,11 @@ class TraceMessages(Middleware):
         self._running = threading.local()
 
     def after_process_boot(self, broker: dramatiq.Broker) -> None:
-        tracing.setup(WORKER_SERVICE)
+        if tracing.setup(WORKER_SERVICE):
+            # A worker process ends through multiprocessing, which skips atexit (where the SDK
+            # flushes) but runs its own finalizers, also when a second SIGTERM cuts the
+            # graceful stop short: the spans still queued are exported then.
+            multiprocessing.util.Finalize(None, tracing.flush, exitpriority=10)
 
     def before_worker_shutdown(self, broker: dramatiq.Broker, worker: Any) -> None:
         tracing.flush()
