@@ -36,6 +36,14 @@ EXPORTERS = ("otlp", "console")
 TRACE_FIELDS = ("traceparent", "tracestate")
 #: The instrumentation scope of every span of ours.
 SCOPE = "ibex"
+#: The HTTP methods a server span names; any other is ``_OTHER`` (the HTTP conventions).
+HTTP_METHODS = frozenset({"GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "OPTIONS"})
+
+
+def http_method(method: str) -> str:
+    """``method`` as a span names it: one of :data:`HTTP_METHODS`, else ``_OTHER``."""
+    return method if method in HTTP_METHODS else "_OTHER"
+
 
 _NOOP: contextlib.nullcontext[None] = contextlib.nullcontext()
 _lock = threading.Lock()
@@ -298,6 +306,7 @@ def clean(attributes: Mapping[str, Any] | None) -> dict[str, Any] | None:
 
 __all__ = [
     "EXPORTERS",
+    "HTTP_METHODS",
     "TRACE_FIELDS",
     "Running",
     "begin",
@@ -307,6 +316,7 @@ __all__ = [
     "failed",
     "flush",
     "has_current",
+    "http_method",
     "inject",
     "install",
     "parent_of",

@@ -23,11 +23,9 @@ class TraceRequests:
 
     def process_request(self, req: falcon.Request, resp: falcon.Response) -> None:
         parent = tracing.parent_of({name: req.get_header(name) for name in tracing.TRACE_FIELDS})
+        method = tracing.http_method(req.method)
         req.context.trace_span = tracing.begin(
-            req.method,
-            kind="server",
-            parent=parent,
-            attributes={"http.request.method": req.method},
+            method, kind="server", parent=parent, attributes={"http.request.method": method}
         )
 
     def process_response(
@@ -39,7 +37,7 @@ class TraceRequests:
         route = req.uri_template
         status = resp.status_code
         if route:
-            running.span.update_name(f"{req.method} {route}")
+            running.span.update_name(f"{tracing.http_method(req.method)} {route}")
             running.span.set_attribute("http.route", route)
         running.span.set_attribute("http.response.status_code", status)
         if status >= 500:

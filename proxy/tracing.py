@@ -32,7 +32,7 @@ class TraceRequests:
             for key, value in scope.get("headers", ())
             if key.lower() in wanted
         }
-        method = str(scope.get("method", ""))
+        method = tracing.http_method(str(scope.get("method", "")))
         route = scope.get("path") if scope.get("path") in ROUTES else None
         attributes: dict[str, Any] = {"http.request.method": method, "http.route": route}
         name = f"{method} {route}" if route else method

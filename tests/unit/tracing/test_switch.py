@@ -109,3 +109,8 @@ def test_asked_for_the_worker_traces_its_messages() -> None:
     found = _probe({"OTEL_EXPORTER_OTLP_ENDPOINT": "http://127.0.0.1:9"})
     assert found["setup"] is True
     assert found["middleware"][-1] == "TraceMessages"
+
+
+def test_a_span_names_only_the_standard_http_methods() -> None:
+    assert tracing.http_method("POST") == "POST"
+    assert tracing.http_method("SECRETWORD") == "_OTHER"
