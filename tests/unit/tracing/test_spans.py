@@ -178,3 +178,22 @@ def test_the_chat_call_span_holds_the_spool_message_context(spans: Any) -> None:
     assert chat_span.attributes["http.response.status_code"] == 200
     assert spooled[0]["traceparent"].split("-")[2] == f"{chat_span.context.span_id:016x}"
     assert unknown.name == "POST" and "http.route" not in unknown.attributes
+
+
+def test_the_spooled_turn_carries_the_current_context(spans: Any) -> None:
+    from dramatiq.brokers.stub import StubBroker
+
+    from proxy.spool import DramatiqSpool
+    from sessions.chat import SPOOL_QUEUE
+
+    spool = DramatiqSpool.__new__(DramatiqSpool)  # its broker, without a Redis to connect to
+    spool.broker = StubBroker(middleware=[])
+    spool.broker.declare_queue(SPOOL_QUEUE)
+    with tracing.span("POST /v1/chat/completions", kind="server") as request:
+        spool.put({"external_id": "conv-1", "messages": [{"role": "user", "content": WORD}]})
+    message = json.loads(spool.broker.queues[SPOOL_QUEUE].get_nowait())
+    context = request.get_span_context()
+    assert message["options"]["traceparent"].startswith(
+        f"00-{context.trace_id:032x}-{context.span_id:016x}-"
+    )
+    assert WORD not in json.dumps(message["options"])
