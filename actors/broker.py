@@ -139,10 +139,12 @@ def make_broker(
     from actors import logs
     from actors.guard import GuardedRedisBroker
     from actors.middleware import mirror_malformed, pipeline_middleware
+    from actors.tracing import tracing_middleware
 
     logs.install()  # messages are logged by actor, id and ids, never their text
     middleware = base_middleware(settings)
     middleware.extend(pipeline_middleware() if extra_middleware is None else extra_middleware)
+    middleware.extend(tracing_middleware())  # none unless OTEL_* asks for traces
     broker: dramatiq.Broker
     if stub:
         return StubBroker(middleware=middleware)

@@ -105,6 +105,7 @@ from bench.stack import (
     start_fake_llm,
     start_memory_service,
     start_private_redis,
+    start_trace_sink,
     start_workers,
     terminate_on_sigterm,
     wait_log,
@@ -266,13 +267,24 @@ class Stack:
     embeddings: str = "fake"
     embeddings_url: str | None = None
     embeddings_child: Process | None = None
+    #: ``--tracing``: the web and the workers export their spans to this local sink.
+    trace_sink_url: str | None = None
+    trace_sink_child: Process | None = None
 
     def fakes(self) -> dict[str, Sequence[int]]:
         """The fake servers' process trees: their CPU is reported apart."""
         out: dict[str, Sequence[int]] = {"fake_llm": [self.llm_child.pid]}
         if self.embeddings_child is not None:
             out["fake_embeddings"] = [self.embeddings_child.pid]
+        if self.trace_sink_child is not None:
+            out["fake_trace_sink"] = [self.trace_sink_child.pid]
         return out
+
+    def trace_spans(self) -> int | None:
+        """Spans the sink has received so far (None: tracing off)."""
+        if self.trace_sink_url is None:
+            return None
+        return int(httpx.get(f"{self.trace_sink_url}/stats", timeout=10).json()["spans"])
 
     def embeddings_stats(self, reset: bool = False) -> dict[str, Any] | None:
         """The fake endpoint's request and text counts (cleared with ``reset``); None: not
@@ -287,6 +299,7 @@ class Stack:
         return child_env(
             {
                 **embeddings_env(self.embeddings, self.embeddings_url),
+                **tracing_env(self.trace_sink_url),
                 "DATABASE_URL": self.url,
                 "REDIS_URL": self.redis_url,
                 "MEMORY_SERVICE_URL": self.memory_url,
@@ -308,6 +321,15 @@ class Stack:
 #: that migration 000016 makes serves where pgvector is installed).
 FAKE_EMBEDDINGS_MODEL = "fake-256"
 FAKE_EMBEDDINGS_DIMENSION = 256
+
+
+def tracing_env(sink_url: str | None) -> dict[str, str]:
+    """Traces on, exported over OTLP/HTTP to the local sink, in batches of the SDK's default
+    size at least every second (its default: 5 s), so that a run's spans are exported, and
+    their CPU counted, within the run; nothing without a sink."""
+    if not sink_url:
+        return {}
+    return {"OTEL_EXPORTER_OTLP_ENDPOINT": sink_url, "OTEL_BSP_SCHEDULE_DELAY": "1000"}
 
 
 def embeddings_env(mode: str, url: str | None) -> dict[str, str]:
@@ -949,8 +971,12 @@ def stack_up(args: argparse.Namespace, folder: Path) -> Iterator[Stack]:
             embeddings_child, embeddings_url = start_fake_embeddings(
                 children, dimension=FAKE_EMBEDDINGS_DIMENSION
             )
+        trace_sink_child = trace_sink_url = None
+        if args.tracing:
+            trace_sink_child, trace_sink_url = start_trace_sink(children)
         web_env = child_env(
             {
+                **tracing_env(trace_sink_url),
                 "DATABASE_URL": url,
                 "REDIS_URL": args.redis_url,
                 "LLM_PROVIDER": "rules",
@@ -983,6 +1009,8 @@ def stack_up(args: argparse.Namespace, folder: Path) -> Iterator[Stack]:
             embeddings=args.embeddings,
             embeddings_url=embeddings_url,
             embeddings_child=embeddings_child,
+            trace_sink_url=trace_sink_url,
+            trace_sink_child=trace_sink_child,
         )
     finally:
         children.stop()
@@ -1009,6 +1037,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             )
             results.append(run_scenario(stack, scenario))
         sql_counting = stack.statements.available
+        trace_spans = stack.trace_spans()
     return {
         "benchmark": "pipeline",
         "machine": info,
@@ -1019,6 +1048,9 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             "web_workers": args.web_workers,
             "web_threads": args.web_threads,
             "embeddings": args.embeddings,
+            "tracing": args.tracing,
+            # Received by the sink by the end (the last batches of a run may still be queued).
+            "trace_spans": trace_spans,
             "sql_statement_log": sql_counting,
             "logs": str(folder),
         },
@@ -1217,6 +1249,12 @@ def build_parser() -> argparse.ArgumentParser:
         default="fake",
         help="fake: an OpenAI-compatible fake endpoint whose requests are counted (default);"
         " local: the packaged model in-process; none: no vectors",
+    )
+    p.add_argument(
+        "--tracing",
+        action="store_true",
+        help="OpenTelemetry traces on in the web and worker processes, exported over OTLP/HTTP"
+        " to a local sink (its CPU reported apart, as fake_trace_sink)",
     )
     p.add_argument("--web-workers", type=int, default=2, help="gunicorn workers (default 2)")
     p.add_argument("--web-threads", type=int, default=4, help="gunicorn threads (default 4)")

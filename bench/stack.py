@@ -94,9 +94,13 @@ def ibex(*args: str) -> list[str]:
 
 def child_env(overrides: Mapping[str, str]) -> dict[str, str]:
     """The environment of a benchmark child: ours without the pipeline's variables (a stray
-    ``METRICS_PORT`` or ``WORKER_THREADS`` in the shell must not change a run), plus
+    ``METRICS_PORT``, ``WORKER_THREADS`` or ``OTEL_*`` in the shell must not change a run), plus
     ``overrides``."""
-    env = {k: v for k, v in os.environ.items() if k not in _PIPELINE_VARIABLES}
+    env = {
+        k: v
+        for k, v in os.environ.items()
+        if k not in _PIPELINE_VARIABLES and not k.startswith("OTEL_")  # traces: --tracing only
+    }
     env.update(overrides)
     env.setdefault("PYTHONUNBUFFERED", "1")
     return env
@@ -190,6 +194,17 @@ def start_fake_llm(launcher: Launcher, *, latency_ms: float, memories: int) -> t
     )
     wait_http(f"http://127.0.0.1:{port}/healthz", launcher)
     return process, f"http://127.0.0.1:{port}/v1"
+
+
+def start_trace_sink(launcher: Launcher) -> tuple[Process, str]:
+    """The OTLP/HTTP trace sink (:mod:`bench.trace_sink`) on a free port; returns (process,
+    ``OTEL_EXPORTER_OTLP_ENDPOINT``). ``GET /stats`` counts the spans received."""
+    port = free_port()
+    process = launcher.start(
+        "trace-sink", [python(), "-m", "bench.trace_sink", "--port", str(port)], child_env({})
+    )
+    wait_http(f"http://127.0.0.1:{port}/healthz", launcher)
+    return process, f"http://127.0.0.1:{port}"
 
 
 def start_fake_embeddings(launcher: Launcher, *, dimension: int) -> tuple[Process, str]:

@@ -10,6 +10,8 @@ from cli.common import EXIT_OK, add_session_args, resolve_session
 from core.config import Settings
 
 DATABASE = True
+#: The process's ``service.name`` in traces unless ``OTEL_SERVICE_NAME`` is set.
+SERVICE = "ibex-scan"
 
 
 def add_parser(sub: Any) -> None:
@@ -30,8 +32,13 @@ def run(args: argparse.Namespace, settings: Settings) -> int:
     report = scan(StageDeps(store=store, settings=settings), session_id=session_id)
 
     from actors.broker import send_all
+    from core import tracing
 
+    # With OTEL_* asking for traces, each turn sent starts its trace here, as from a worker's
+    # scan (actors/tracing.py).
+    tracing.setup(SERVICE)
     send_all(report.sent)
+    tracing.flush()
     if args.json:
         print(
             json.dumps(

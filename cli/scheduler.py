@@ -22,6 +22,8 @@ from core.config import Settings
 
 #: The scheduler only sends messages: it runs before the first migration too.
 DATABASE = False
+#: The process's ``service.name`` in traces unless ``OTEL_SERVICE_NAME`` is set.
+SERVICE = "ibex-scheduler"
 
 
 def add_parser(sub: Any) -> None:
@@ -30,8 +32,10 @@ def add_parser(sub: Any) -> None:
 
 def run(args: argparse.Namespace, settings: Settings) -> int:
     from actors import scan_sessions
+    from core import tracing
     from sessions.status import close_idle_sessions
 
+    tracing.setup(SERVICE)  # each scan_sessions it sends starts a trace (actors/tracing.py)
     stop = threading.Event()
 
     def _stop(signum: int, frame: Any) -> None:
@@ -71,6 +75,7 @@ def run(args: argparse.Namespace, settings: Settings) -> int:
         backfiller.join(timeout=5)
     if pruner is not None:
         pruner.join(timeout=5)  # stops between batches; a batch is a short transaction
+    tracing.flush()
     print("ibex scheduler: stopped", flush=True)
     return EXIT_OK
 

@@ -353,3 +353,9 @@ def export_environment(values: Mapping[str, str]) -> None:
     """Set variables in this process's environment, for libraries configured only that way
     (Dramatiq's Prometheus middleware reads its port and directory at import)."""
     os.environ.update(values)
+
+
+def otel_environment() -> dict[str, str]:
+    """The standard OpenTelemetry variables (``OTEL_*``) set in this process's environment:
+    :mod:`core.tracing` decides from them whether traces are on."""
+    return {key: value for key, value in os.environ.items() if key.startswith("OTEL_")}

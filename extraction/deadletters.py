@@ -163,7 +163,8 @@ def canonical_queue(name: str) -> str:
 
 
 def fresh_payload(payload: dict[str, Any], new_redis_id: str, now_ms: int) -> dict[str, Any]:
-    """The message as it should be enqueued again: same message_id, attempts forgotten."""
+    """The message as it should be enqueued again: same message_id, attempts forgotten; its
+    other options (the trace context among them: the replay joins its trace) kept."""
     options = dict(payload.get("options") or {})
     for key in ("traceback", "requeue_timestamp", "eta"):
         options.pop(key, None)

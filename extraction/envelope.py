@@ -44,6 +44,8 @@ _OPTIONS: dict[str, tuple[type, ...]] = {
     "pipe_ignore": (bool,),
     "notify_shutdown": (bool,),
     "ibex_invalid": (str,),
+    "traceparent": (str,),
+    "tracestate": (str,),
 }
 
 

@@ -26,7 +26,9 @@ from typing import Any
 
 import httpx
 
+from core import tracing
 from core.errors import MemoryRejectedError, MemoryUnavailableError
+from extraction.tracing import memory_post
 from ibex_client import ApiError, IbexClient, IbexTransportError
 from ibex_client.wire import (
     IDEMPOTENCY_HEADER,
@@ -133,6 +135,11 @@ class MemoryClient:
         """Close the connection pool (its lifetime is the public client's)."""
         self._client.close()
 
+    @property
+    def base_url(self) -> str:
+        return self._base_url
+
+    @memory_post
     def create_memory(
         self, org_id: uuid.UUID | str, body: Mapping[str, Any], idempotency_key: str
     ) -> WriteResult:
@@ -142,7 +149,8 @@ class MemoryClient:
             "/v1/memories",
             _written,
             body=canonical_body(body),
-            headers={ORG_HEADER: str(org_id), IDEMPOTENCY_HEADER: idempotency_key},
+            # The POST's span context, so the memory service's span joins the turn's trace.
+            headers=tracing.inject({ORG_HEADER: str(org_id), IDEMPOTENCY_HEADER: idempotency_key}),
         )
         try:
             return self._client.send(call)

@@ -25,6 +25,7 @@ from core.errors import ConfigError, LLMRejectedError, LLMUnavailableError
 from extraction.prompt import RelatedMemory, build_messages
 from extraction.result import ExtractionResult, parse_llm_content
 from extraction.rules import RULES_MODEL, extract_changes
+from extraction.tracing import llm_call
 from sessions.turns import TurnRecord
 
 #: How much of an error response body an exception message quotes.
@@ -122,6 +123,7 @@ class OpenAICompatibleProvider:
             "temperature": 0,
         }
 
+    @llm_call
     def extract(
         self, turn: TurnRecord, context: Sequence[TurnRecord], related: Sequence[RelatedMemory] = ()
     ) -> ExtractionResult:

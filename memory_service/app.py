@@ -24,6 +24,7 @@ from playhouse.postgres_ext import PostgresqlExtDatabase
 from redis.backoff import NoBackoff
 from redis.retry import Retry
 
+from core import tracing
 from core.config import Settings
 from core.db import make_pool as db_pool
 from core.errors import DatabaseUnavailableError
@@ -158,6 +159,10 @@ def create_app(
     # Metrics first: its process_response runs last, so it sees the final status and time.
     # The schema gate after ReturnConnection: the connection its check borrows goes back too.
     middleware: list[Any] = [RequestMetrics(metrics), ReturnConnection(db), SchemaGate(db)]
+    if tracing.enabled():
+        from memory_service.tracing import TraceRequests
+
+        middleware.insert(0, TraceRequests())  # first in, last out: the span holds it all
     app = falcon.App(middleware=middleware)
     app.req_options.strip_url_path_trailing_slash = True
     errors.register(app)

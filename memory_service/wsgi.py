@@ -6,7 +6,10 @@ in each worker process after forking, so every worker gets its own pool and Redi
 
 from __future__ import annotations
 
+from core import tracing
 from core.config import Settings
 from memory_service.app import create_app
+from memory_service.tracing import WEB_SERVICE
 
+tracing.setup(WEB_SERVICE)  # after the fork: the span exporter's thread is this worker's own
 application = create_app(Settings.from_env())

@@ -48,6 +48,7 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 from starlette.types import Receive, Scope, Send
 
+from core import tracing
 from core.config import Settings
 from core.db import make_pool
 from core.errors import ConfigError, DatabaseUnavailableError
@@ -438,7 +439,12 @@ class ChatProxy:
         return Response(content=body, media_type=content_type)
 
     def app(self) -> Starlette:
+        from starlette.middleware import Middleware
+
+        from proxy.tracing import TraceRequests
+
         return Starlette(
+            middleware=[Middleware(TraceRequests)] if tracing.enabled() else [],
             routes=[
                 Route("/v1/chat/completions", self.chat_completions, methods=["POST"]),
                 Route("/chat/completions", self.chat_completions, methods=["POST"]),

@@ -10,12 +10,17 @@ import sys
 
 from starlette.applications import Starlette
 
+from core import tracing
 from core.config import Settings
 from core.errors import ConfigError
 from proxy.app import create_app
 
+#: The process's ``service.name`` in traces unless ``OTEL_SERVICE_NAME`` is set.
+SERVICE = "ibex-proxy"
+
 
 def application() -> Starlette:
+    tracing.setup(SERVICE)
     try:
         app, _ = create_app(Settings.from_env())
     except ConfigError as exc:

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from typing import Any, Protocol
 
+from core import tracing
 from sessions.chat import SPOOL_ACTOR, SPOOL_QUEUE
 
 
@@ -38,7 +39,8 @@ class DramatiqSpool:
                 actor_name=SPOOL_ACTOR,
                 args=(message,),
                 kwargs={},
-                options={},
+                # The chat request's trace context: the worker's span of this turn joins it.
+                options=tracing.inject({}),
             )
         )
 

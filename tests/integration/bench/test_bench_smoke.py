@@ -173,3 +173,33 @@ def test_scan_benchmark_small(postgres_server: RunPostgres, redis_url: str) -> N
     assert doc["queued_after_last_run"] == 50
     assert doc["uses_partial_index"] is True, doc["plan"]
     assert doc["target"]["met"] is False  # too small to count
+
+
+def test_pipeline_benchmark_tiny_with_tracing(
+    tmp_path: Path, postgres_server: RunPostgres, redis_url: str
+) -> None:
+    """``--tracing``: the web, the workers and ``ibex scan`` export their spans to the local
+    sink, whose CPU is reported apart; every turn's spans arrive."""
+    url = postgres_server.create("bench_tracing_smoke")
+    try:
+        doc = _run(
+            "bench.pipeline",
+            "--scenario", "tiny",
+            "--tracing",
+            "--database-url", url,
+            "--redis-url", redis_url,
+            "--log-dir", str(tmp_path),
+            timeout=90,
+        )  # fmt: skip
+    finally:
+        postgres_server.drop(url)
+    assert doc["settings"]["tracing"] is True
+    (result,) = doc["scenarios"]
+    scenario = result["scenario"]
+    turns = scenario["sessions"] * scenario["turns"]
+    run = result["pipeline"]
+    assert run["complete"] is True and run["turns_failed"] == 0
+    assert "fake_trace_sink" in run["cpu_s_per_turn"]
+    # Per turn at least: its root, extract, the LLM call, and per memory a write, the POST's
+    # two sides; then the pointer.
+    assert doc["settings"]["trace_spans"] >= turns * (4 + 3 * scenario["memories"])

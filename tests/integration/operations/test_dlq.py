@@ -309,3 +309,41 @@ def test_the_console_discards_a_dead_letter_of_its_own_org_only(world) -> None:
     done = http.post("/console/pipeline/discard", data={"ref": letter.ref, "csrf": csrf})
     assert done.status_code == 200 and f"Discarded dead letter {letter.ref}" in done.text
     assert letters.list() == [] and client.zcard("dramatiq:extract.XQ") == 0
+
+
+@pytest.fixture
+def traced(monkeypatch: pytest.MonkeyPatch) -> Iterator[Any]:
+    """Traces on before the world's broker is made (its middleware then traces), into memory."""
+    from tests.unit.tracing.helpers import recorded_spans
+
+    monkeypatch.setenv("OTEL_TRACES_EXPORTER", "otlp")
+    with recorded_spans() as exporter:
+        yield exporter
+
+
+@pytest.mark.parametrize("source", ["redis", "mirror"])
+def test_a_replay_joins_the_trace_of_the_dead_lettered_message(traced, world, capsys, source):  # type: ignore[no-untyped-def]
+    db, ref, client = world["db"], world["ref"], world["redis"]
+
+    def extracts() -> list[Any]:
+        return [
+            s
+            for s in traced.get_finished_spans()
+            if s.name == "extract_turn process" and s.attributes["ibex.turn_index"] == 2
+        ]
+
+    [failed] = extracts()
+    assert failed.attributes["error.type"] == "LLMRejectedError"
+    (letter,) = world["letters"].list()
+    if source == "mirror":  # swept from Redis: the payload the mirror stored is replayed
+        client.zrem("dramatiq:extract.XQ", letter.redis_message_id)
+        client.hdel("dramatiq:extract.XQ.msgs", letter.redis_message_id)
+    world["provider"].always_fail.clear()
+    code, out, _ = _cli(capsys, "dlq", "replay", "--all")
+    assert code == 0 and "replayed 1," in out
+    wait_for(lambda: pointer_of(db, ref.session_id) == 3, "the pointer to reach the end")
+    wait_for(lambda: len(extracts()) == 2, "the replay's span")
+    replayed = next(s for s in extracts() if s is not failed)
+    assert replayed.context.trace_id == failed.context.trace_id
+    assert replayed.parent.span_id == failed.parent.span_id  # the turn's root, as before
+    assert replayed.attributes["ibex.retries"] == 0  # a replay starts its attempts afresh

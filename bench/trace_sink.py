@@ -1,0 +1,79 @@
+"""A local OTLP/HTTP trace sink for the benchmarks: ``python -m bench.trace_sink --port N``.
+
+Accepts ``POST /v1/traces`` (an ``ExportTraceServiceRequest``, protobuf), counts the requests
+and the spans, and keeps nothing else; ``GET /stats`` answers the counts as JSON, ``GET
+/healthz`` 200. Its CPU is reported apart from the pipeline's (``fake_trace_sink``), as the
+fake LLM's is: a real collector runs elsewhere.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import threading
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any
+
+from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import (
+    ExportTraceServiceRequest,
+    ExportTraceServiceResponse,
+)
+
+
+class Counts:
+    def __init__(self) -> None:
+        self.requests = 0
+        self.spans = 0
+        self.lock = threading.Lock()
+
+    def take(self, body: bytes) -> None:
+        request = ExportTraceServiceRequest()
+        request.ParseFromString(body)
+        spans = sum(len(s.spans) for r in request.resource_spans for s in r.scope_spans)
+        with self.lock:
+            self.requests += 1
+            self.spans += spans
+
+
+def make_server(port: int, counts: Counts) -> ThreadingHTTPServer:
+    answer = ExportTraceServiceResponse().SerializeToString()
+
+    class Handler(BaseHTTPRequestHandler):
+        def do_POST(self) -> None:
+            counts.take(self.rfile.read(int(self.headers.get("Content-Length") or 0)))
+            self._send(200, answer, "application/x-protobuf")
+
+        def do_GET(self) -> None:
+            if self.path == "/stats":
+                with counts.lock:
+                    stats = {"requests": counts.requests, "spans": counts.spans}
+                self._send(200, json.dumps(stats).encode(), "application/json")
+            else:
+                self._send(200, b"ok", "text/plain")
+
+        def _send(self, status: int, body: bytes, kind: str) -> None:
+            self.send_response(status)
+            self.send_header("Content-Type", kind)
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, *args: Any) -> None:
+            pass
+
+    return ThreadingHTTPServer(("127.0.0.1", port), Handler)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m bench.trace_sink")
+    parser.add_argument("--port", type=int, required=True)
+    args = parser.parse_args(argv)
+    server = make_server(args.port, Counts())
+    with contextlib.suppress(KeyboardInterrupt):
+        server.serve_forever()
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
