@@ -197,6 +197,29 @@ def test_session_lifecycle_through_the_client(ibex: Driver, acme: Tenant) -> Non
     assert ibex("delete_session", uuid.uuid4()) is False
 
 
+def test_find_session_and_a_wait_that_runs_out_says_why(ibex: Driver, acme: Tenant) -> None:
+    opened = ibex("create_session", "support-bot", create_agent=True, external_id="conv-wait")
+    assert ibex("find_session", "support-bot", "conv-wait") == opened
+    assert ibex("find_session", "support-bot", "conv-none") is None
+    with pytest.raises(NotFoundError):
+        ibex("find_session", "suport-bot", "conv-wait")
+    ibex("append_turns", opened.id, [turn(1)])
+    # Active: turns are extracted only once the session is completed, and the error says so.
+    with pytest.raises(ibex_client.ExtractionTimeoutError) as waited:
+        ibex("wait_for_extraction", opened.id, timeout=0.2, interval=0.05)
+    assert "1 of 1 turns still pending" in str(waited.value)
+    assert "the session is active" in str(waited.value)
+    assert waited.value.session.status == "active"
+    # Completed, but no worker runs here: the wait runs out naming the backlog instead.
+    with pytest.raises(ibex_client.ExtractionTimeoutError) as completed:
+        ibex("complete_session", opened.id, wait=True, timeout=0.2)
+    assert "is a worker running" in str(completed.value)
+    assert isinstance(completed.value, TimeoutError)
+    # Nothing to extract: the wait is over at once.
+    empty = ibex("create_session", "support-bot", external_id="conv-empty")
+    assert ibex("complete_session", empty.id, wait=True, timeout=5).status == "completed"
+
+
 def test_the_readme_client_example_runs_against_the_service(
     app: Any, token: str, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
