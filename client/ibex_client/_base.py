@@ -276,7 +276,7 @@ def extraction_timeout(session: Any, timeout: float) -> ExtractionTimeoutError:
     return ExtractionTimeoutError(text, session)
 
 
-def only_session(sessions: list[Any], agent: str, external_id: str) -> Any:
+def only_session(sessions: list[T], agent: str, external_id: str) -> T | None:
     """The one session of ``sessions`` (those of ``agent`` with ``external_id``), None when
     there is none; several (one per user) need the caller to say whose."""
     if len(sessions) > 1:

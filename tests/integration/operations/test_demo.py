@@ -88,7 +88,7 @@ def _assert_explained(out: str, summary: dict[str, str]) -> None:
     )
     assert statuses, lines[imported + 1]
     imports = re.findall(
-        r"^(?:imported|later) +(\d+) sessions created, (\d+) extended, (\d+) unchanged",
+        r"^(?:imported|later) +(\d+) sessions? created, (\d+) extended, (\d+) unchanged",
         out,
         re.MULTILINE,
     )
