@@ -27,6 +27,7 @@ from typing import Any
 from core.counters import lazy_counter
 from core.errors import ImmutableTurnError, PermanentError, TransientError, TurnIndexGapError
 from schema.messages import CHAT_TURNS_QUEUE
+from sessions.agents import AgentResolver
 from sessions.conversation import StoredTurn, answers_in, plan_turn
 from sessions.store import SessionStore
 from sessions.turns import TurnInput
@@ -140,9 +141,14 @@ def store_chat_turn(
             raise RecordRefused("the call's X-IBEX-User-ID names no user of the org") from None
     elif message.get("user"):
         user_id = sessions.resolve_user(org_id, external_id=str(message["user"]))
+    # The proxy refuses an agent the org does not have (404); a turn it could not check (the
+    # database was away) is refused here the same way, never creating a misspelt agent.
+    agent_id = AgentResolver(sessions.db).find(org_id, slug=str(message["agent"]))
+    if agent_id is None:
+        raise RecordRefused(f"no agent {message['agent']!r} in the org")
     session, _ = sessions.open_session(
         org_id,
-        agent_slug=str(message["agent"]),
+        agent_id=agent_id,
         external_id=str(message["external_id"]),
         model=message.get("model"),
         user_id=user_id,

@@ -161,3 +161,32 @@ def test_the_session_end_header_completes_the_session_after_its_turn(
             "SELECT user_id FROM ibex_core.sessions WHERE external_id = 'conv-end'"
         ).fetchone()
     assert owner == (user_id,)
+
+
+def test_a_turn_the_proxy_could_not_check_is_refused_for_an_unknown_agent(
+    store: Any, acme: Org
+) -> None:
+    """The database was away when the call came: the worker refuses the misspelt agent the
+    proxy would have refused, and creates nothing."""
+    from sessions.chat import Recording, RecordRefused, spool_message, store_chat_turn
+
+    recording = Recording("suport-bot", "conv-typo", None, acme.org_id, None, None)
+    message = spool_message(
+        recording,
+        request_hash="h",
+        model="fake",
+        messages=HI,
+        completion={"role": "assistant", "content": "Noted."},
+        prompt_tokens=1,
+        completion_tokens=1,
+        latency_ms=1,
+        is_streaming=False,
+        is_complete=True,
+    )
+    with pytest.raises(RecordRefused, match="no agent 'suport-bot'"):
+        store_chat_turn(store, message)
+    with tenant(store.db, acme.org_id):
+        agents = store.db.execute_sql(
+            "SELECT count(*) FROM ibex_core.agents WHERE slug = 'suport-bot'"
+        ).fetchone()
+    assert agents == (0,)
