@@ -146,7 +146,8 @@ class AsyncIbexClient:
         self, session_id: Id, *, timeout: float = 60.0, interval: float = 0.5
     ) -> Session:
         """Poll the session every ``interval`` seconds until no turn of it is pending
-        extraction (``progress.pending == 0``: its memories are written) and return it; after
+        extraction (``progress.pending == 0``: its memories are written; a turn that failed
+        extraction is not waited for, ``progress.failed`` counts it) and return it; after
         ``timeout`` seconds raise :class:`~ibex_client.errors.ExtractionTimeoutError`, which
         says why (an active session is extracted only once completed)."""
         deadline = time.monotonic() + timeout
