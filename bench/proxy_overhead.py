@@ -55,7 +55,10 @@ def _token(url: str) -> str:
 
     db = bind(make_database(url))
     try:
-        org_id = SessionStore(db).ensure_org("bench")
+        sessions = SessionStore(db)
+        org_id = sessions.ensure_org("bench")
+        # The chat path records only for an agent the org has.
+        sessions.ensure_agent(org_id, "bench-bot")
         _, token = TokenStore(db).issue(
             org_id=org_id, name="proxy-bench", scopes=["sessions:write", "memory:read"]
         )

@@ -216,7 +216,7 @@ def _run_demo(args: argparse.Namespace, settings: Settings) -> int:
 WHAT_NEXT = (
     "what next:",
     "  ibex up                  keep web, worker and scheduler up until Ctrl-C, with a token",
-    "                           to try the API and the client (README: Run it for development)",
+    "                           to try the API and the client (docs/cli.md: ibex up)",
     "  ibex demo --fresh        run the demo again from empty data",
     "  docs/search.md           how search ranks and what the scores mean",
 )

@@ -101,6 +101,11 @@ def run(args: argparse.Namespace, settings: Settings) -> int:
             user_id = SessionStore(db).find_user(org_id, args.user)
             if user_id is None:
                 user_id = _live_user_id(db, org_id, args.user)
+            if user_id is None:
+                return _fail(
+                    f"no user {args.user!r} in org {args.org!r} (a user is made by their first"
+                    " session or memory; leave --user out for the agent-wide memories)"
+                )
             scope = ReadScope(user_id=user_id, include_shared=not args.no_shared, named=True)
         embedder = embedder_from_settings(settings)
         found = SearchService(

@@ -10,8 +10,16 @@ readable by its owner only. Then the Procfile's ``web``
 (on ``--port``, loopback only), ``worker`` and ``scheduler`` lines run, with a short scan
 period (``--scan-interval``, 2 s), each logging to ``<data dir>/logs/<process>.log``. The
 worker's token is checked against the memory service (an authenticated write probe) before
-the URL is printed. SIGINT or SIGTERM stops every process (SIGTERM to each process group,
-SIGKILL after a grace period) and the embedded servers.
+the URL is printed. With ``--upstream URL`` (or ``UPSTREAM_LLM_BASE_URL`` set) the Procfile's
+``proxy`` line runs too, on ``--proxy-port`` (``--port`` + 1), and its base URL and the headers
+to send are printed; proxied sessions then close after ``UP_IDLE_SECONDS`` idle unless
+``SESSION_IDLE_SECONDS`` is set. SIGINT or SIGTERM stops every process (SIGTERM to each
+process group, SIGKILL after a grace period) and the embedded servers.
+
+Guards (:mod:`cli.stack.supervisor`): the data folder is locked (a second start on it stops,
+naming the pid that holds it), the ports are tried before anything starts, a service that
+exits is restarted with backoff, and losing Postgres or Redis (and getting it back) is said on
+the console.
 
 ``ibex up --check`` only checks ``MEMORY_SERVICE_TOKEN`` against ``MEMORY_SERVICE_URL``, as
 the worker would use them, and exits.
@@ -21,6 +29,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import json
 import os
 import signal
 import sys
@@ -49,6 +58,13 @@ def add_parser(sub: Any) -> None:
     )
     p.add_argument("--workers", type=positive_int, default=1, help="worker processes (1)")
     p.add_argument("--threads", type=positive_int, default=4, help="threads per worker (4)")
+    p.add_argument(
+        "--upstream",
+        metavar="URL",
+        help="also run the chat path (the proxy), forwarding to this OpenAI-compatible URL"
+        " (default: UPSTREAM_LLM_BASE_URL; unset: no proxy)",
+    )
+    p.add_argument("--proxy-port", type=positive_int, help="the chat path's port (--port + 1)")
     p.add_argument(
         "--check",
         action="store_true",
@@ -82,6 +98,11 @@ def check_token(url: str, token: str, timeout: float = 5.0) -> tuple[bool, str]:
         code = str(response.json().get("error", {}).get("code", ""))
     if response.status_code == 401:
         return False, f"the memory service at {url} does not know this token (unknown or revoked)"
+    if response.status_code == 403 and code == "FORBIDDEN_ORG":
+        return False, (
+            "the token is not a service token: it belongs to one org, and the worker writes"
+            " for every org (ibex token create --service --scope memory:write)"
+        )
     if response.status_code == 403:
         return False, f"the token lacks the memory:write scope ({code or 403})"
     if response.status_code == 400 and code == "ORG_REQUIRED":
@@ -111,18 +132,35 @@ def _interrupt(signum: int, frame: Any) -> None:
 def _up(args: argparse.Namespace, settings: Settings) -> int:
     from cli.stack.embedded import EmbeddedPostgres, EmbeddedRedis
     from cli.stack.processes import ROOT, Launcher, ProcessError
+    from cli.stack.supervisor import (
+        Supervisor,
+        Watch,
+        check_ports,
+        hold_folder,
+        postgres_probe,
+        redis_probe,
+    )
     from core.config import child_environment
     from core.db import make_database
     from core.errors import ConfigError
     from core.migrate import migrate
     from memories.tokens import TokenStore
+    from sessions.store import SessionStore
 
     folder = Path(args.data_dir).expanduser() if args.data_dir else default_folder()
+    upstream = (args.upstream or settings.upstream_llm_base_url or "").rstrip("/") or None
+    proxy_port = args.proxy_port or args.port + 1
     # Everything under the data folder (the databases, Redis' files, the logs, the env file
     # with its tokens) is readable by its owner only: this process and every child it starts
     # create their files under this mask.
     os.umask(0o077)
     folder.mkdir(parents=True, exist_ok=True)
+    # Before anything else: a second start on this folder would rewrite its env file.
+    lock = hold_folder(folder)
+    ports = {"the memory service, --port": args.port}
+    if upstream:
+        ports["the chat path, --proxy-port"] = proxy_port
+    check_ports(ports)
     _owner_only(folder)
     postgres = EmbeddedPostgres(folder / "postgres")
     redis_server = EmbeddedRedis(folder / "redis")
@@ -139,48 +177,81 @@ def _up(args: argparse.Namespace, settings: Settings) -> int:
         db = make_database(database_url)
         try:
             worker_token, user_token = _tokens(TokenStore(db), _read_env(folder))
+            sessions = SessionStore(db)
+            sessions.ensure_agent(sessions.ensure_org(DEV_ORG), DEV_AGENT)
         finally:
             db.close()
         url = f"http://127.0.0.1:{args.port}"
-        env = child_environment(
-            {
-                "DATABASE_URL": database_url,
-                "REDIS_URL": redis_url,
-                "MEMORY_SERVICE_URL": url,
-                "MEMORY_SERVICE_TOKEN": worker_token,
-                "PORT": str(args.port),
-                "WEB_CONCURRENCY": os.environ.get("WEB_CONCURRENCY") or "2",
-                "WORKER_PROCESSES": str(args.workers),
-                "WORKER_THREADS": str(args.threads),
-                "SCAN_INTERVAL_SECONDS": str(args.scan_interval),
-                "PYTHONUNBUFFERED": "1",
-            }
-        )
+        overrides = {
+            "DATABASE_URL": database_url,
+            "REDIS_URL": redis_url,
+            "MEMORY_SERVICE_URL": url,
+            "MEMORY_SERVICE_TOKEN": worker_token,
+            "PORT": str(args.port),
+            "WEB_CONCURRENCY": os.environ.get("WEB_CONCURRENCY") or "2",
+            "WORKER_PROCESSES": str(args.workers),
+            "WORKER_THREADS": str(args.threads),
+            "SCAN_INTERVAL_SECONDS": str(args.scan_interval),
+            "PYTHONUNBUFFERED": "1",
+        }
+        if upstream:
+            overrides["UPSTREAM_LLM_BASE_URL"] = upstream
+            if "SESSION_IDLE_SECONDS" not in settings.explicit:
+                # A proxied conversation has no end but the idle close (or the end header):
+                # short here, so a developer sees its memories within minutes.
+                overrides["SESSION_IDLE_SECONDS"] = str(UP_IDLE_SECONDS)
+        env = child_environment(overrides)
         logs.mkdir(parents=True, exist_ok=True)
-        processes.start_procfile(
-            "web", env, name="memory service", bind_host="127.0.0.1", log=logs / "web.log"
-        )
+
+        def bury(process: Any) -> None:
+            # What is left of an exited service's group (gunicorn's workers after their
+            # master was killed) would hold its port against the restart.
+            process.signal(signal.SIGKILL)
+            processes.forget(process)
+
+        supervisor = Supervisor(say=_say, forget=bury)
+
+        def start(kind: str, port: int | None = None, **kw: Any) -> Any:
+            def again() -> Any:
+                child_env = env if port is None else {**env, "PORT": str(port)}
+                return processes.start_procfile(kind, child_env, log=logs / f"{kind}.log", **kw)
+
+            return again
+
+        web = start("web", name="memory service", bind_host="127.0.0.1")
+        supervisor.watch(web(), web)
         processes.wait_http(f"{url}/healthz", timeout=60)
         ok, line = check_token(url, worker_token)
         print(f"worker token  {line}", flush=True)
         if not ok:
             raise ConfigError(f"the worker's token was refused: {line}")
-        processes.start_procfile("worker", env, log=logs / "worker.log")
-        processes.start_procfile("scheduler", env, log=logs / "scheduler.log")
-        _write_env(folder, database_url, redis_url, url, user_token, worker_token)
+        for kind in ("worker", "scheduler"):
+            again = start(kind)
+            supervisor.watch(again(), again)
+        proxy_url = None
+        if upstream:
+            proxy = start("proxy", proxy_port, name="chat path", bind_host="127.0.0.1")
+            supervisor.watch(proxy(), proxy)
+            processes.wait_http(f"http://127.0.0.1:{proxy_port}/healthz", timeout=60)
+            proxy_url = f"http://127.0.0.1:{proxy_port}/v1"
+        _write_env(folder, database_url, redis_url, url, user_token, worker_token, proxy_url)
         print(f"logs          {logs}")
         print(f"scan period   {args.scan_interval}s")
         print(f"url           {url}")
         print(f"token         {user_token}  (org {DEV_ORG}, every scope; kept in {folder / 'env'})")
+        if proxy_url:
+            _print_chat_path(proxy_url, upstream or "", user_token)
         print()
-        print("try next, in another terminal:")
-        print(f"  set -a; . {folder / 'env'}; set +a   # the CLI's and the example's settings")
-        print('  python examples/chat_with_memory.py "$IBEX_URL" <<< "$IBEX_TOKEN"')
-        print(f"  ibex search 'what is Dana allergic to?' --org {DEV_ORG} --agent support-bot")
-        print()
+        _print_next(folder, ROOT)
         print("ibex up: running; Ctrl-C stops everything", flush=True)
+        watches = [
+            Watch("Postgres", postgres_probe(database_url), lost=LOST_POSTGRES, say=_say),
+            Watch("Redis", redis_probe(redis_url), lost=LOST_REDIS, say=_say),
+        ]
         while True:
-            processes.check()
+            supervisor.poll()
+            for watch in watches:
+                watch.poll()
             time.sleep(0.5)
     except KeyboardInterrupt:
         print("\nibex up: stopping", flush=True)
@@ -191,7 +262,55 @@ def _up(args: argparse.Namespace, settings: Settings) -> int:
         processes.stop(grace=15)
         redis_server.stop()
         postgres.stop()
+        lock.close()
         print("ibex up: stopped", flush=True)
+
+
+#: The agent ``ibex up`` makes in its org, the one the printed lines and the README name.
+DEV_AGENT = "support-bot"
+#: The demo person of the printed lines (the example's user).
+DEV_USER = "dana"
+#: ``SESSION_IDLE_SECONDS`` under ``ibex up --upstream`` (unless set): proxied sessions close
+#: after two quiet minutes.
+UP_IDLE_SECONDS = 120
+LOST_POSTGRES = "the memory service answers 503 and extraction stops"
+LOST_REDIS = "extraction stops (the web process's /readyz says unavailable)"
+
+
+def _say(line: str) -> None:
+    print(line, flush=True)
+
+
+def _print_chat_path(proxy_url: str, upstream: str, token: str) -> None:
+    """The chat path's base URL and the headers to send, ready for the OpenAI SDK."""
+    headers = {
+        "X-IBEX-Token": token,
+        "X-IBEX-Agent": DEV_AGENT,
+        "X-IBEX-User": DEV_USER,
+        "X-IBEX-Memory": "inject",
+    }
+    print(f"chat path     {proxy_url}  (OpenAI-compatible, forwards to {upstream})")
+    print(f"headers       {json.dumps(headers)}")
+    print("              and per conversation X-IBEX-Session-ID: <its id>;")
+    print("              on its last call X-IBEX-Session-End: true (else it closes idle)")
+    print("  from openai import OpenAI")
+    print(f'  llm = OpenAI(base_url="{proxy_url}", api_key="<your upstream key>",')
+    print(f"               default_headers={json.dumps(headers)})")
+
+
+def _print_next(folder: Path, root: Path) -> None:
+    """The lines to try next, as they run in a new terminal."""
+    print("try next, in another terminal:")
+    if sys.prefix != sys.base_prefix:
+        print(f"  . {Path(sys.prefix) / 'bin' / 'activate'}   # the virtualenv of this ibex")
+    print(f"  cd {root}")
+    print(f"  set -a; . {folder / 'env'}; set +a   # the CLI's and the example's settings")
+    print('  python examples/chat_with_memory.py "$IBEX_URL" <<< "$IBEX_TOKEN"')
+    print(
+        f"  ibex search 'what is Dana allergic to?' --org {DEV_ORG} --agent {DEV_AGENT}"
+        f" --user {DEV_USER}"
+    )
+    print()
 
 
 #: The names of the tokens ``ibex up`` makes: a start keeps the ones its env file holds and
@@ -259,15 +378,23 @@ def _read_env(folder: Path) -> dict[str, str]:
 
 
 def _write_env(
-    folder: Path, database_url: str, redis_url: str, url: str, token: str, worker_token: str
+    folder: Path,
+    database_url: str,
+    redis_url: str,
+    url: str,
+    token: str,
+    worker_token: str,
+    proxy_url: str | None = None,
 ) -> None:
     """``<folder>/env``: the variables the CLI and the example need (and the worker's token,
-    kept for the next start), readable by you only."""
+    kept for the next start; the chat path's base URL when it runs), readable by you only."""
     path = folder / "env"
     text = (
         f"DATABASE_URL={database_url}\nREDIS_URL={redis_url}\nIBEX_URL={url}\nIBEX_TOKEN={token}\n"
         f"{WORKER_TOKEN_VARIABLE}={worker_token}\n"
     )
+    if proxy_url:
+        text += f"IBEX_PROXY_URL={proxy_url}\n"
     fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
     with os.fdopen(fd, "w", encoding="utf-8") as handle:
         handle.write(text)

@@ -16,7 +16,8 @@ from core.errors import ConfigError
 from core.prices import parse_prices
 
 #: Variables read by :meth:`Settings.from_env`, with their defaults (``None``: no default).
-#: ``.env.example`` and the README list the same variables; a unit test keeps them in step.
+#: ``.env.example``, the README and the table of docs/configuration.md list the same variables,
+#: with these defaults; a unit test keeps them in step.
 DEFAULTS: dict[str, str | None] = {
     "DATABASE_URL": None,
     "REDIS_URL": "redis://127.0.0.1:6379/0",

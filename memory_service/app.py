@@ -167,6 +167,7 @@ def create_app(
     app.req_options.strip_url_path_trailing_slash = True
     errors.register(app)
     app.add_error_handler(MaxConnectionsExceeded, errors.handle_unavailable)
+    app.add_error_handler(falcon.HTTPRouteNotFound, errors.handle_route_not_found)
     agents = AgentResolver(db)
     app.add_route("/v1/agents/{agent}", AgentResource(api, agents))
     app.add_route("/v1/memories", MemoriesResource(api, memories, users, agents))

@@ -9,6 +9,8 @@ the services raise (:mod:`memories.errors`, and the turn rules of
 from __future__ import annotations
 
 import logging
+import re
+import uuid
 from typing import Any
 
 import falcon
@@ -121,6 +123,27 @@ def handle_refusal(
 ) -> None:
     # Raised again as an HTTPError, Falcon serializes it like any other: one error body.
     raise answer_for(exc) from None
+
+
+#: A path naming an object by id (``/v1/sessions/{id}``, ``/v1/memories/{id}/history``): a
+#: segment there that is no UUID is the caller's typo, not an unknown object.
+_ID_PATH = re.compile(r"^/v1/(?:sessions|memories)/(?P<id>[^/]+)(?:/[^/]*)?$")
+
+
+def handle_route_not_found(
+    req: falcon.Request, resp: falcon.Response, exc: Exception, params: dict[str, Any]
+) -> None:
+    """No route matched: 400 ``MALFORMED_ID`` when the path names an object by something that
+    is not an id (the routes take ``{...:uuid}``), else the 404 as it was."""
+    found = _ID_PATH.match(req.path)
+    if found is not None and found.group("id") != "search":
+        try:
+            uuid.UUID(found.group("id"))
+        except ValueError:
+            raise ErrorAnswer(
+                400, "MALFORMED_ID", f"{found.group('id')!r} in the path is not an id (a UUID)"
+            ) from None
+    raise exc
 
 
 def serialize_error(req: falcon.Request, resp: falcon.Response, exc: falcon.HTTPError) -> None:

@@ -334,7 +334,7 @@ class BufferingThreadWorker(ThreadWorker):  # type: ignore[misc]  # gunicorn has
                 413,
                 "Content Too Large",
                 "BODY_TOO_LARGE",
-                f"the body must be at most {self.body_limit} bytes",
+                f"the body must be at most {self.body_limit} bytes (MEMORY_MAX_BODY_BYTES)",
             )
             return
         request = conn.request_bytes

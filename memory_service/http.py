@@ -100,10 +100,16 @@ def query_params(req: falcon.Request) -> dict[str, Any]:
     return params
 
 
+def _too_large(limit: int) -> ErrorAnswer:
+    return ErrorAnswer(
+        413, "BODY_TOO_LARGE", f"the body must be at most {limit} bytes (MEMORY_MAX_BODY_BYTES)"
+    )
+
+
 def read_body(req: falcon.Request, limit: int) -> bytes:
     length = req.content_length
     if length is not None and length > limit:
-        raise ErrorAnswer(413, "BODY_TOO_LARGE", f"the body must be at most {limit} bytes")
+        raise _too_large(limit)
     # A chunked body has no length; servers that de-chunk it (gunicorn) say so with
     # wsgi.input_terminated, and only then may the raw stream be read to its end.
     terminated = length is None and req.env.get("wsgi.input_terminated")
@@ -115,7 +121,7 @@ def read_body(req: falcon.Request, limit: int) -> bytes:
         # gone mid-body): the client's mistake, whatever server raised it.
         raise ErrorAnswer(400, "BAD_REQUEST", f"the body could not be read: {exc}") from None
     if len(raw) > limit:
-        raise ErrorAnswer(413, "BODY_TOO_LARGE", f"the body must be at most {limit} bytes")
+        raise _too_large(limit)
     return raw
 
 

@@ -57,13 +57,17 @@ from memories.auth import Authenticator, AuthError, Principal, require_scope, re
 from memories.search.context import estimate_tokens
 from memories.tokens import TokenStore, hash_token
 from proxy import metrics
-from proxy.injection import Injector, memory_tokens, with_block
+from proxy.headers import HeaderError, IbexHeaders, read_headers
+from proxy.injection import Injector, with_block
 from proxy.spool import DramatiqSpool, Spool
 from proxy.streaming import StreamAssembler
 from schema import describe_errors
 from schema.common import may_hold_unstorable, unstorable
+from sessions.agents import AgentResolver
 from sessions.chat import Recording, spool_message
 from sessions.conversation import assistant_message, request_hash
+from sessions.store import SessionStore
+from sessions.users import UnknownUserError
 
 log = logging.getLogger(__name__)
 
@@ -110,9 +114,16 @@ async def _body(request: Request, limit: int) -> bytes | None:
     return b"".join(chunks)
 
 
-def _error(status: int, code: str, message: str) -> JSONResponse:
+#: The answer header saying what was done with the call: ``queued`` (the turn is on the spool,
+#: stored as the session's next turn by the worker) or ``no: <why nothing was recorded>``.
+RECORDED_HEADER = "X-IBEX-Recorded"
+
+
+def _error(status: int, code: str, message: str, **extra: str) -> JSONResponse:
     return JSONResponse(
-        {"error": {"code": code, "message": message, "type": "ibex_error"}}, status_code=status
+        {"error": {"code": code, "message": message, "type": "ibex_error", **extra}},
+        status_code=status,
+        headers={RECORDED_HEADER: f"no: refused ({code})"},
     )
 
 
@@ -123,6 +134,8 @@ class ChatCall:
     body: dict[str, Any]
     recording: Recording | None
     started: float
+    #: Why nothing is recorded (None: the call is recorded).
+    not_recorded: str | None = None
 
 
 class ChatProxy:
@@ -194,17 +207,13 @@ class ChatProxy:
             body = None
         if not isinstance(body, dict) or not isinstance(body.get("messages"), list):
             return _error(400, "BAD_REQUEST", "the body must be a chat completion request")
-        headers = request.headers
-        agent = (headers.get("x-ibex-agent") or "").strip() or None
-        external_id = (headers.get("x-ibex-session-id") or "").strip() or None
-        inject = (headers.get("x-ibex-memory") or "").strip().lower() == "inject"
-        records = agent is not None and external_id is not None
         try:
-            budget = memory_tokens(headers.get("x-ibex-memory-tokens") if inject else None)
-        except ValueError:
-            return _error(400, "INVALID_HEADER", "X-IBEX-Memory-Tokens must be a positive integer")
-        if inject and agent is None:
-            return _error(400, "AGENT_REQUIRED", "X-IBEX-Memory: inject needs X-IBEX-Agent")
+            ibex = read_headers(request.headers)
+        except HeaderError as exc:
+            return _error(400, exc.code, exc.message, header=exc.header)
+        headers = request.headers
+        agent, external_id, inject = ibex.agent, ibex.external_id, ibex.inject
+        records = ibex.records
         if (records or inject) and may_hold_unstorable(raw.decode("utf-8", "replace")):
             problems = unstorable(body)
             if problems is not None:
@@ -214,7 +223,7 @@ class ChatProxy:
                     422, "VALIDATION_FAILED", f"invalid request: {describe_errors(problems)}"
                 )
         recording: Recording | None = None
-        token = (headers.get("x-ibex-token") or "").strip()
+        token = ibex.token or ""
         # Without the caller's own Authorization the operator's upstream key is spent: only
         # for a caller with a valid IBEX token (never an open relay).
         spends_key = not headers.get("authorization")
@@ -234,23 +243,30 @@ class ChatProxy:
                 )
             except AuthError as exc:
                 return _error(exc.status, exc.code, exc.message)
+            if org_id is not None and agent is not None:
+                refused = await asyncio.to_thread(self._refusal, org_id, ibex, bound)
+                if refused is not None:
+                    return refused
             if records:
                 assert agent is not None and external_id is not None
-                user = (headers.get("x-ibex-user-id") or "").strip() or None
                 recording = Recording(
                     agent=agent,
                     external_id=external_id,
-                    user=user,
+                    user=ibex.user,
                     org_id=org_id,
                     token_hash=None if org_id else hash_token(token),
                     org_header=None if org_id else org_header,
                     user_id=bound,
+                    named_user_id=ibex.user_id,
+                    end=ibex.end,
                 )
             if inject and org_id is not None:
                 assert agent is not None
-                user = (headers.get("x-ibex-user-id") or "").strip() or None
-                body = await self._inject(body, org_id, agent, budget, user, bound)
-        call = ChatCall(body=body, recording=recording, started=started)
+                body = await self._inject(
+                    body, org_id, agent, ibex.memory_tokens, ibex.user, bound or ibex.user_id
+                )
+        not_recorded = ibex.not_recorded() if recording is None else None
+        call = ChatCall(body=body, recording=recording, started=started, not_recorded=not_recorded)
         upstream_headers = self._upstream_headers(request)
         if body.get("stream") is True:
             return await self._stream(call, upstream_headers)
@@ -293,6 +309,43 @@ class ChatProxy:
         if inject:
             require_scope(principal, "memory:read")
         return resolve_org(principal, org_header), principal.user_id
+
+    def _refusal(
+        self, org_id: uuid.UUID, ibex: IbexHeaders, bound: uuid.UUID | None
+    ) -> Response | None:
+        """The answer refusing a call that names an agent the org does not have (404
+        ``UNKNOWN_AGENT``, as the sessions API: a typo creates nothing) or a user id that is
+        not one of the org's users (for a user-bound token: not its own user, answered the same
+        as an unknown one); None when both are known. Skipped while the database is away (the
+        call is answered, its turn spooled)."""
+        assert ibex.agent is not None
+        try:
+            if AgentResolver(self.db).find(org_id, slug=ibex.agent) is None:
+                return _error(
+                    404,
+                    "UNKNOWN_AGENT",
+                    f"no agent {ibex.agent!r} in this org (create it with the sessions API's"
+                    ' "create_agent": true, or ibex import)',
+                    header="X-IBEX-Agent",
+                )
+            if ibex.user_id is not None:
+                unknown = _error(
+                    400,
+                    "INVALID_HEADER",
+                    "X-IBEX-User-ID names no user of this org",
+                    header="X-IBEX-User-ID",
+                )
+                if bound is not None and ibex.user_id != bound:
+                    return unknown
+                try:
+                    SessionStore(self.db, bind_models=False).resolve_user(
+                        org_id, user_id=ibex.user_id
+                    )
+                except UnknownUserError:
+                    return unknown
+        except (DatabaseUnavailableError, peewee.OperationalError, peewee.InterfaceError):
+            log.warning("agent check skipped: the database is unavailable")
+        return None
 
     def _recently_verified(self, digest: str) -> bool:
         seen = self._verified.get(digest)
@@ -343,7 +396,9 @@ class ChatProxy:
         except httpx.HTTPError as exc:
             return _error(502, "UPSTREAM_UNAVAILABLE", f"the upstream did not answer: {exc}")
         response = Response(
-            content=answer.content, status_code=answer.status_code, headers=_passed(answer)
+            content=answer.content,
+            status_code=answer.status_code,
+            headers=_passed(answer, _recorded(call, answer)),
         )
         if call.recording is not None and answer.is_success:
             latency_ms = int((self.clock() - call.started) * 1000)
@@ -354,6 +409,7 @@ class ChatProxy:
             except (ValueError, KeyError, IndexError, TypeError, AttributeError):
                 log.warning("upstream answer not recorded: not a chat completion")
                 metrics.turn("failed")
+                response.headers[RECORDED_HEADER] = "no: the answer is not a chat completion"
                 return response
             self._record(
                 call,
@@ -380,7 +436,9 @@ class ChatProxy:
             finally:
                 await answer.aclose()
             return Response(
-                content=content, status_code=answer.status_code, headers=_passed(answer)
+                content=content,
+                status_code=answer.status_code,
+                headers=_passed(answer, _recorded(call, answer)),
             )
         return _Relay(self, call, answer)
 
@@ -465,7 +523,7 @@ class _Relay(Response):
         self.answer = answer
         self.status_code = answer.status_code
         self.background = None
-        self.init_headers(_passed(answer))
+        self.init_headers(_passed(answer, _recorded(call, answer)))
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         assembler = StreamAssembler()
@@ -516,8 +574,20 @@ async def _disconnected(receive: Receive) -> None:
             return
 
 
-def _passed(answer: httpx.Response) -> dict[str, str]:
-    return {name: answer.headers[name] for name in PASSED_HEADERS if name in answer.headers}
+def _passed(answer: httpx.Response, recorded: str) -> dict[str, str]:
+    passed = {name: answer.headers[name] for name in PASSED_HEADERS if name in answer.headers}
+    passed[RECORDED_HEADER] = recorded
+    return passed
+
+
+def _recorded(call: ChatCall, answer: httpx.Response) -> str:
+    """The ``X-IBEX-Recorded`` value of an upstream answer (a cut stream is still recorded,
+    marked incomplete)."""
+    if call.recording is None:
+        return call.not_recorded or "no"
+    if not answer.is_success:
+        return f"no: the upstream answered {answer.status_code}"
+    return "queued; the session ends" if call.recording.end else "queued"
 
 
 def _int(value: Any) -> int | None:

@@ -45,6 +45,7 @@ STALE_SUPERSEDES = ("reject", "skip")
 #: Every error code the service answers with; documented in the OpenAPI error schema.
 ERROR_CODES = (
     "MALFORMED_JSON",
+    "MALFORMED_ID",
     "INVALID_HEADER",
     "ORG_REQUIRED",
     "UNAUTHORIZED",

@@ -27,9 +27,11 @@ from typing import Any
 from core.counters import lazy_counter
 from core.errors import ImmutableTurnError, PermanentError, TransientError, TurnIndexGapError
 from schema.messages import CHAT_TURNS_QUEUE
+from sessions.agents import AgentResolver
 from sessions.conversation import StoredTurn, answers_in, plan_turn
 from sessions.store import SessionStore
 from sessions.turns import TurnInput
+from sessions.users import UnknownUserError
 
 SPOOL_QUEUE = CHAT_TURNS_QUEUE
 SPOOL_ACTOR = "record_chat_turn"
@@ -50,6 +52,10 @@ class Recording:
     org_header: str | None
     #: A user-bound token's user: it is the session's user, whatever ``user`` says.
     user_id: uuid.UUID | None = None
+    #: The user named by id (``X-IBEX-User-ID``) rather than by key (``user``).
+    named_user_id: uuid.UUID | None = None
+    #: The conversation ends with this call: the session is completed once the turn is stored.
+    end: bool = False
 
 
 def spool_message(
@@ -75,6 +81,8 @@ def spool_message(
         "external_id": recording.external_id,
         "user": recording.user,
         "user_id": str(recording.user_id) if recording.user_id else None,
+        "named_user_id": str(recording.named_user_id) if recording.named_user_id else None,
+        "end": recording.end,
         "model": model,
         "request_hash": request_hash,
         "messages": messages,
@@ -126,11 +134,21 @@ def store_chat_turn(
     user_id = None
     if bound is not None:
         user_id = sessions.resolve_user(org_id, user_id=bound)
+    elif message.get("named_user_id"):
+        try:
+            user_id = sessions.resolve_user(org_id, user_id=uuid.UUID(message["named_user_id"]))
+        except UnknownUserError:
+            raise RecordRefused("the call's X-IBEX-User-ID names no user of the org") from None
     elif message.get("user"):
         user_id = sessions.resolve_user(org_id, external_id=str(message["user"]))
+    # The proxy refuses an agent the org does not have (404); a turn it could not check (the
+    # database was away) is refused here the same way, never creating a misspelt agent.
+    agent_id = AgentResolver(sessions.db).find(org_id, slug=str(message["agent"]))
+    if agent_id is None:
+        raise RecordRefused(f"no agent {message['agent']!r} in the org")
     session, _ = sessions.open_session(
         org_id,
-        agent_slug=str(message["agent"]),
+        agent_id=agent_id,
         external_id=str(message["external_id"]),
         model=message.get("model"),
         user_id=user_id,
@@ -147,6 +165,7 @@ def store_chat_turn(
             [StoredTurn(t.messages, t.completion) for t in stored], message["messages"]
         )
         if plan.messages is None:
+            _end(sessions, message, org_id, session.id)
             return None
         if plan.whole and first_attempt and answers_in(plan.messages):
             raise EarlierTurnPending(
@@ -166,8 +185,15 @@ def store_chat_turn(
             result = sessions.append_turns_at(org_id, session.id, count + 1, [turn])
         except (ImmutableTurnError, TurnIndexGapError):
             continue  # another turn of the session landed first: plan again on top of it
+        _end(sessions, message, org_id, session.id)
         return count + 1 if result.turns_added else None
     raise TransientError(f"session {session.id} kept changing while its turn was stored")
+
+
+def _end(sessions: SessionStore, message: Mapping[str, Any], org_id: uuid.UUID, sid: Any) -> None:
+    """``X-IBEX-Session-End: true``: the turn is stored, the conversation is over."""
+    if message.get("end"):
+        sessions.complete_session(org_id, sid)
 
 
 # -- the chat path's turn counter -----------------------------------------------------------

@@ -101,6 +101,10 @@ class ImportedLine:
         }
 
 
+def _count(n: int, noun: str) -> str:
+    return f"{n} {noun}" if n == 1 else f"{n} {noun}s"
+
+
 @dataclass
 class ImportReport:
     lines: int = 0
@@ -118,9 +122,10 @@ class ImportReport:
 
     def summary(self) -> str:
         return (
-            f"{self.sessions_created} sessions created, {self.sessions_extended} extended,"
-            f" {self.sessions_unchanged} unchanged, {self.turns_added} turns added,"
-            f" {self.lines_rejected} lines rejected"
+            f"{_count(self.sessions_created, 'session')} created, {self.sessions_extended}"
+            f" extended, {self.sessions_unchanged} unchanged,"
+            f" {_count(self.turns_added, 'turn')} added,"
+            f" {_count(self.lines_rejected, 'line')} rejected"
         )
 
     def as_json(self) -> dict[str, Any]:

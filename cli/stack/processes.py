@@ -119,19 +119,22 @@ class Procfile:
 
 
 def rebind(argv: Sequence[str], host: str) -> list[str]:
-    """``argv`` with the host of every ``--bind host:port`` (or ``--bind=host:port``)
-    replaced; a :class:`ConfigError` when there is none."""
+    """``argv`` with the host of every ``--bind host:port`` (or ``--bind=host:port``, gunicorn)
+    or ``--host HOST`` (uvicorn) replaced; a :class:`ConfigError` when there is none."""
     out = list(argv)
     found = False
     for i, arg in enumerate(out):
-        if arg == "--bind" and i + 1 < len(out):
+        if arg == "--host" and i + 1 < len(out):
+            out[i + 1] = host
+            found = True
+        elif arg == "--bind" and i + 1 < len(out):
             out[i + 1] = f"{host}:{out[i + 1].rpartition(':')[2]}"
             found = True
         elif arg.startswith("--bind="):
             out[i] = f"--bind={host}:{arg.rpartition(':')[2]}"
             found = True
     if not found:
-        raise ConfigError(f"no --bind to rebind in {shlex.join(out)!r}")
+        raise ConfigError(f"no --bind or --host to rebind in {shlex.join(out)!r}")
     return out
 
 

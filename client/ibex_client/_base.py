@@ -29,6 +29,7 @@ from typing import Any, Generic, TypeVar
 import httpx
 
 from ibex_client.errors import (
+    ExtractionTimeoutError,
     IbexConnectionError,
     IbexTimeoutError,
     IbexTransportError,
@@ -250,3 +251,37 @@ class ClientCore:
             delay,
         )
         return Retry(delay, error)
+
+
+def extraction_settled(session: Any) -> bool:
+    """Whether waiting for a session's extraction is over: no turn is pending (each one is
+    extracted, or failed and dead-lettered, which an operator replays)."""
+    return bool(session.extracted or session.progress.pending == 0)
+
+
+def extraction_timeout(session: Any, timeout: float) -> ExtractionTimeoutError:
+    """The error of a wait that ran out, saying what to do about it."""
+    progress = session.progress
+    text = (
+        f"session {session.id}: {progress.pending} of {session.turn_count} turns still pending"
+        f" extraction after {timeout:g} s"
+    )
+    if session.status == "active":
+        text += (
+            "; the session is active, and turns are extracted once it is completed"
+            " (complete_session, or X-IBEX-Session-End: true on the chat path's last call)"
+        )
+    else:
+        text += "; is a worker running (ibex status shows the backlog)?"
+    return ExtractionTimeoutError(text, session)
+
+
+def only_session(sessions: list[T], agent: str, external_id: str) -> T | None:
+    """The one session of ``sessions`` (those of ``agent`` with ``external_id``), None when
+    there is none; several (one per user) need the caller to say whose."""
+    if len(sessions) > 1:
+        raise ValueError(
+            f"{len(sessions)} sessions of {agent!r} have the external id {external_id!r}"
+            " (one per user): pass user_id="
+        )
+    return sessions[0] if sessions else None

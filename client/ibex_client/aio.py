@@ -15,6 +15,7 @@ answers, retry decisions) is built once in :mod:`~ibex_client._calls` and
 from __future__ import annotations
 
 import asyncio
+import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
 from types import TracebackType
 from typing import Any, TypeVar
@@ -22,7 +23,15 @@ from typing import Any, TypeVar
 import httpx
 
 from ibex_client import _calls
-from ibex_client._base import Call, ClientCore, Retry, RetryPolicy
+from ibex_client._base import (
+    Call,
+    ClientCore,
+    Retry,
+    RetryPolicy,
+    extraction_settled,
+    extraction_timeout,
+    only_session,
+)
 from ibex_client._calls import Id
 from ibex_client.types import (
     Agent,
@@ -124,9 +133,46 @@ class AsyncIbexClient:
         :class:`~ibex_client.errors.TurnGapError`."""
         return await self._run(_calls.append_turns(session_id, turns))
 
-    async def complete_session(self, session_id: Id) -> Session:
-        """Mark the session completed: its turns will be extracted."""
-        return await self._run(_calls.change_status(session_id, "complete"))
+    async def complete_session(
+        self, session_id: Id, *, wait: bool = False, timeout: float = 60.0
+    ) -> Session:
+        """Mark the session completed: its turns will be extracted. With ``wait``, return
+        once they are (:meth:`wait_for_extraction`, up to ``timeout`` seconds)."""
+        session = await self._run(_calls.change_status(session_id, "complete"))
+        if wait and not extraction_settled(session):
+            return await self.wait_for_extraction(session_id, timeout=timeout)
+        return session
+
+    async def wait_for_extraction(
+        self, session_id: Id, *, timeout: float = 60.0, interval: float = 0.5
+    ) -> Session:
+        """Poll the session every ``interval`` seconds until no turn of it is pending
+        extraction (``progress.pending == 0``: its memories are written; a turn that failed
+        extraction is not waited for, ``progress.failed`` counts it) and return it; after
+        ``timeout`` seconds raise :class:`~ibex_client.errors.ExtractionTimeoutError`, which
+        says why (an active session is extracted only once completed)."""
+        deadline = time.monotonic() + timeout
+        while True:
+            session = await self.get_session(session_id)
+            if extraction_settled(session) and session.status != "active":
+                return session
+            if time.monotonic() >= deadline:
+                raise extraction_timeout(session, timeout)
+            await self._sleep(min(interval, max(deadline - time.monotonic(), 0.0)))
+
+    async def find_session(
+        self, agent: str | Id, external_id: str, *, user_id: Id | None = None
+    ) -> Session | None:
+        """The session of ``agent`` (slug or id) with ``external_id`` (the id a chat app sends
+        as ``X-IBEX-Session-ID``), or None. An external id names one session per user: when
+        several people have one, ``user_id`` says whose (else ``ValueError``)."""
+        agent_id = (await self.get_agent(agent)).id
+        found = [
+            s
+            async for s in self.iter_sessions(agent_id=agent_id, external_id=external_id)
+            if user_id is None or str(s.user_id) == str(user_id)
+        ]
+        return only_session(found, str(agent), external_id)
 
     async def abandon_session(self, session_id: Id) -> Session:
         """Mark the session abandoned: it will never be extracted."""

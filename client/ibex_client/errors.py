@@ -31,6 +31,15 @@ class IbexConnectionError(IbexTransportError):
     """The connection was refused, reset or could not be made."""
 
 
+class ExtractionTimeoutError(IbexClientError, TimeoutError):
+    """``wait_for_extraction`` gave up: the session's turns were not all extracted in time.
+    ``session`` is the last state seen (its ``status`` and ``progress`` say why)."""
+
+    def __init__(self, message: str, session: Any) -> None:
+        super().__init__(message)
+        self.session = session
+
+
 class UnexpectedResponseError(IbexClientError):
     """A 2xx answer whose body is not what the API documents."""
 

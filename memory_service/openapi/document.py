@@ -166,4 +166,28 @@ def build_spec(max_body_bytes: int, embedding: tuple[str, int] | None = None) ->
     )
     document = finish_sessions(null_only_alternatives(spec.to_dict()))
     pin_embedding(document, embedding)
+    malformed_ids(document)
     return document
+
+
+ERROR_SCHEMA = "#/components/schemas/Error"
+
+
+def malformed_ids(document: dict[str, Any]) -> None:
+    """Every operation of a path with an id in it (``/v1/sessions/{session_id}``) also answers
+    400 ``MALFORMED_ID`` for an id that is not a UUID (a typo is not an unknown object)."""
+    note = "an id in the path that is not a UUID (MALFORMED_ID)."
+    for path, operations in document["paths"].items():
+        if not path.startswith(("/v1/sessions/{", "/v1/memories/{")):
+            continue
+        for operation in operations.values():
+            if not isinstance(operation, dict) or "responses" not in operation:
+                continue
+            answer = operation["responses"].get("400")
+            if answer is None:
+                operation["responses"]["400"] = {
+                    "description": note[0].upper() + note[1:],
+                    "content": {"application/json": {"schema": {"$ref": ERROR_SCHEMA}}},
+                }
+            elif "MALFORMED_ID" not in answer.get("description", ""):
+                answer["description"] = f"{answer['description'].rstrip()} Or {note}"

@@ -1,4 +1,4 @@
-"""The README's table of the Python client's methods is the client's: every public method of
+"""client/README.md's table of the Python client's methods is the client's: every public method of
 ``IbexClient`` and ``AsyncIbexClient`` is listed, with the parameters it takes, and the table
 lists nothing the client does not have."""
 
@@ -11,14 +11,14 @@ from pathlib import Path
 from ibex_client import AsyncIbexClient, IbexClient
 
 ROOT = Path(__file__).resolve().parents[2]
-SECTION = re.compile(r"^## Python client\n(.*?)^## ", re.DOTALL | re.MULTILINE)
+SECTION = re.compile(r"^## Methods\n(.*?)(?=^## |\Z)", re.DOTALL | re.MULTILINE)
 CALL = re.compile(r"`(\w+)\(([^`]*)\)`")
 
 
 def listed() -> dict[str, list[str]]:
     """Method name to its parameter names, as the README's table writes them."""
-    section = SECTION.search((ROOT / "README.md").read_text(encoding="utf-8"))
-    assert section is not None, "the README has no Python client section"
+    section = SECTION.search((ROOT / "client" / "README.md").read_text(encoding="utf-8"))
+    assert section is not None, "client/README.md has no Methods section"
     rows = [line for line in section.group(1).splitlines() if line.startswith("| `")]
     methods: dict[str, list[str]] = {}
     for row in rows:

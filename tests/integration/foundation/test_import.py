@@ -141,7 +141,7 @@ def test_a_changed_turn_is_rejected_and_nothing_of_the_line_lands(db, run_import
 
 def test_a_zero_turn_session_is_valid_and_is_not_a_candidate(db, store, run_import) -> None:
     code, out, _ = run_import(_line("empty", 0))
-    assert code == 0 and "1 sessions created" in out and "0 turns added" in out
+    assert code == 0 and "1 session created" in out and "0 turns added" in out
     assert _sessions(db)["empty"].turn_count == 0
     assert ScanQueries(store.db).candidates(limit=10) == []
 
@@ -220,7 +220,7 @@ def test_a_line_over_the_size_limit_is_skipped_and_the_next_one_imports(db, run_
     )
     assert code == 1
     assert f"line 2: line is {len(over.encode())} bytes, over the limit of {limit}" in err
-    assert "2 sessions created" in out and "1 lines rejected" in out
+    assert "2 sessions created" in out and "1 line rejected" in out
     assert set(_sessions(db)) == {"fits", "next"}
 
 

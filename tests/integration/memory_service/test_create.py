@@ -211,7 +211,7 @@ def test_unknown_routes_and_methods_use_the_error_body(http: httpx.Client, acme:
     assert missing.status_code == 404
     assert error_of(missing)["code"] == "NOT_FOUND"
     not_a_uuid = http.get("/v1/memories/not-a-uuid", headers=acme.headers())
-    assert not_a_uuid.status_code == 404
+    assert (not_a_uuid.status_code, error_of(not_a_uuid)["code"]) == (400, "MALFORMED_ID")
     method = http.put("/v1/memories", headers=acme.headers())
     assert method.status_code == 405
     assert error_of(method)["code"] == "METHOD_NOT_ALLOWED"

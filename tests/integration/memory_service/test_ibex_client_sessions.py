@@ -1,13 +1,13 @@
 """IbexClient and AsyncIbexClient against the real sessions API in-process, over the real
 Postgres and Redis: open or find a session, append turns (replay, TURN_CONFLICT and TURN_GAP as
 typed errors), complete, abandon, get, list page by page, delete. One scenario runs through
-each client, so both parse exactly what the server sends. The README's client example runs
-against the same service."""
+each client, so both parse exactly what the server sends.
+(The client README's example runs against a whole stack: tests/integration/operations/
+test_docs_blocks.py.)"""
 
 from __future__ import annotations
 
 import asyncio
-import re
 import uuid
 from collections.abc import AsyncIterator, Iterator
 from typing import Any, Protocol
@@ -16,7 +16,6 @@ import httpx
 import pytest
 
 import ibex_client
-from cli.stack.processes import ROOT
 from ibex_client import (
     AsyncIbexClient,
     IbexClient,
@@ -199,38 +198,6 @@ def test_session_lifecycle_through_the_client(ibex: Driver, acme: Tenant) -> Non
     assert ibex("delete_session", uuid.uuid4()) is False
 
 
-def test_the_readme_client_example_runs_against_the_service(
-    app: Any, token: str, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
-) -> None:
-    readme = (ROOT / "README.md").read_text()
-    section = readme[readme.index("## Python client") :]
-    section = section[: section.index("\n## ", 1)]
-    blocks = re.findall(r"```python\n(.*?)```", section, re.DOTALL)
-    assert len(blocks) == 1
-    code = blocks[0]
-    assert len(code.strip().splitlines()) <= 12  # short enough to read at a glance
-
-    class Local(IbexClient):
-        """The README's client, with the network swapped for the app in this process."""
-
-        def __init__(self, base_url: str, token: str, **kwargs: Any) -> None:
-            super().__init__(base_url, token, transport=httpx.WSGITransport(app=app), **kwargs)
-
-    monkeypatch.setattr(ibex_client, "IbexClient", Local)
-    scope: dict[str, Any] = {"token": token}
-    exec(compile(code, "README.md", "exec"), scope)  # noqa: S102 (the README, as documentation)
-
-    session = scope["session"]
-    assert isinstance(session, Session) and session.external_id == "conv-42"
-    assert session.user_id is not None  # the example's user, created by the call
-    # Printed right after completing: nothing extracted yet (no pipeline runs here).
-    assert capsys.readouterr().out.strip() == str(Progress(done=0, pending=1, failed=0, pointer=0))
-    with Local(BASE_URL, token) as ibex:
-        stored = ibex.get_session(session.id)
-    assert (stored.status, stored.turn_count) == ("completed", 1)
-    assert scope["hits"] == () and scope["block"] == ""
-
-
 def test_list_turns_reads_the_turns_back_page_by_page(ibex: Driver) -> None:
     opened = ibex("create_session", "support-bot", create_agent=True, external_id="conv-turns")
     ibex("append_turns", opened.id, [turn(1), turn(2), turn(3)])
@@ -243,3 +210,26 @@ def test_list_turns_reads_the_turns_back_page_by_page(ibex: Driver) -> None:
     assert [t.turn_index for t in rest] == [3] and rest.next_cursor is None
     with pytest.raises(NotFoundError):
         ibex("list_turns", uuid.uuid4())
+
+
+def test_find_session_and_a_wait_that_runs_out_says_why(ibex: Driver, acme: Tenant) -> None:
+    opened = ibex("create_session", "support-bot", create_agent=True, external_id="conv-wait")
+    assert ibex("find_session", "support-bot", "conv-wait") == opened
+    assert ibex("find_session", "support-bot", "conv-none") is None
+    with pytest.raises(NotFoundError):
+        ibex("find_session", "suport-bot", "conv-wait")
+    ibex("append_turns", opened.id, [turn(1)])
+    # Active: turns are extracted only once the session is completed, and the error says so.
+    with pytest.raises(ibex_client.ExtractionTimeoutError) as waited:
+        ibex("wait_for_extraction", opened.id, timeout=0.2, interval=0.05)
+    assert "1 of 1 turns still pending" in str(waited.value)
+    assert "the session is active" in str(waited.value)
+    assert waited.value.session.status == "active"
+    # Completed, but no worker runs here: the wait runs out naming the backlog instead.
+    with pytest.raises(ibex_client.ExtractionTimeoutError) as completed:
+        ibex("complete_session", opened.id, wait=True, timeout=0.2)
+    assert "is a worker running" in str(completed.value)
+    assert isinstance(completed.value, TimeoutError)
+    # Nothing to extract: the wait is over at once.
+    empty = ibex("create_session", "support-bot", external_id="conv-empty")
+    assert ibex("complete_session", empty.id, wait=True, timeout=5).status == "completed"

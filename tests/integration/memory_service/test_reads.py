@@ -180,3 +180,23 @@ def test_listing_by_an_agent_the_org_does_not_have_is_404(
     # The org's own agent with nothing stored yet is an empty page, as before.
     mine = http.get("/v1/memories", params={"agent_id": str(acme.agent_id)}, headers=acme.headers())
     assert mine.status_code == 200 and mine.json()["items"] == []
+
+
+@pytest.mark.parametrize(
+    ("method", "path"),
+    [
+        ("GET", "/v1/memories/not-an-id"),
+        ("DELETE", "/v1/memories/123"),
+        ("GET", "/v1/memories/not-an-id/history"),
+        ("GET", "/v1/sessions/conv-42"),
+        ("POST", "/v1/sessions/conv-42/complete"),
+    ],
+)
+def test_a_malformed_id_in_the_path_is_400_not_404(
+    http: httpx.Client, acme: Tenant, method: str, path: str
+) -> None:
+    answer = http.request(method, path, headers=acme.headers())
+    assert answer.status_code == 400
+    assert answer.json()["error"]["code"] == "MALFORMED_ID"
+    # A path that names no route at all is still 404.
+    assert http.get("/v1/nothing-here", headers=acme.headers()).status_code == 404

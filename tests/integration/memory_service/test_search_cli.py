@@ -72,6 +72,7 @@ def test_table_output(seeded: dict[str, Any], capsys: pytest.CaptureFixture[str]
         (["--org", "acme", "--agent", "ghost"], 1, "no agent 'ghost'"),
         (["--org", "acme", "--agent", "00000000-0000-4000-8000-000000000000"], 1, "no agent"),
         (["--org", "acme", "--agent", "bot", "--limit", "51"], 2, "must be 1-50"),
+        (["--org", "acme", "--agent", "bot", "--user", "nobody"], 1, "no user 'nobody'"),
         (["--org", "acme"], 2, "--agent"),
     ],
 )

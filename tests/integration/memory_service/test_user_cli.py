@@ -69,7 +69,9 @@ def test_search_per_user(seeded: dict[str, Any], capsys: pytest.CaptureFixture[s
     assert _search(capsys, "--user", "dana-17", "--no-shared") == {dana}
     assert _search(capsys) == {shared}
     assert _search(capsys, "--all-users") == {dana, grace, shared}
-    assert _search(capsys, "--user", "nobody", "--no-shared") == set()
+    # A user the org does not have is named, not answered with an empty list.
+    assert main(["search", "allergic", "--org", "acme", "--agent", "bot", "--user", "nobody"]) == 1
+    assert "no user 'nobody' in org 'acme'" in capsys.readouterr().err
 
 
 def test_a_token_bound_to_a_user_and_forgetting_the_user(
@@ -88,7 +90,9 @@ def test_a_token_bound_to_a_user_and_forgetting_the_user(
     assert main(["user", "forget", "--org", "acme", "dana-17", "--json"]) == 0
     counts = json.loads(capsys.readouterr().out)
     assert counts == {"user_id": str(seeded["dana"]), "sessions": 0, "memories": 1, "tokens": 1}
-    assert _search(capsys, "--user", str(seeded["dana"])) == {seeded["shared"]}
+    forgotten = ["search", "allergic", "--org", "acme", "--agent", "bot", "--user"]
+    assert main([*forgotten, str(seeded["dana"])]) == 1  # forgotten: no such user any more
+    assert "no user" in capsys.readouterr().err
     assert _search(capsys, "--all-users") == {seeded["grace_memory"], seeded["shared"]}
     looked_up = TokenStore(db).lookup(hash_token(token))
     assert looked_up is not None and looked_up.revoked_at is not None

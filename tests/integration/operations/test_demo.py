@@ -88,7 +88,7 @@ def _assert_explained(out: str, summary: dict[str, str]) -> None:
     )
     assert statuses, lines[imported + 1]
     imports = re.findall(
-        r"^(?:imported|later) +(\d+) sessions created, (\d+) extended, (\d+) unchanged",
+        r"^(?:imported|later) +(\d+) sessions? created, (\d+) extended, (\d+) unchanged",
         out,
         re.MULTILINE,
     )
@@ -106,7 +106,7 @@ def _assert_explained(out: str, summary: dict[str, str]) -> None:
     assert "scores are 0-1, higher is better" in out and "docs/search.md" in out
     tail = lines[lines.index("what next:") :]
     assert any(line.split()[:2] == ["ibex", "up"] for line in tail), tail
-    assert any("Run it for development" in line for line in tail), tail
+    assert any("docs/cli.md: ibex up" in line for line in tail), tail
 
 
 def _assert_recall(out: str) -> None:

@@ -146,5 +146,8 @@ class Org:
 @pytest.fixture
 def acme(store: Any, db: Any) -> Org:
     org_id = store.ensure_org("acme")
+    # The chat path records only for an agent the org has (an unknown one is 404).
+    for agent in ("support-bot", "bot"):
+        store.ensure_agent(org_id, agent)
     token, _ = make_token(db, org_id, ["sessions:write", "memory:read"])
     return Org(org_id, token)

@@ -244,7 +244,7 @@ def test_the_callers_authorization_is_passed_upstream(
 def test_the_user_header_makes_the_user_the_sessions_own(
     proxy_server: ProxyServer, upstream: Any, store: Any, worker: Any, acme: Org
 ) -> None:
-    hdrs = headers(acme, session="conv-user", **{"X-IBEX-User-ID": "dana@example.com"})
+    hdrs = headers(acme, session="conv-user", **{"X-IBEX-User": "dana@example.com"})
     assert chat(proxy_server, [{"role": "user", "content": "hi"}], hdrs).status_code == 200
     proxy_server.settle()
     wait_for(lambda: len(checkpoints(store, acme, "conv-user")) == 1, "the turn")

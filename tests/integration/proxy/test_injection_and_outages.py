@@ -300,13 +300,13 @@ def test_injection_reads_the_named_users_memories_and_no_other_users(
     question = [SYSTEM, {"role": "user", "content": "Who is allergic to peanuts or shellfish?"}]
     base = {"X-IBEX-Token": acme.token, "X-IBEX-Agent": "bot", "X-IBEX-Memory": "inject"}
 
-    assert chat(proxy_server, question, {**base, "X-IBEX-User-ID": "dana"}).status_code == 200
+    assert chat(proxy_server, question, {**base, "X-IBEX-User": "dana"}).status_code == 200
     sent = upstream.bodies[-1]["messages"][0]["content"]
     assert "Dana is allergic to peanuts." in sent
     assert "shellfish" not in sent  # another user's memory
     assert "opens at nine" in sent  # the agent-wide memories are everyone's
 
-    assert chat(proxy_server, question, {**base, "X-IBEX-User-ID": "eve"}).status_code == 200
+    assert chat(proxy_server, question, {**base, "X-IBEX-User": "eve"}).status_code == 200
     sent = upstream.bodies[-1]["messages"][0]["content"]
     assert "Eve is allergic to shellfish." in sent and "peanuts." not in sent
 
@@ -350,7 +350,7 @@ def test_a_user_bound_token_reads_and_records_as_its_user_whatever_the_header_sa
         "X-IBEX-Token": token,
         "X-IBEX-Agent": "bot",
         "X-IBEX-Session-ID": "conv-bound",
-        "X-IBEX-User-ID": "eve",
+        "X-IBEX-User": "eve",
         "X-IBEX-Memory": "inject",
     }
     question = [SYSTEM, {"role": "user", "content": "Who is allergic to peanuts or shellfish?"}]

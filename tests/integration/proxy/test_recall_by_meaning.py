@@ -46,7 +46,7 @@ def injected(server: ProxyServer, upstream: Any, org: Org, question: str, **extr
     hdrs = {
         "X-IBEX-Token": org.token,
         "X-IBEX-Agent": "bot",
-        "X-IBEX-User-ID": "dana",
+        "X-IBEX-User": "dana",
         "X-IBEX-Memory": "inject",
         **extra,
     }

@@ -28,6 +28,7 @@ def _answer(status: int, body: dict[str, Any]) -> Any:
         (401, "UNAUTHORIZED", False, "does not know this token"),
         (403, "INSUFFICIENT_SCOPE", False, "lacks the memory:write scope"),
         (400, "ORG_REQUIRED", False, "not a service token"),
+        (403, "FORBIDDEN_ORG", False, "not a service token"),
         (404, "NOT_FOUND", False, "unexpected answer"),
     ],
 )

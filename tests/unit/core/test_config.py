@@ -98,25 +98,45 @@ def test_redacted_settings_hide_secrets() -> None:
     assert redact_url("redis://127.0.0.1:6379/0") == "redis://127.0.0.1:6379/0"
 
 
-def test_env_example_and_readme_list_every_variable() -> None:
+CONFIGURATION = ROOT / "docs" / "configuration.md"
+
+
+def _table_row(text: str, name: str) -> re.Match[str] | None:
+    return re.search(rf"^\| `{name}` \| ([^|]*) \|", text, flags=re.MULTILINE)
+
+
+def test_env_example_readme_and_the_configuration_table_list_every_variable() -> None:
     example = (ROOT / ".env.example").read_text()
     listed = set(re.findall(r"^#?\s*([A-Z][A-Z0-9_]+)=", example, flags=re.MULTILINE))
     readme = (ROOT / "README.md").read_text()
+    table = CONFIGURATION.read_text()
     for name in DEFAULTS:
         assert name in listed, f"{name} missing from .env.example"
         assert f"`{name}`" in readme, f"{name} missing from README.md"
+        assert _table_row(table, name), f"{name} missing from docs/configuration.md"
 
 
-def test_procfile_variables_are_in_the_readme_table_and_env_example() -> None:
+def test_the_configuration_table_gives_the_defaults_of_the_code() -> None:
+    table = CONFIGURATION.read_text()
+    for name, default in DEFAULTS.items():
+        row = _table_row(table, name)
+        assert row, name
+        if default is not None:
+            assert row.group(1).strip().startswith(f"`{default}`"), (
+                f"{name}: docs/configuration.md says {row.group(1).strip()!r}, the code {default!r}"
+            )
+
+
+def test_procfile_variables_are_in_the_configuration_table_and_env_example() -> None:
     procfile = (ROOT / "Procfile").read_text()
     used = dict.fromkeys(re.findall(r"\$\{?([A-Z][A-Z0-9_]*)", procfile))
     defaults = dict(re.findall(r"\$\{([A-Z][A-Z0-9_]*):-([^}]*)\}", procfile))
     assert {"PORT", "WEB_CONCURRENCY", "WEB_THREADS", "WORKER_PROCESSES"} <= set(used)
     example = (ROOT / ".env.example").read_text()
-    readme = (ROOT / "README.md").read_text()
+    table = CONFIGURATION.read_text()
     for name in used:
-        row = re.search(rf"^\| `{name}` \| ([^|]*) \|", readme, flags=re.MULTILINE)
-        assert row, f"{name} (Procfile) missing from the README configuration table"
+        row = _table_row(table, name)
+        assert row, f"{name} (Procfile) missing from the table of docs/configuration.md"
         listed = re.search(rf"^#?\s*{name}=(.*)$", example, flags=re.MULTILINE)
         assert listed, f"{name} (Procfile) missing from .env.example"
         if name in defaults:
@@ -125,12 +145,12 @@ def test_procfile_variables_are_in_the_readme_table_and_env_example() -> None:
             assert listed.group(1).strip() == defaults[name], name
 
 
-def test_env_example_leaves_off_what_the_readme_says_is_off_by_default() -> None:
+def test_env_example_leaves_off_what_the_table_says_is_off_by_default() -> None:
     example = (ROOT / ".env.example").read_text()
-    readme = (ROOT / "README.md").read_text()
-    off = re.findall(r"^\| `([A-Z][A-Z0-9_]*)` \| unset", readme, flags=re.MULTILINE)
+    table = CONFIGURATION.read_text()
+    off = re.findall(r"^\| `([A-Z][A-Z0-9_]*)` \| unset", table, flags=re.MULTILINE)
     assert "METRICS_PORT" in off
     for name in off:
         assert not re.search(rf"^{name}=.", example, flags=re.MULTILINE), (
-            f"{name} is unset by default (README) but set in .env.example"
+            f"{name} is unset by default (docs/configuration.md) but set in .env.example"
         )

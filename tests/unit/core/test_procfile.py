@@ -69,6 +69,14 @@ def test_rebind_replaces_the_host_and_keeps_the_port() -> None:
     argv = ["gunicorn", "--bind", "0.0.0.0:8080", "app"]
     assert rebind(argv, "127.0.0.1") == ["gunicorn", "--bind", "127.0.0.1:8080", "app"]
     assert rebind(["g", "--bind=[::]:81"], "127.0.0.1") == ["g", "--bind=127.0.0.1:81"]
+    uvicorn = ["uvicorn", "--host", "0.0.0.0", "--port", "1"]  # noqa: S104
+    assert rebind(uvicorn, "127.0.0.1") == [
+        "uvicorn",
+        "--host",
+        "127.0.0.1",
+        "--port",
+        "1",
+    ]
     with pytest.raises(ConfigError, match="no --bind"):
         rebind(["dramatiq", "actors"], "127.0.0.1")
 
