@@ -25,6 +25,7 @@ import pytest
 
 from cli.stack.processes import ROOT, Launcher, Process, free_port
 from memories.tokens import TokenStore
+from tests.integration.procfile_env import procfile_env
 
 pytestmark = [pytest.mark.slow]
 
@@ -153,24 +154,17 @@ class Stack:
 @pytest.fixture
 def stack(db: Any, database_url: str, redis_url: str, tmp_path: Path) -> Iterator[Stack]:
     port = free_port()
-    env = {
-        **{k: v for k, v in os.environ.items() if not k.startswith(("LLM_", "IBEX_", "EMBED"))},
-        "PATH": f"{BIN}{os.pathsep}{os.environ.get('PATH', '')}",
-        "PYTHONPATH": str(ROOT),
-        "DATABASE_URL": database_url,
-        "REDIS_URL": redis_url,
-        "PORT": str(port),
-        "WEB_CONCURRENCY": "1",
-        "WEB_THREADS": "4",
-        "MEMORY_SERVICE_URL": f"http://127.0.0.1:{port}",
-        "WORKER_PROCESSES": "1",
-        "WORKER_THREADS": "2",
-        "MAX_RETRIES": "2",
-        "RETRY_MIN_BACKOFF_MS": "50",
-        "RETRY_MAX_BACKOFF_MS": "200",
-        "LLM_PROVIDER": "rules",
-        "EMBEDDINGS_PROVIDER": "none",
-    }
+    env = procfile_env(
+        database_url,
+        redis_url,
+        port,
+        strip=("EMBED",),
+        MAX_RETRIES="2",
+        RETRY_MIN_BACKOFF_MS="50",
+        RETRY_MAX_BACKOFF_MS="200",
+        LLM_PROVIDER="rules",
+        EMBEDDINGS_PROVIDER="none",
+    )
     with Launcher(tmp_path, cwd=ROOT) as launcher:
         launcher.start_procfile("web", env, bind_host="127.0.0.1")
         launcher.wait_http(f"http://127.0.0.1:{port}/healthz", timeout=30)

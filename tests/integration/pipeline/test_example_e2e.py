@@ -7,7 +7,6 @@ progress is done (the scheduler's scan, then the workers), asks for context and 
 
 from __future__ import annotations
 
-import os
 import re
 import subprocess
 import sys
@@ -20,6 +19,7 @@ import pytest
 
 from cli.stack.processes import ROOT, Launcher, free_port
 from memories.tokens import TokenStore
+from tests.integration.procfile_env import procfile_env
 
 pytestmark = pytest.mark.slow
 
@@ -39,22 +39,9 @@ def env(db: Any, database_url: str, redis_url: str) -> dict[str, str]:
     """The environment of every process: the pipeline's service token, small pools, a scan
     every second, the rules extractor (no LLM_BASE_URL)."""
     _, service = TokenStore(db).issue(org_id=None, name="pipeline", scopes=["memory:write"])
-    port = free_port()
-    return {
-        **{k: v for k, v in os.environ.items() if not k.startswith(("LLM_", "IBEX_"))},
-        "PATH": f"{BIN}{os.pathsep}{os.environ.get('PATH', '')}",
-        "PYTHONPATH": str(ROOT),
-        "DATABASE_URL": database_url,
-        "REDIS_URL": redis_url,
-        "PORT": str(port),
-        "WEB_CONCURRENCY": "1",
-        "WEB_THREADS": "4",
-        "MEMORY_SERVICE_URL": f"http://127.0.0.1:{port}",
-        "MEMORY_SERVICE_TOKEN": service,
-        "WORKER_PROCESSES": "1",
-        "WORKER_THREADS": "2",
-        "SCAN_INTERVAL_SECONDS": "1",
-    }
+    return procfile_env(
+        database_url, redis_url, free_port(), token=service, SCAN_INTERVAL_SECONDS="1"
+    )
 
 
 @pytest.fixture

@@ -9,7 +9,6 @@ scan that sent it leads back to the scheduler. No span holds a word of the conve
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
 import threading
@@ -28,6 +27,7 @@ from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import (
 from bench.fake_llm import FakeLLM
 from cli.stack.processes import ROOT, Launcher, free_port
 from memories.tokens import TokenStore
+from tests.integration.procfile_env import procfile_env
 
 pytestmark = pytest.mark.slow
 
@@ -123,30 +123,21 @@ def env(
     db: Any, database_url: str, redis_url: str, receiver: Receiver, llm: FakeLLM
 ) -> dict[str, str]:
     _, service = TokenStore(db).issue(org_id=None, name="pipeline", scopes=["memory:write"])
-    port = free_port()
-    return {
-        **{k: v for k, v in os.environ.items() if not k.startswith(("LLM_", "IBEX_", "OTEL_"))},
-        "PATH": f"{BIN}{os.pathsep}{os.environ.get('PATH', '')}",
-        "PYTHONPATH": str(ROOT),
-        "DATABASE_URL": database_url,
-        "REDIS_URL": redis_url,
-        "PORT": str(port),
-        "WEB_CONCURRENCY": "1",
-        "WEB_THREADS": "4",
-        "MEMORY_SERVICE_URL": f"http://127.0.0.1:{port}",
-        "MEMORY_SERVICE_TOKEN": service,
-        "WORKER_PROCESSES": "1",
-        "WORKER_THREADS": "2",
-        "SCAN_INTERVAL_SECONDS": "1",
-        "RETRY_MIN_BACKOFF_MS": "50",
-        "RETRY_MAX_BACKOFF_MS": "200",
-        "LLM_PROVIDER": "openai",
-        "LLM_BASE_URL": llm.base_url,
-        "LLM_MODEL": "fake-llm",
-        "LLM_TIMEOUT_SECONDS": "5",
-        "OTEL_EXPORTER_OTLP_ENDPOINT": receiver.url,
-        "OTEL_BSP_SCHEDULE_DELAY": "100",
-    }
+    return procfile_env(
+        database_url,
+        redis_url,
+        free_port(),
+        token=service,
+        SCAN_INTERVAL_SECONDS="1",
+        RETRY_MIN_BACKOFF_MS="50",
+        RETRY_MAX_BACKOFF_MS="200",
+        LLM_PROVIDER="openai",
+        LLM_BASE_URL=llm.base_url,
+        LLM_MODEL="fake-llm",
+        LLM_TIMEOUT_SECONDS="5",
+        OTEL_EXPORTER_OTLP_ENDPOINT=receiver.url,
+        OTEL_BSP_SCHEDULE_DELAY="100",
+    )
 
 
 def _import_one_turn(env: dict[str, str], path: Path) -> None:

@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import contextlib
 import json
-import os
 import subprocess
 import sys
 import time
@@ -20,6 +19,7 @@ import pytest
 from bench.fake_llm import FakeLLM
 from cli.stack.processes import ROOT, Launcher, free_port
 from memories.tokens import TokenStore
+from tests.integration.procfile_env import procfile_env
 
 pytestmark = [pytest.mark.slow]
 
@@ -33,23 +33,16 @@ SESSIONS = [("dana-1", "dana"), ("grace-1", "grace"), ("dana-2", "dana"), ("shar
 def stack(db: Any, database_url: str, redis_url: str, tmp_path: Path) -> Iterator[dict[str, Any]]:
     _, token = TokenStore(db).issue(org_id=None, name="pipeline", scopes=["memory:write"])
     port = free_port()
-    env = {
-        **{k: v for k, v in os.environ.items() if not k.startswith(("LLM_", "IBEX_"))},
-        "PATH": f"{BIN}{os.pathsep}{os.environ.get('PATH', '')}",
-        "PYTHONPATH": str(ROOT),
-        "DATABASE_URL": database_url,
-        "REDIS_URL": redis_url,
-        "PORT": str(port),
-        "WEB_CONCURRENCY": "1",
-        "WEB_THREADS": "4",
-        "MEMORY_SERVICE_URL": f"http://127.0.0.1:{port}",
-        "MEMORY_SERVICE_TOKEN": token,
-        "WORKER_PROCESSES": "1",
-        "WORKER_THREADS": "4",
-        "MAX_RETRIES": "3",
-        "RETRY_MIN_BACKOFF_MS": "50",
-        "RETRY_MAX_BACKOFF_MS": "500",
-    }
+    env = procfile_env(
+        database_url,
+        redis_url,
+        port,
+        token=token,
+        WORKER_THREADS="4",
+        MAX_RETRIES="3",
+        RETRY_MIN_BACKOFF_MS="50",
+        RETRY_MAX_BACKOFF_MS="500",
+    )
     with Launcher(tmp_path, cwd=ROOT) as launcher:
         launcher.start_procfile("web", env, bind_host="127.0.0.1")
         llm = FakeLLM(memories=MEMORIES).start()
