@@ -54,5 +54,7 @@ def run(args: argparse.Namespace, settings: Settings) -> int:
         if args.list_messages:
             for message in report.sent:
                 print(f"sent {message}")
-        print(f"{report.sessions} sessions scanned, {report.turns} turns sent")
+        sessions = "session" if report.sessions == 1 else "sessions"
+        turns = "turn" if report.turns == 1 else "turns"
+        print(f"{report.sessions} {sessions} scanned, {report.turns} {turns} sent")
     return EXIT_OK

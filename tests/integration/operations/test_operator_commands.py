@@ -101,11 +101,11 @@ def test_scan_prints_a_summary_and_lists_messages_only_with_verbose(
     env = _env(database_url, redis_url)
     quiet = _ibex(env, "scan", "--session", "a")
     assert quiet.returncode == 0, quiet.stderr
-    assert quiet.stdout == "1 sessions scanned, 2 turns sent\n"
+    assert quiet.stdout == "1 session scanned, 2 turns sent\n"
     verbose = _ibex(env, "scan", "--session", "b", "--verbose")
     assert verbose.returncode == 0, verbose.stderr
     lines = verbose.stdout.splitlines()
-    assert lines[-1] == "1 sessions scanned, 2 turns sent"
+    assert lines[-1] == "1 session scanned, 2 turns sent"
     assert len(lines) == 3
     assert all(
         line.startswith("sent extract_turn(") and str(second.session_id) in line
