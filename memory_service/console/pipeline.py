@@ -196,16 +196,23 @@ def _back(who: Viewer, text: str) -> tuple[str, Markup]:
     )
 
 
+def _open_letter(deps: Any, who: Viewer, form: dict[str, str]) -> tuple[Any, str, Any]:
+    """The dead-letter store, the form's ``ref`` and its open letter when this operator may
+    see it (None otherwise: another org's letter is answered as a missing one)."""
+    need_operator(who)
+    ref = form.get("ref", "")
+    store = deps.dead_letters()
+    letter = store.get(ref) if ref else None
+    if letter is not None and not visible(who, letter):
+        letter = None
+    return store, ref, letter
+
+
 class ReplayAction(Action):
     def post(
         self, req: falcon.Request, who: Viewer, form: dict[str, str], **_: Any
     ) -> str | tuple[str, Markup]:
-        need_operator(who)
-        ref = form.get("ref", "")
-        store = self.deps.dead_letters()
-        letter = store.get(ref) if ref else None
-        if letter is not None and not visible(who, letter):
-            letter = None
+        store, ref, letter = _open_letter(self.deps, who, form)
         if letter is None:
             # Already replayed, discarded, or never there: nothing is sent.
             return _back(who, f"No open dead letter {ref}: nothing replayed.")
@@ -217,11 +224,8 @@ class DiscardAction(Action):
     def post(
         self, req: falcon.Request, who: Viewer, form: dict[str, str], **_: Any
     ) -> str | tuple[str, Markup]:
-        need_operator(who)
-        ref = form.get("ref", "")
-        store = self.deps.dead_letters()
-        letter = store.get(ref) if ref else None
-        if letter is None or not visible(who, letter) or not store.discard(letter.ref):
+        store, ref, letter = _open_letter(self.deps, who, form)
+        if letter is None or not store.discard(letter.ref):
             return _back(who, f"No open dead letter {ref}: nothing discarded.")
         return _back(who, f"Discarded dead letter {letter.ref}.")
 
