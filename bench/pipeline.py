@@ -280,11 +280,13 @@ class Stack:
             out["fake_trace_sink"] = [self.trace_sink_child.pid]
         return out
 
-    def trace_spans(self) -> int | None:
-        """Spans the sink has received so far (None: tracing off)."""
+    def trace_spans(self) -> dict[str, Any] | None:
+        """The spans the sink has received so far, and their mean duration per span name
+        (None: tracing off)."""
         if self.trace_sink_url is None:
             return None
-        return int(httpx.get(f"{self.trace_sink_url}/stats", timeout=10).json()["spans"])
+        stats = httpx.get(f"{self.trace_sink_url}/stats", timeout=10).json()
+        return {"spans": int(stats["spans"]), "by_name": stats["by_name"]}
 
     def embeddings_stats(self, reset: bool = False) -> dict[str, Any] | None:
         """The fake endpoint's request and text counts (cleared with ``reset``); None: not

@@ -1,8 +1,10 @@
 """A local OTLP/HTTP trace sink for the benchmarks: ``python -m bench.trace_sink --port N``.
 
 Accepts ``POST /v1/traces`` (an ``ExportTraceServiceRequest``, protobuf), counts the requests
-and the spans, and keeps nothing else; ``GET /stats`` answers the counts as JSON, ``GET
-/healthz`` 200. Its CPU is reported apart from the pipeline's (``fake_trace_sink``), as the
+and the spans, and sums the spans' durations per span name (where a turn's time went: the LLM
+call, the memory POSTs, each actor's delivery), and keeps nothing else; ``GET /stats``
+answers them as JSON (``by_name``: each name's ``count`` and ``mean_ms``), ``GET /healthz``
+200. Its CPU is reported apart from the pipeline's (``fake_trace_sink``), as the
 fake LLM's is: a real collector runs elsewhere.
 """
 
@@ -25,15 +27,29 @@ class Counts:
     def __init__(self) -> None:
         self.requests = 0
         self.spans = 0
+        #: span name -> [count, total nanoseconds]
+        self.durations: dict[str, list[int]] = {}
         self.lock = threading.Lock()
 
     def take(self, body: bytes) -> None:
         request = ExportTraceServiceRequest()
         request.ParseFromString(body)
-        spans = sum(len(s.spans) for r in request.resource_spans for s in r.scope_spans)
+        spans = [span for r in request.resource_spans for s in r.scope_spans for span in s.spans]
         with self.lock:
             self.requests += 1
-            self.spans += spans
+            self.spans += len(spans)
+            for span in spans:
+                total = self.durations.setdefault(span.name, [0, 0])
+                total[0] += 1
+                total[1] += max(0, span.end_time_unix_nano - span.start_time_unix_nano)
+
+    def stats(self) -> dict[str, Any]:
+        with self.lock:
+            by_name = {
+                name: {"count": n, "mean_ms": round(ns / n / 1e6, 2)}
+                for name, (n, ns) in sorted(self.durations.items())
+            }
+            return {"requests": self.requests, "spans": self.spans, "by_name": by_name}
 
 
 def make_server(port: int, counts: Counts) -> ThreadingHTTPServer:
@@ -46,9 +62,7 @@ def make_server(port: int, counts: Counts) -> ThreadingHTTPServer:
 
         def do_GET(self) -> None:
             if self.path == "/stats":
-                with counts.lock:
-                    stats = {"requests": counts.requests, "spans": counts.spans}
-                self._send(200, json.dumps(stats).encode(), "application/json")
+                self._send(200, json.dumps(counts.stats()).encode(), "application/json")
             else:
                 self._send(200, b"ok", "text/plain")
 

@@ -202,4 +202,9 @@ def test_pipeline_benchmark_tiny_with_tracing(
     assert "fake_trace_sink" in run["cpu_s_per_turn"]
     # Per turn at least: its root, extract, the LLM call, and per memory a write, the POST's
     # two sides; then the pointer.
-    assert doc["settings"]["trace_spans"] >= turns * (4 + 3 * scenario["memories"])
+    traces = doc["settings"]["trace_spans"]
+    assert traces["spans"] >= turns * (4 + 3 * scenario["memories"])
+    # Where a turn's time went: the mean duration of each kind of span, the LLM call among them.
+    llm = [v for name, v in traces["by_name"].items() if name.startswith("chat ")]
+    assert llm and all(v["count"] >= 1 and v["mean_ms"] > 0 for v in llm)
+    assert traces["by_name"]["extract_turn process"]["count"] >= turns
