@@ -3,7 +3,8 @@
 Accepts ``POST /v1/traces`` (an ``ExportTraceServiceRequest``, protobuf), counts the requests
 and the spans, and sums the spans' durations per span name (where a turn's time went: the LLM
 call, the memory POSTs, each actor's delivery), and keeps nothing else; ``GET /stats``
-answers them as JSON (``by_name``: each name's ``count`` and ``mean_ms``), ``GET /healthz``
+answers them as JSON (``by_name``: each name's ``count`` and ``mean_ms``, a request's
+client and server sides apart), ``GET /healthz``
 200. Its CPU is reported apart from the pipeline's (``fake_trace_sink``), as the
 fake LLM's is: a real collector runs elsewhere.
 """
@@ -22,6 +23,10 @@ from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import (
     ExportTraceServiceResponse,
 )
 
+#: A request's two sides are told apart by their kind (OTLP's Span.SpanKind: 2 server,
+#: 3 client): the POST as the worker waited for it and as the web served it.
+_SIDE = {2: " (server)", 3: " (client)"}
+
 
 class Counts:
     def __init__(self) -> None:
@@ -39,7 +44,8 @@ class Counts:
             self.requests += 1
             self.spans += len(spans)
             for span in spans:
-                total = self.durations.setdefault(span.name, [0, 0])
+                name = span.name + _SIDE.get(span.kind, "")
+                total = self.durations.setdefault(name, [0, 0])
                 total[0] += 1
                 total[1] += max(0, span.end_time_unix_nano - span.start_time_unix_nano)
 
