@@ -55,22 +55,9 @@ def _fail(action: str, message: str) -> int:
     return EXIT_FAILURE
 
 
-def _json(budget: Any, org: str) -> dict[str, Any]:
-    if budget is None:
-        return {"org": org, "limit": None, "used": 0, "period": None, "waiting_turns": 0}
-    return {
-        "org": org,
-        "limit": budget.limit,
-        "used": budget.used,
-        "period": budget.period,
-        "period_start": budget.period_start.isoformat(),
-        "waiting_turns": budget.waiting_turns,
-    }
-
-
 def run(args: argparse.Namespace, settings: Settings) -> int:
     from core.db import make_database
-    from extraction.budgets import BudgetStore
+    from extraction.budgets import BudgetStore, budget_json
     from sessions.store import SessionStore
 
     if not SLUG.match(args.org):
@@ -96,7 +83,7 @@ def run(args: argparse.Namespace, settings: Settings) -> int:
     finally:
         db.close()
     if args.json:
-        print(json.dumps(_json(budget, args.org), indent=2, sort_keys=True))
+        print(json.dumps({"org": args.org, **budget_json(budget)}, indent=2, sort_keys=True))
     elif budget is None:
         print(f"org {args.org}: no budget")
     else:

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import datetime as dt
 from dataclasses import dataclass
+from typing import Any
 
 import peewee
 
@@ -63,6 +64,21 @@ class Budget:
     @property
     def spent(self) -> bool:
         return self.used >= self.limit
+
+
+def budget_json(budget: Budget | None) -> dict[str, Any]:
+    """What ``GET /v1/budget`` and ``ibex budget show --json`` answer: the limit, the tokens
+    used this period, the period, its start and the turns waiting; no limit and 0 without a
+    budget."""
+    if budget is None:
+        return {"limit": None, "used": 0, "period": None, "period_start": None, "waiting_turns": 0}
+    return {
+        "limit": budget.limit,
+        "used": budget.used,
+        "period": budget.period,
+        "period_start": budget.period_start.isoformat(),
+        "waiting_turns": budget.waiting_turns,
+    }
 
 
 class BudgetStore:

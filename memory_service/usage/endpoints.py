@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import falcon
 
-from extraction.budgets import BudgetStore
+from extraction.budgets import BudgetStore, budget_json
 from extraction.usage import UsageReader
 from memories.auth import Principal
 from memory_service.errors import ErrorAnswer
@@ -54,20 +54,7 @@ class BudgetResource:
     def on_get(self, req: falcon.Request, resp: falcon.Response) -> None:
         principal, org_id = authenticate(self.api, req, None)
         require_org_reader(principal)
-        budget = self.budgets.get(org_id)
-        respond_json(
-            resp,
-            200,
-            {"limit": None, "used": 0, "period": None, "period_start": None, "waiting_turns": 0}
-            if budget is None
-            else {
-                "limit": budget.limit,
-                "used": budget.used,
-                "period": budget.period,
-                "period_start": budget.period_start.isoformat(),
-                "waiting_turns": budget.waiting_turns,
-            },
-        )
+        respond_json(resp, 200, budget_json(self.budgets.get(org_id)))
 
 
 def add_routes(
