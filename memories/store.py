@@ -344,10 +344,12 @@ class MemoryStore:
         after: tuple[dt.datetime, uuid.UUID] | None,
         include_superseded: bool = False,
         scope: ReadScope = AGENT_WIDE,
+        kind: str | None = None,
     ) -> list[MemoryRow]:
         """Newest first; ``after`` is the (created_at, id) of the last row already seen.
         Current memories only unless ``include_superseded``; ``scope``: whose memories
-        (idx_memories_agent_user serves one user's and the agent-wide ones of one agent)."""
+        (idx_memories_agent_user serves one user's and the agent-wide ones of one agent);
+        ``kind``: of that kind only."""
         where = ["org_id = %s", "deleted_at IS NULL"]
         params: list[Any] = [str(org_id)]
         # Supersession (000014): a superseded memory is listed only when asked for.
@@ -363,6 +365,9 @@ class MemoryStore:
         if session_id is not None:
             where.append("session_id = %s")
             params.append(str(session_id))
+        if kind is not None:
+            where.append("kind = %s")
+            params.append(kind)
         if after is not None:
             where.append("(created_at, id) < (%s, %s::uuid)")
             params.extend([after[0], str(after[1])])

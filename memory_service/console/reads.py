@@ -17,7 +17,7 @@ import peewee
 
 from core.db import tenant
 from memories.scope import ReadScope
-from memories.store import COLUMNS, MemoryRow
+from memories.store import COLUMNS, MemoryRow, MemoryStore
 from sessions.turns import TurnRecord
 
 PERSON_COLUMNS = ", ".join(f"m.{c.strip()}" for c in COLUMNS.split(","))
@@ -87,29 +87,9 @@ def memories(
     limit: int,
 ) -> list[MemoryRow]:
     """Current memories of the scope, newest first, after the (created_at, id) given."""
-    condition, params = scope.condition("m.user_id")
-    where = [
-        "m.org_id = %s",
-        "m.agent_id = %s",
-        "m.deleted_at IS NULL",
-        "m.superseded_by IS NULL",
-        condition,
-    ]
-    values: list[Any] = [str(org_id), str(agent_id), *params]
-    if kind is not None:
-        where.append("m.kind = %s")
-        values.append(kind)
-    if after is not None:
-        where.append("(m.created_at, m.id) < (%s, %s::uuid)")
-        values.extend([after[0], str(after[1])])
-    values.append(limit)
-    sql = (
-        f"SELECT {PERSON_COLUMNS} FROM ibex_memory.memories m WHERE {' AND '.join(where)}"
-        " ORDER BY m.created_at DESC, m.id DESC LIMIT %s"
+    return MemoryStore(db).list(
+        org_id, agent_id=agent_id, session_id=None, limit=limit, after=after, scope=scope, kind=kind
     )
-    with tenant(db, org_id):
-        rows = db.execute_sql(sql, values).fetchall()
-    return [MemoryRow.from_db(r) for r in rows]
 
 
 HISTORY_SQL = f"""
