@@ -134,11 +134,10 @@ class ConversationPage(Page):
         after = int_param(req, "after")
         first, last = after + 1, min(after + PAGE_SIZE, session.turn_count)
         turns = reads.turns(deps.db, org_id, session_id, first, last)
+        # Reachable (info above): each turn's state and usage as the turns route reads them.
         states = {
             t.turn_index: t
-            for t in deps.sessions.turns(
-                org_id, session_id, after=after, limit=last - after, owner=who.bound
-            )
+            for t in deps.sessions.reader.turns(org_id, session_id, after=after, limit=last - after)
         }
         produced = reads.turn_memories(deps.db, org_id, session_id, first, last)
         items = [self._turn(who, t, states.get(t.turn_index), produced) for t in turns]
