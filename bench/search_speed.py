@@ -1,7 +1,8 @@
 """Search speed: ``POST /v1/memories/search``'s SQL over 1,000,000 memories of one org.
 
 ``python -m bench.search_speed [--memories N] [--agents N] [--queries N] [--contexts N]
-[--embeddings local|none] [--server system|embedded] [--reuse] [--json]``
+[--embeddings local|none] [--server system|embedded] [--shape facts|conversation] [--reuse]
+[--json]``
 
 1. Generates, in one ``INSERT ... SELECT generate_series``, ``--memories`` memories for one org
    spread round-robin over ``--agents`` agents (one session each), with text built from word
@@ -12,6 +13,13 @@
    the server has pgvector (:mod:`bench.vectors`). ``--reuse`` keeps a data set of the same
    shape. ``--server embedded`` runs it all on the embedded PostgreSQL 18 with pgvector
    (data in ``--data-folder``); the default is the server of ``--database-url``.
+
+   ``--shape conversation`` stores instead, per agent, a dialogue between two named speakers,
+   one memory per turn, ``"<Speaker>: <utterance>"`` of about 30 words made from templates
+   and seeded word lists (what a chat's turns stored as memories look like), each with the
+   local model's vector of its own text; its questions name one speaker or both plus a few
+   content words, so most of an agent's memories share a word with the question, and each is
+   asked of the agent whose speakers it names.
 2. Times ``--queries`` searches (after a warm-up), each through the search store as the
    service runs it (the tenant transaction, the candidates functions, the ranking), hybrid
    with the question's vector of the local model (embedded before the clock starts), for a
@@ -145,6 +153,166 @@ def questions(count: int, seed: int) -> list[tuple[str, str]]:
     return out
 
 
+# -- The conversation shape ------------------------------------------------------------------
+
+#: Speakers: each agent's dialogue is between two of them (agent n: names 2n and 2n + 1).
+_SPEAKERS = """
+Aria Bruno Celia Dmitri Elena Farid Greta Hugo Ines Jonas Kira Luca Maya Nils Olga Pavel
+Rosa Sami Tara Viktor Wanda Yusuf Zelda Anton Bianca Cyrus Dalia Emil Flora Gideon
+"""
+SPEAKERS = tuple(_SPEAKERS.split())
+_OPENERS = (
+    "Hey {other}!", "Thanks {other},", "Oh wow {other},", "Honestly,", "You know what,",
+    "Yeah,", "Good to hear from you {other}.", "Ha, {other},", "So,", "Guess what {other},",
+)  # fmt: skip
+_DID = (
+    "went to", "tried", "started", "finished", "signed up for", "talked about", "planned",
+    "booked", "visited", "joined", "organised", "looked into", "gave up on", "found",
+)  # fmt: skip
+_THINGS = """
+a pottery class|a camping trip|the beach|a jazz concert|the science museum|a support group|the
+city marathon|a book club|an adoption agency|a painting workshop|the farmers market|a cooking
+course|a road trip|the climbing gym|a charity run|a music festival|a dance class|the botanical
+garden|a photography walk|a volunteer shift|the animal shelter|a language course|a job
+interview|a family reunion|a yoga retreat|the film festival|a board game night|a baking
+contest|the science fair|a poetry reading|a kayak tour|the art gallery|a career fair|a
+birthday party|a garden project|the local library|a startup meetup|a chess tournament|a
+violin lesson|the ski trip
+"""
+THINGS = tuple(t.strip() for t in _THINGS.replace("\n", " ").split("|"))
+_WHEN = (
+    "last week", "yesterday", "this weekend", "on Friday", "last month", "a few days ago",
+    "on Sunday", "this morning",
+)  # fmt: skip
+_WITH = ("kids", "sister", "friends", "partner", "dog", "mom", "colleagues", "brother")
+_ADJECTIVES = (
+    "amazing", "tough", "fun", "relaxing", "exhausting", "special", "inspiring", "chaotic",
+    "peaceful", "emotional",
+)  # fmt: skip
+_FEELINGS = ("proud", "happy", "nervous", "grateful", "excited", "hopeful", "tired", "calm")
+_CLOSERS = (
+    "What about you, have you {did} {thing2} lately?",
+    "I think you would really love {thing2} too.",
+    "Maybe next time we can go to {thing2} together.",
+    "Do you still want to try {thing2} sometime soon?",
+    "It reminded me of the time we talked about {thing2}.",
+    "Next on my list is {thing2}, wish me luck!",
+)
+
+
+def utterance(rng: random.Random, speaker: str, other: str) -> str:
+    """One turn of the dialogue, about 30 words: ``"<Speaker>: <utterance>"``."""
+    thing, thing2 = rng.sample(THINGS, 2)
+    return (
+        f"{speaker}: {rng.choice(_OPENERS).format(other=other)} I {rng.choice(_DID)} {thing}"
+        f" {rng.choice(_WHEN)} with my {rng.choice(_WITH)}. It was {rng.choice(_ADJECTIVES)}"
+        f" and I really feel {rng.choice(_FEELINGS)} about it. "
+        + rng.choice(_CLOSERS).format(did=rng.choice(_DID), thing2=thing2)
+    )
+
+
+def speakers(agent: int) -> tuple[str, str]:
+    """The two speakers of agent number ``agent`` (from 0)."""
+    n = len(SPEAKERS)
+    return SPEAKERS[(2 * agent) % n], SPEAKERS[(2 * agent + 1) % n]
+
+
+#: The kinds of question of the conversation shape, in the order they cycle.
+CONVERSATION_KINDS = ("one-speaker", "two-speakers", "content", "typo", "meaning")
+
+#: Questions in words the dialogues do not use.
+CONVERSATION_MEANING = (
+    "which of them owns a pet",
+    "who enjoys creative hobbies",
+    "anyone into outdoor sports",
+    "who cares about helping others",
+    "which one likes classical instruments",
+    "who is into learning new things",
+)
+
+
+def conversation_questions(count: int, seed: int, agents: int) -> list[tuple[str, str, int]]:
+    """A deterministic mix of questions about the dialogues, each with its kind and the agent
+    it is asked of (its speakers named, as a question about a conversation names them)."""
+    rng = random.Random(seed)
+    out = []
+    for i in range(count):
+        kind = CONVERSATION_KINDS[i % len(CONVERSATION_KINDS)]
+        agent = rng.randrange(agents)
+        a, b = speakers(agent)
+        if rng.random() < 0.5:
+            a, b = b, a
+        thing = rng.choice(THINGS).split(" ", 1)[1]
+        if kind == "one-speaker":
+            q = rng.choice(
+                (
+                    f"When did {a} go to {thing}?",
+                    f"How does {a} feel about {thing}?",
+                    f"What did {a} think of {thing} with the {rng.choice(_WITH)}?",
+                )
+            )
+        elif kind == "two-speakers":
+            q = rng.choice(
+                (
+                    f"What did {a} and {b} talk about {rng.choice(_WHEN)}?",
+                    f"Did {a} tell {b} about {thing}?",
+                    f"What would {a} suggest {b} try next?",
+                )
+            )
+        elif kind == "content":
+            q = f"Who {rng.choice(_DID)} {thing} with their {rng.choice(_WITH)}?"
+        elif kind == "typo":
+            q = f"What did {_typo(a.lower(), rng).capitalize()} do {rng.choice(_WHEN)}?"
+        else:
+            q = rng.choice(CONVERSATION_MEANING)
+        out.append((kind, q, agent))
+    return out
+
+
+def generate_conversation(url: str, org_id: Any, agent_ids: Sequence[Any], args: Any) -> None:
+    """``--memories`` turns spread evenly over the agents: each agent's dialogue alternates
+    its two speakers, one memory per turn, over about 200 days (the newest now)."""
+    import uuid
+
+    from psycopg2.extras import execute_values
+
+    per_agent = args.memories // len(agent_ids)
+    rng = random.Random(args.seed)
+    conn = admin_connection(url)
+    try:
+        with conn.cursor() as cur:
+            cur.execute(
+                "SELECT agent_id, id FROM ibex_core.sessions WHERE org_id = %s", (str(org_id),)
+            )
+            sessions = {str(a): str(s) for a, s in cur.fetchall()}
+            rows = []
+            for n, agent_id in enumerate(agent_ids):
+                first, second = speakers(n)
+                for t in range(per_agent):
+                    speaker, other = (first, second) if t % 2 == 0 else (second, first)
+                    text = utterance(rng, speaker, other)
+                    age = (per_agent - t) * 200 * 86400 / per_agent + n
+                    rows.append(
+                        (
+                            str(uuid.uuid4()), str(org_id), str(agent_id),
+                            sessions[str(agent_id)], t + 1, 0, text,
+                            f"{n}-{t}", "event", age,
+                        )
+                    )  # fmt: skip
+            execute_values(
+                cur,
+                "INSERT INTO ibex_memory.memories (id, org_id, agent_id, session_id, turn_index,"
+                " ordinal, content, content_hash, kind, created_at) SELECT v.id::uuid,"
+                " v.org::uuid, v.agent::uuid, v.session::uuid, v.turn, v.ord, v.content,"
+                " md5(v.hash), v.kind, now() - make_interval(secs => v.age)"
+                " FROM (VALUES %s) v(id, org, agent, session, turn, ord, content, hash, kind, age)",
+                rows,
+                page_size=1000,
+            )
+    finally:
+        conn.close()
+
+
 def _latency(timings: Sequence[float]) -> dict[str, float]:
     return {
         "p50": round(statistics.median(timings), 2),
@@ -163,7 +331,6 @@ def _local_embedder(args: argparse.Namespace) -> Any:
 
 
 def generate(url: str, args: argparse.Namespace, embedder: Any) -> dict[str, Any]:
-    from bench import vectors
     from core.db import make_database
     from sessions.store import SessionStore
 
@@ -175,9 +342,15 @@ def generate(url: str, args: argparse.Namespace, embedder: Any) -> dict[str, Any
                 count = scalar(conn, "SELECT count(*) FROM ibex_memory.memories")
                 agents = scalar(conn, "SELECT count(*) FROM ibex_core.agents")
                 stored = scalar(conn, "SELECT count(*) FROM ibex_memory.memory_embeddings")
+                dialogues = scalar(
+                    conn,
+                    "SELECT count(*) FROM ibex_core.sessions WHERE external_id LIKE %s",
+                    ("%-dialogue",),
+                )
             finally:
                 conn.close()
-            if (count, agents) == (args.memories, args.agents):
+            shape = "conversation" if dialogues else "facts"
+            if (count, agents, shape) == (args.memories, args.agents, args.shape):
                 from core.migrate import migrate
 
                 migrated = migrate(url)  # indexes added since the data set was generated
@@ -190,7 +363,7 @@ def generate(url: str, args: argparse.Namespace, embedder: Any) -> dict[str, Any
                         conn.close()
                 loaded = None
                 if stored != want_vectors and embedder is not None:
-                    loaded = vectors.load(url, embedder, VERBS, OBJECTS, args.seed)
+                    loaded = _load_vectors(url, embedder, args)
                 return {
                     "generated": False,
                     "seconds": 0.0,
@@ -205,16 +378,21 @@ def generate(url: str, args: argparse.Namespace, embedder: Any) -> dict[str, Any
     try:
         store = SessionStore(db)
         org_id = store.ensure_org("speed")
+        suffix = "dialogue" if args.shape == "conversation" else "conversation"
+        agent_ids = []
         for n in range(args.agents):
             agent_id = store.ensure_agent(org_id, f"agent-{n + 1}")
-            store.create_session(org_id, agent_id, f"agent-{n + 1}-conversation")
+            store.create_session(org_id, agent_id, f"agent-{n + 1}-{suffix}")
+            agent_ids.append(agent_id)
     finally:
         db.close()
+    if args.shape == "conversation":
+        generate_conversation(url, org_id, agent_ids, args)
     conn = admin_connection(url)
     try:
         with conn.cursor() as cur:
             cur.execute(
-                GENERATE_SQL,
+                GENERATE_SQL if args.shape == "facts" else "SELECT 1",
                 {
                     "org_id": str(org_id),
                     "agents": args.agents,
@@ -229,18 +407,38 @@ def generate(url: str, args: argparse.Namespace, embedder: Any) -> dict[str, Any
                 },
             )
             cur.execute("VACUUM ANALYZE ibex_memory.memories")
-        if scalar(conn, "SELECT count(*) FROM ibex_memory.memories") != args.memories:
+        expected = args.memories
+        if args.shape == "conversation":
+            expected = args.memories // args.agents * args.agents
+        if scalar(conn, "SELECT count(*) FROM ibex_memory.memories") != expected:
             raise BenchError("the generated data set does not have the expected size")
     finally:
         conn.close()
     memories_seconds = round(time.monotonic() - started, 1)
-    loaded = vectors.load(url, embedder, VERBS, OBJECTS, args.seed) if embedder else None
+    loaded = _load_vectors(url, embedder, args) if embedder else None
     return {
         "generated": True,
         "seconds": round(time.monotonic() - started, 1),
         "memories_seconds": memories_seconds,
         "vectors": loaded,
     }
+
+
+def _load_vectors(url: str, embedder: Any, args: argparse.Namespace) -> dict[str, Any]:
+    """The vectors of the data set: for the facts shape from its phrases plus noise
+    (:mod:`bench.vectors`), for a conversation the local model's vector of each turn."""
+    from bench import vectors
+
+    if args.shape == "facts":
+        return vectors.load(url, embedder, VERBS, OBJECTS, args.seed)
+    conn = admin_connection(url)
+    try:
+        with conn.cursor() as cur:
+            cur.execute("SELECT content FROM ibex_memory.memories ORDER BY created_at, id")
+            texts = [r[0] for r in cur.fetchall()]
+    finally:
+        conn.close()
+    return vectors.load(url, embedder, VERBS, OBJECTS, args.seed, texts=texts)
 
 
 #: The statements ``ibex_memory.semantic_candidates`` (migrations 000016, 000017 and 000019)
@@ -354,7 +552,17 @@ def _run(args: argparse.Namespace, url: str) -> dict[str, Any]:
     try:
         org_id, agent_ids = _tenant(db)
         searches = SearchStore(db)
-        asked = questions(args.queries, args.seed)
+        rng = random.Random(args.seed)
+        kinds = KINDS if args.shape == "facts" else CONVERSATION_KINDS
+        # Each question with the agent asked: at random for the facts shape, the agent whose
+        # speakers it names for a conversation.
+        if args.shape == "facts":
+            asked = questions(args.queries, args.seed)
+            agent_of = [rng.choice(agent_ids) for _ in asked]
+        else:
+            conv = conversation_questions(args.queries, args.seed, len(agent_ids))
+            asked = [(k, q) for k, q, _ in conv]
+            agent_of = [agent_ids[a] for _, _, a in conv]
         query_vectors: dict[str, Any] = {}
         if embedder is not None:
             texts = sorted({q for _, q in asked})
@@ -365,17 +573,15 @@ def _run(args: argparse.Namespace, url: str) -> dict[str, Any]:
                 return None
             return SemanticQuery(embedder.model, query_vectors[question])
 
-        rng = random.Random(args.seed)
-        for _, question in asked[: max(5, args.queries // 10)]:  # warm-up: caches, connection
-            searches.search(
-                org_id, rng.choice(agent_ids), question, limit=10, semantic=semantic(question)
-            )
+        warm = max(5, args.queries // 10)
+        for (_, question), agent_id in zip(asked[:warm], agent_of[:warm], strict=True):
+            # Warm-up: caches, connection.
+            searches.search(org_id, agent_id, question, limit=10, semantic=semantic(question))
         timings: list[float] = []
-        by_kind: dict[str, list[float]] = {kind: [] for kind in KINDS}
+        by_kind: dict[str, list[float]] = {kind: [] for kind in kinds}
         hits: list[int] = []
-        slowest = (0.0, asked[0][1], agent_ids[0])
-        for kind, question in asked:
-            agent_id = rng.choice(agent_ids)
+        slowest = (0.0, asked[0][1], agent_of[0])
+        for (kind, question), agent_id in zip(asked, agent_of, strict=True):
             # The query's vector is embedded before the clock starts: the service embeds it
             # before its one statement (about 0.1 ms with the local model, cached after).
             query = semantic(question)
@@ -386,24 +592,30 @@ def _run(args: argparse.Namespace, url: str) -> dict[str, Any]:
             by_kind[kind].append(elapsed)
             hits.append(len(found))
             slowest = max(slowest, (elapsed, question, agent_id), key=lambda t: t[0])
-        contexts = _time_contexts(db, org_id, agent_ids, asked, args, embedder, query_vectors)
+        contexts = _time_contexts(
+            db, org_id, agent_ids, asked, agent_of, args, embedder, query_vectors
+        )
         plan = searches.explain(
-            org_id, agent_ids[0], asked[0][1], limit=10, semantic=semantic(asked[0][1])
+            org_id, agent_of[0], asked[0][1], limit=10, semantic=semantic(asked[0][1])
         )
         slowest_plan = searches.explain(
             org_id, slowest[2], slowest[1], limit=10, semantic=semantic(slowest[1])
         )
-        meaning = next(q for k, q in asked if k == "meaning") if args.queries >= 5 else None
+        meaning_at = next((i for i, (k, _) in enumerate(asked) if k == "meaning"), None)
+        meaning = asked[meaning_at][1] if meaning_at is not None else None
+        meaning_agent = agent_of[meaning_at] if meaning_at is not None else agent_of[0]
         hnsw = embedder is not None and searches.vector_index(embedder.dimension)
         semantic_plans = []
         if embedder is not None:
-            explained = [asked[0][1], slowest[1]] + ([meaning] if meaning else [])
-            for question in dict.fromkeys(explained):
+            explained = [(asked[0][1], agent_of[0]), (slowest[1], slowest[2])]
+            if meaning:
+                explained.append((meaning, meaning_agent))
+            for question, agent_id in dict.fromkeys(explained):
                 semantic_plans.append(
                     {
                         "question": question,
                         "plan": explain_semantic(
-                            url, org_id, agent_ids[0], embedder.model,
+                            url, org_id, agent_id, embedder.model,
                             query_vectors[question], hnsw,
                         ),
                     }
@@ -411,7 +623,7 @@ def _run(args: argparse.Namespace, url: str) -> dict[str, Any]:
         meaning_plan = ""
         if meaning is not None:
             meaning_plan = searches.explain(
-                org_id, agent_ids[0], meaning, limit=10, semantic=semantic(meaning)
+                org_id, meaning_agent, meaning, limit=10, semantic=semantic(meaning)
             )
         mode = searches.search_mode(semantic=embedder is not None)
         server = db.execute_sql("SHOW server_version").fetchone()[0]
@@ -442,6 +654,7 @@ def _run(args: argparse.Namespace, url: str) -> dict[str, Any]:
             "seed": args.seed,
             "embeddings": args.embeddings,
             "server": args.server,
+            "shape": args.shape,
         },
         "server_version": server,
         "search_mode": mode,
@@ -502,6 +715,7 @@ def _time_contexts(
     org_id: Any,
     agent_ids: Sequence[Any],
     asked: Sequence[tuple[str, str]],
+    agent_of: Sequence[Any],
     args: argparse.Namespace,
     embedder: Any,
     query_vectors: dict[str, Any],
@@ -518,9 +732,9 @@ def _time_contexts(
     service = SearchService(SearchStore(db), vectors)
     rng = random.Random(args.seed + 1)
 
-    def once(question: str) -> float:
+    def once(question: str, agent_id: Any) -> float:
         request = {
-            "agent_id": rng.choice(agent_ids),
+            "agent_id": rng.choice(agent_ids) if args.shape == "facts" else agent_id,
             "query": question,
             "messages": None,
             "max_tokens": 400,
@@ -532,10 +746,10 @@ def _time_contexts(
         service.context(org_id, request)
         return (time.perf_counter() - started) * 1000
 
-    chosen = [asked[i % len(asked)][1] for i in range(args.contexts)]
-    for question in chosen[: max(5, args.contexts // 10)]:  # warm-up
-        once(question)
-    return _latency([once(q) for q in chosen])
+    chosen = [(asked[i % len(asked)][1], agent_of[i % len(asked)]) for i in range(args.contexts)]
+    for question, agent_id in chosen[: max(5, args.contexts // 10)]:  # warm-up
+        once(question, agent_id)
+    return _latency([once(q, a) for q, a in chosen])
 
 
 def render(doc: dict[str, Any]) -> str:
@@ -543,7 +757,8 @@ def render(doc: dict[str, Any]) -> str:
     g = doc["generation"]
     loaded = g.get("vectors")
     out = [
-        f"search over {s['memories']:,} memories of one org, {s['agents']} agents,"
+        f"search over {s['memories']:,} memories ({s.get('shape', 'facts')}) of one org,"
+        f" {s['agents']} agents,"
         f" {s['queries']} questions, PostgreSQL {doc['server_version']} ({s['server']}),"
         f" search mode {doc['search_mode']}, semantic branch {doc['semantic_form']}",
         f"generated: {g['generated']}, {g['seconds']} s"
@@ -630,6 +845,14 @@ def build_parser() -> argparse.ArgumentParser:
         "--data-folder",
         default=str(Path(tempfile.gettempdir()) / "ibex-bench-search-speed-pg18"),
         help="the embedded server's data folder, kept for --reuse (default: %(default)s)",
+    )
+    p.add_argument(
+        "--shape",
+        choices=("facts", "conversation"),
+        default="facts",
+        help="facts: short sentences from word lists (a name, a verb, objects); conversation:"
+        " per agent a dialogue between two named speakers, a memory per turn of about 30"
+        " words ('Speaker: ...'), and questions naming the speakers (default %(default)s)",
     )
     p.add_argument("--json", action="store_true", help="print a stable JSON document")
     return p

@@ -109,15 +109,26 @@ class _CopyStream:
 
 
 def load(
-    url: str, embedder: Any, verbs: Sequence[str], objects: Sequence[str], seed: int
+    url: str,
+    embedder: Any,
+    verbs: Sequence[str],
+    objects: Sequence[str],
+    seed: int,
+    texts: Sequence[str] | None = None,
 ) -> dict[str, Any]:
     """One vector per memory of the database ``url``, then the HNSW index where pgvector is;
-    the seconds each step took."""
+    the seconds each step took. With ``texts`` (the memories' contents in the order of
+    :data:`IDS_SQL`), each memory's vector is the model's vector of its text instead."""
     import numpy as np
 
     model = embedder.model.encode()
     dimension = embedder.dimension
     phrases = phrase_vectors(embedder, verbs, objects)
+    own = None
+    if texts is not None:
+        own = np.asarray(embedder.embed(list(texts)), dtype=np.float64)
+        own /= np.maximum(np.linalg.norm(own, axis=1, keepdims=True), 1e-12)
+        own = own.astype(np.float32)
     dtype = _row_dtype(model, dimension)
     started = time.monotonic()
     reader, writer = admin_connection(url), admin_connection(url)
@@ -156,8 +167,10 @@ def load(
                 out["array_len"] = 20 + 8 * dimension
                 out["array_header"] = (1, 0, FLOAT4_OID, dimension, 1)
                 out["elements"]["len"] = 4
-                out["elements"]["value"] = memory_vectors(
-                    phrases, np.arange(g0, g0 + n, dtype=np.int64), seed
+                out["elements"]["value"] = (
+                    own[g0 - 1 : g0 - 1 + n]
+                    if own is not None
+                    else memory_vectors(phrases, np.arange(g0, g0 + n, dtype=np.int64), seed)
                 )
                 out["created_len"] = 8
                 out["created"] = [r[3] for r in rows]

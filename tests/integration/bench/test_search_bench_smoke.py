@@ -121,6 +121,7 @@ def test_search_speed_benchmark_small(postgres_server: RunPostgres) -> None:
     finally:
         postgres_server.drop(url)
     assert doc["settings"]["memories"] == 4000
+    assert doc["settings"]["shape"] == "facts"
     latency = doc["latency_ms"]
     assert 0 < latency["p50"] <= latency["p95"] <= latency["p99"] <= latency["max"]
     # Split by kind of question: every kind asked, each with its own ordered percentiles.
@@ -152,3 +153,35 @@ def test_search_speed_benchmark_small(postgres_server: RunPostgres) -> None:
     for explained in doc["semantic_plans"]:
         assert explained["plan"].startswith("-- semantic branch: ")
         assert "memory_embeddings" in explained["plan"]
+
+
+def test_search_speed_benchmark_conversation(postgres_server: RunPostgres) -> None:
+    url = postgres_server.create("bench_search_speed_conversation")
+    try:
+        doc = _run(
+            "bench.search_speed",
+            "--database-url", url,
+            "--shape", "conversation",
+            "--memories", "200",
+            "--agents", "2",
+            "--queries", "10",
+            "--contexts", "5",
+            timeout=120,
+        )  # fmt: skip
+    finally:
+        postgres_server.drop(url)
+    assert doc["settings"]["shape"] == "conversation"
+    assert doc["settings"]["memories"] == 200
+    # A vector per turn, each the model's vector of its own text.
+    assert doc["generation"]["vectors"]["vectors"] == 200
+    latency = doc["latency_ms"]
+    assert 0 < latency["p50"] <= latency["p95"] <= latency["p99"] <= latency["max"]
+    assert set(doc["latency_ms_by_kind"]) == {
+        "one-speaker", "two-speakers", "content", "typo", "meaning",
+    }  # fmt: skip
+    contexts = doc["context_ms"]
+    assert 0 < contexts["p50"] <= contexts["p95"] <= contexts["p99"] <= contexts["max"]
+    # The questions name the agent's speakers: every one but the meaning ones finds turns.
+    assert doc["mean_hits"] > 5
+    assert "search_candidates" in doc["plan"] and "candidate branch" in doc["plan"]
+    assert doc["meaning"]["question"] and "semantic_candidates" in doc["meaning"]["plan"]
