@@ -213,14 +213,16 @@ def _search_sql(*, trigram: bool, semantic: bool, vector_dimension: int | None =
     # ranked with the others so their signals are known, and returned whether they match
     # or not; they count for neither the words' IDF nor the semantic ranks.
     lexical = (
-        "SELECT DISTINCT id, true AS lexical, NULL::integer AS sem_rank, false AS pinned"
+        "SELECT DISTINCT id, true AS lexical, NULL::integer AS sem_rank, false AS pinned,"
+        " NULL::float8 AS similarity"
         " FROM ibex_memory.search_candidates(%(agent_id)s::uuid,"
         " %(words)s::text[], %(tri_words)s::text[], %(session_id)s::uuid, %(kinds)s::text[],"
         f" {WORD_CANDIDATES}, {TRIGRAM_CANDIDATES},"
         " %(all_users)s, %(user_id)s::uuid, %(include_shared)s) AS id"
         # The reader's user scope again on the pinned ids, as user_scope_condition (000013)
         # makes it: the caller read them in that scope, and an id outside it is dropped.
-        " UNION ALL SELECT p.id, false, NULL, true FROM unnest(%(pinned)s::uuid[]) AS p(id)"
+        " UNION ALL SELECT p.id, false, NULL, true, NULL"
+        " FROM unnest(%(pinned)s::uuid[]) AS p(id)"
         " JOIN ibex_memory.memories pm ON pm.id = p.id AND pm.agent_id = %(agent_id)s::uuid"
         " AND pm.deleted_at IS NULL AND (%(all_users)s"
         " OR (%(user_id)s::uuid IS NOT NULL AND pm.user_id = %(user_id)s::uuid)"
@@ -228,7 +230,8 @@ def _search_sql(*, trigram: bool, semantic: bool, vector_dimension: int | None =
     )
     candidates = (
         f"SELECT id, bool_or(lexical) AS lexical, min(sem_rank) AS sem_rank,"
-        f" bool_or(pinned) AS pinned FROM ({lexical}) u GROUP BY id"
+        f" bool_or(pinned) AS pinned, max(similarity) AS similarity FROM ({lexical}) u"
+        " GROUP BY id"
     )
     semantic_signal = "NULL::float8"
     if semantic:
@@ -237,9 +240,10 @@ def _search_sql(*, trigram: bool, semantic: bool, vector_dimension: int | None =
         # for every candidate with such a vector.
         candidates = (
             f"SELECT id, bool_or(lexical) AS lexical, min(sem_rank) AS sem_rank,"
-            f" bool_or(pinned) AS pinned FROM ({lexical}"
+            f" bool_or(pinned) AS pinned, max(similarity) AS similarity FROM ({lexical}"
             " UNION ALL SELECT c.id, false,"
-            " (row_number() OVER (ORDER BY c.similarity DESC, c.id))::integer, false"
+            " (row_number() OVER (ORDER BY c.similarity DESC, c.id))::integer, false,"
+            " c.similarity"
             " FROM ibex_memory.semantic_candidates(%(agent_id)s::uuid,"
             " %(model)s, %(vector)s::real[], %(semantic_limit)s, %(semantic_window)s,"
             " %(session_id)s::uuid, %(kinds)s::text[], %(include_superseded)s,"
@@ -249,13 +253,18 @@ def _search_sql(*, trigram: bool, semantic: bool, vector_dimension: int | None =
         if vector_dimension is not None:
             dim = int(vector_dimension)
             cosine = f"1 - (e.embedding::vector({dim}) <=> %(vector)s::real[]::vector({dim}))"
+        # A semantic candidate's similarity is the one its branch computed, with the same
+        # expression on the same vectors: the others are computed here.
         semantic_signal = (
-            f"(SELECT GREATEST(0, LEAST(1, {cosine}))"
+            # (GREATEST and LEAST skip a NULL: the CASE keeps it NULL.)
+            "COALESCE(CASE WHEN ids.similarity IS NOT NULL"
+            " THEN GREATEST(0, LEAST(1, ids.similarity)) END,"
+            f" (SELECT GREATEST(0, LEAST(1, {cosine}))"
             " FROM ibex_memory.memory_embeddings e"
             " WHERE e.memory_id = m.id AND e.model = %(model)s"
             # The agent names the partition (000017): one probe, not one per partition.
             " AND e.agent_id = %(agent_id)s::uuid"
-            " AND e.dimension = cardinality(%(vector)s::real[]))::float8"
+            " AND e.dimension = cardinality(%(vector)s::real[])))::float8"
         )
     trigram_signal = "0::float8"
     if trigram:
