@@ -167,6 +167,7 @@ class SearchService:
             )
             pinned = [ordered[i] for i in head.chosen]
         semantic, details = self._semantic(query)
+        bar = calibration(semantic.model if semantic is not None else None).relevance
         ranked = self.searches.rank(
             org_id,
             request["agent_id"],
@@ -177,6 +178,10 @@ class SearchService:
             include_superseded=request.get("include_superseded", False),
             scope=scope,
             semantic=semantic,
+            # Only the hits above the bar are packed, unless all of the person's memories
+            # are (their order is the query's, hits below the bar included): the store then
+            # ranks in full only the candidates that can reach the bar.
+            min_score=0.0 if everything else bar,
             pinned=[r.id for r in pinned],
         )
         if everything:
@@ -189,7 +194,6 @@ class SearchService:
         texts = [h.row.content for h in first_hits]
         head = pack_parts(texts, [], max_tokens, standing_tokens=standing_tokens)
         packed_ids = {first_hits[i].row.id for i in head.chosen}
-        bar = calibration(semantic.model if semantic is not None else None).relevance
         # Each memory once: a hit already packed as a standing fact is not packed again.
         relevant = [h for h in ranked.hits if h.score >= bar and h.row.id not in packed_ids]
         packed = pack_parts(
