@@ -24,7 +24,12 @@ A query runs in one tenant transaction (:func:`core.db.tenant`) and one statemen
      mention says a lot).
    - ``trigram``: the mean, over the query's significant words, of ``word_similarity(word,
      content)``: how well each word is matched by some part of the memory, so ``Dhana`` still
-     finds ``Dana``. 0 when ``pg_trgm`` is not installed.
+     finds ``Dana``. 0 when ``pg_trgm`` is not installed. ``word_similarity`` takes the
+     trigrams of the whole memory at every call, so it is the costliest signal: a word the
+     memory holds as such counts 1 without it (what it would return), and the signal is
+     computed only for the candidates that can still be among the first ``limit`` hits
+     (their score with a signal of 1 reaches the score with their floor of ``limit`` hits
+     admitted whatever the signal); the others cannot rank there, so nothing changes.
    - ``recency``: ``1 / (1 + age_in_days / 30)``: 1 for a memory written now, 0.5 at 30 days.
 
    - ``semantic`` (migration 000016, when the search has a query vector): the cosine
