@@ -37,6 +37,7 @@ from actors.runtime import WORKER
 from core.config import Settings
 from core.db import make_pool, transaction
 from core.errors import ConfigError, DatabaseUnavailableError, PermanentError
+from core.threads import SWITCH_INTERVAL_S, switch_often
 from extraction import deadletter_rows
 from extraction.deadletter_rows import DeadLetterRecord
 from extraction.envelope import MALFORMED, decode_problem, salvage
@@ -52,13 +53,8 @@ log = logging.getLogger(__name__)
 TURN_ACTORS = frozenset({ActorName.EXTRACT, ActorName.WRITE, ActorName.POINTER})
 
 
-#: The worker process's thread switch interval (``sys.setswitchinterval``; Python's default is
-#: 5 ms). A worker thread spends its message waiting on I/O (the LLM, the memory service,
-#: Postgres, Redis): dozens of round trips per turn, after each of which it needs the GIL back.
-#: While another thread runs Python, that takes up to the switch interval, so at 5 ms the waits
-#: add up to a large share of a turn's thread time and an LLM call of 200 ms holds its thread
-#: for 250 ms and more. Shorter slices give the GIL back sooner; the threads' CPU is unchanged.
-WORKER_SWITCH_INTERVAL_S = 0.001
+#: The worker process's thread switch interval (:mod:`core.threads` says why it is short).
+WORKER_SWITCH_INTERVAL_S = SWITCH_INTERVAL_S
 
 
 def install_deps(deps: StageDeps | None) -> None:
@@ -114,7 +110,7 @@ class PipelineRuntime(Middleware):
     """Builds the stage dependencies at process boot; closes the HTTP clients at shutdown."""
 
     def after_process_boot(self, broker: dramatiq.Broker) -> None:
-        sys.setswitchinterval(WORKER_SWITCH_INTERVAL_S)
+        switch_often()
         # httpx logs every request at INFO: five lines a turn, and nothing an operator needs.
         logging.getLogger("httpx").setLevel(logging.WARNING)
         if WORKER.installed is not None:

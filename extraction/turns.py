@@ -33,6 +33,22 @@ pruning) run their statements in :func:`core.db.tenant` (row-level security for 
 Lock order is always session row before turn row, never the reverse, so the stages cannot
 deadlock on each other.
 
+Three of the hot transitions commit without waiting for the WAL flush (``synchronous_commit``
+off for their transaction, set by the same round trip: :data:`NOT_AWAITED`): the claim
+(``begin_extract``), a slot's record (``record_slot``) and the pointer's move
+(``complete_turn``). A commit is visible to every other session at once either way; what is
+not awaited is only its durability against a crash of the Postgres server itself (a clean
+stop, fast or smart, writes every commit out). The WAL is one ordered log, so a crash loses a
+suffix of it: a record that survives brings every earlier commit with it. What a crash could
+lose is therefore redone, and never wrongly: a lost claim or attempt count is taken again; a
+lost slot record is written again as a replay (its memory, a synchronous commit of the memory
+service, came before it); a lost pointer move is made again by the scan; and the pointer never
+passes a memory that was not kept, since the memories' commits precede the move in the log.
+The result (``persist_result``) is awaited: losing it would mean a second LLM call. Under load
+the flush is what these statements wait on most (``LWLock:WALWrite`` and ``IO:WALSync`` in
+``pg_stat_activity``), and the turn row's lock that ``record_slot`` takes is held until its
+commit, so the three writes of a turn each waited for the others' flushes.
+
 Over 400 lines but one idea: the one owner of the per-turn state, whose transitions must sit
 together to keep one lock order and one name per transition.
 """
@@ -82,6 +98,9 @@ _PERSIST_RESULT = (
 )
 _FIND_RESULT = "SELECT * FROM ibex_core.find_result(%s::uuid, %s)"
 _COMPLETE_TURN = "SELECT * FROM ibex_core.complete_turn(%s::uuid, %s::uuid, %s)"
+#: Sent before a transition's statement, in the same round trip (the two run as one implicit
+#: transaction): its commit does not wait for the WAL flush (module docstring).
+NOT_AWAITED = "SET LOCAL synchronous_commit TO off; "
 
 # A failed turn returns to where its persisted state says: extracted when a result is stored.
 _REOPEN_STATE = (
@@ -176,9 +195,10 @@ class TurnStore:
     def _sql(self, sql: str, params: Sequence[Any] | dict[str, Any] = ()) -> Any:
         return self.db.execute_sql(sql, params)
 
-    def _call(self, sql: str, params: Sequence[Any]) -> Any:
-        """One stage function, one round trip: it sets the tenant role and org itself."""
-        return one_statement(self.db, sql, params)
+    def _call(self, sql: str, params: Sequence[Any], *, awaited: bool = True) -> Any:
+        """One stage function, one round trip: it sets the tenant role and org itself. Not
+        ``awaited``: its commit does not wait for the WAL flush (module docstring)."""
+        return one_statement(self.db, sql if awaited else NOT_AWAITED + sql, params)
 
     # -- extract_turn ----------------------------------------------------------------------
 
@@ -226,6 +246,7 @@ class TurnStore:
                 str(token),
                 related,
             ),
+            awaited=False,
         ).fetchone()
         (outcome, turn_count, result, provider, model, pt, ct, written, retry_after, attempts,
          last_error, turns, related_rows, agent, user) = row  # fmt: skip
@@ -443,6 +464,7 @@ class TurnStore:
                 str(memory_id) if memory_id else None,
                 outcome,
             ),
+            awaited=False,
         ).fetchone()[0]
         if complete is None:
             raise RowNotFoundError(f"turn {ref.turn_index} of {ref.session_id} has no result")
@@ -458,12 +480,12 @@ class TurnStore:
         two turns finishing at once cannot each miss the other. Never moves it backwards."""
         params = (str(ref.org_id), str(ref.session_id), ref.turn_index)
         if fault is None:
-            row = self._call(_COMPLETE_TURN, params).fetchone()
+            row = self._call(_COMPLETE_TURN, params, awaited=False).fetchone()
         else:
             # The fault point sits inside the transaction, after the turn is marked done: a
             # crash there rolls all of it back, as a crash at any point before the commit.
             with transaction(self.db):
-                row = self._call(_COMPLETE_TURN, params).fetchone()
+                row = self._call(_COMPLETE_TURN, params, awaited=False).fetchone()
                 if row is not None and row[0]:
                     fault("after_mark_done")
         if row is None:

@@ -20,6 +20,8 @@
    the log line nor the answer repeats a header's value (it may carry a credential: a line
    ``Authorization Bearer ...`` without its colon is such a mistake).
 
+The worker process also shortens its thread switch interval (:mod:`core.threads`).
+
 TLS and HTTP/2 prior-knowledge connections (neither is used behind the platform's router) are
 left to gthread as they are. The class relies on gthread's internals (``TConn``, the poller,
 ``keepalived_conns``), hence the pin on gunicorn's major version.
@@ -48,6 +50,7 @@ from gunicorn.http2 import negotiation
 from gunicorn.workers.gthread import TConn, ThreadWorker
 
 from core.config import Settings
+from core.threads import switch_often
 from schema.bodies import error_body
 
 #: The largest request head (request line and headers) read; beyond it: 431.
@@ -213,6 +216,9 @@ class BufferingThreadWorker(ThreadWorker):  # type: ignore[misc]  # gunicorn has
     """gthread that reads whole requests in its event loop and answers errors in JSON."""
 
     def init_process(self) -> None:
+        # Before the event loop starts: a thread back from Redis or Postgres (and the loop
+        # back from its poll) takes the GIL back within 1 ms, not Python's 5 (core.threads).
+        switch_often()
         settings = Settings.from_env()
         self.body_limit = settings.memory_max_body_bytes
         #: How long a client has to send a whole request, from the accept (or, kept alive,

@@ -172,7 +172,7 @@ def test_a_backend_terminated_inside_the_persist_transaction_costs_no_llm_call(
         finally:
             db.close()
 
-    def call(statement: str, params: Any) -> Any:
+    def call(statement: str, params: Any, **kwargs: Any) -> Any:
         if "persist_result" in statement and len(killed) < TURNS:
             pid = deps.store.db.connection().get_backend_pid()
             locked = threading.Event()
@@ -180,10 +180,10 @@ def test_a_backend_terminated_inside_the_persist_transaction_costs_no_llm_call(
             killer.start()
             assert locked.wait(10), "the turn row was never locked"
             try:
-                return real_call(statement, params)
+                return real_call(statement, params, **kwargs)
             finally:
                 killer.join(10)
-        return real_call(statement, params)
+        return real_call(statement, params, **kwargs)
 
     deps.turns._call = call  # type: ignore[method-assign]
     Harness(deps).drain(scan(deps).sent, max_retries=0)

@@ -1,18 +1,22 @@
 """The stage functions of migration 000010 (``ibex_core.begin_extract`` and the rest): row-level
 security applies to every row they touch, only the owner may call them, a call sent again after
 its answer was lost counts nothing twice, and each is one statement with no transaction of its
-own around it."""
+own around it; the claim, a slot's record and the pointer's move commit without awaiting the
+WAL flush, the result with it."""
 
 from __future__ import annotations
 
+import contextlib
 import uuid
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import psycopg2
 import pytest
 
 from core.errors import RowNotFoundError
-from extraction.stages import StageDeps, extract_turn, scan
+from extraction.stages import StageDeps, complete_turn, extract_turn, scan, write_memory
+from extraction.turns import NOT_AWAITED
 from extraction.values import Busy, Claimed, TurnRef
 from tests.integration.pipeline.helpers import make_session, turn_rows
 
@@ -83,32 +87,79 @@ def test_a_claim_sent_again_with_its_token_is_taken_again_without_a_second_count
     assert isinstance(begun, Busy)
 
 
-def test_a_stage_step_is_one_statement(db: Any, store: Any, deps: StageDeps) -> None:
-    session = make_session(store, 1)
-    scan(deps)
-    ref = TurnRef(session.org_id, session.session_id, 1)
+@contextlib.contextmanager
+def recording(deps: StageDeps, after: Callable[[str], None] | None = None) -> Iterator[list[str]]:
+    """Every statement sent through the store's cursors (BEGIN and COMMIT too), in order;
+    ``after(sql)`` is called once each has run."""
     sent: list[str] = []
     real = deps.store.db.cursor
 
     class Recording:
-        """A cursor that keeps every statement sent through it (BEGIN and COMMIT too)."""
-
         def __init__(self, cursor: Any) -> None:
             self.cursor = cursor
 
         def execute(self, sql: str, params: Any = None) -> Any:
             sent.append(sql)
-            return self.cursor.execute(sql, params)
+            result = self.cursor.execute(sql, params)
+            if after is not None:
+                after(sql)
+            return result
 
         def __getattr__(self, name: str) -> Any:
             return getattr(self.cursor, name)
 
     deps.store.db.cursor = lambda *a, **k: Recording(real(*a, **k))  # type: ignore[method-assign]
     try:
-        begun = deps.turns.begin_extract(ref, claim_seconds=60, lease_seconds=60, max_attempts=3)
-        status = deps.turns.turn_status(ref)
+        yield sent
     finally:
         del deps.store.db.cursor
+
+
+def test_a_stage_step_is_one_statement(db: Any, store: Any, deps: StageDeps) -> None:
+    session = make_session(store, 1)
+    scan(deps)
+    ref = TurnRef(session.org_id, session.session_id, 1)
+    with recording(deps) as sent:
+        begun = deps.turns.begin_extract(ref, claim_seconds=60, lease_seconds=60, max_attempts=3)
+        status = deps.turns.turn_status(ref)
     assert isinstance(begun, Claimed) and [t.turn_index for t in begun.turns] == [1]
     assert status is not None and status.state == "pending"
-    assert len(sent) == 2 and all(s.startswith("SELECT * FROM ibex_core.") for s in sent)
+    # One round trip each; the claim's carries the setting that its commit is not awaited.
+    assert len(sent) == 2
+    assert sent[0].startswith(NOT_AWAITED + "SELECT * FROM ibex_core.begin_extract(")
+    assert sent[1].startswith("SELECT * FROM ibex_core.turn_status(")
+
+
+def test_only_the_result_awaits_its_commit(db: Any, store: Any, deps: StageDeps) -> None:
+    """Every transition of a turn is sent once; the claim, the slot records and the pointer's
+    move with ``synchronous_commit`` off for their own transaction, and the result (whose loss
+    would mean a second LLM call) with the server's setting."""
+    session = make_session(store, 1)
+    scan(deps)
+    ref = TurnRef(session.org_id, session.session_id, 1)
+    settings: list[str] = []
+    real = deps.store.db.cursor
+
+    def setting_after(sql: str) -> None:
+        if sql.startswith(NOT_AWAITED):
+            # The setting was local to that statement's transaction: it is over.
+            with real() as probe:
+                probe.execute("SELECT current_setting('synchronous_commit')")
+                settings.append(probe.fetchone()[0])
+
+    with recording(deps, setting_after) as sent:
+        sends = extract_turn(deps, ref.org_id, ref.session_id, 1)
+        for send in sends:
+            write_memory(deps, **send.kwargs)
+        complete_turn(deps, ref.org_id, ref.session_id, 1)
+    by_function = {
+        s.removeprefix(NOT_AWAITED).split("(")[0].split()[-1]: s.startswith(NOT_AWAITED)
+        for s in sent
+        if "ibex_core." in s
+    }
+    assert by_function["ibex_core.begin_extract"] is True
+    assert by_function["ibex_core.persist_result"] is False
+    assert by_function["ibex_core.record_slot"] is True
+    assert by_function["ibex_core.complete_turn"] is True
+    assert settings and set(settings) == {"on"}
+    assert turn_rows(db, session.session_id)[1]["state"] == "done"
