@@ -162,7 +162,7 @@ BEGIN
     -- With the claim: the scope's current memories most related to the turn (at most
     -- p_related), for the prompt to list, so the answer can say which one a new memory
     -- replaces. The scope is exactly the session's (agent, user): a memory may only supersede
-    -- one of its own scope. Ranked by full-text rank (ts_rank; see the head of 000025) of each
+    -- one of its own scope. Ranked by full-text rank (ts_rank; see the head of 000023) of each
     -- memory against the words of the turn (its messages and completion), then recency, among
     -- the newest RELATED_WINDOW (200) current memories of the scope: a memory older than those
     -- is not listed. A scope with at most p_related memories lists them all, so a fact said in
