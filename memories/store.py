@@ -18,6 +18,7 @@ from __future__ import annotations
 import dataclasses
 import datetime as dt
 import enum
+import struct
 import threading
 import uuid
 import weakref
@@ -471,8 +472,30 @@ def create_params(
         new.skip_stale,
         near_duplicate_threshold or None,
         new.embedding_model if new.embedding else None,
-        list(new.embedding) if new.embedding else None,
+        vector_literal(new.embedding) if new.embedding else None,
     )
+
+
+#: ``'%.9g,%.9g,...'`` by vector length: nine significant digits give back the same ``real``.
+_VECTOR_FORMATS: dict[int, str] = {}
+
+
+def vector_literal(vector: Sequence[float]) -> str:
+    """The text of a ``real[]`` holding ``vector`` (``{0.0623452365,...}``), as the write
+    sends it: each component rounded to a ``real`` here (as the column stores it) and written
+    with nine significant digits, which Postgres reads back as that same ``real``.
+
+    A Python list would be sent as ``ARRAY[0.062345236539840698, ...]``: psycopg2 quotes each
+    float on its own (about 0.4 ms of the web process's CPU for 256 dimensions), and Postgres
+    parses each one as a ``numeric`` constant and casts it to ``real`` (a fifth of the
+    write's CPU in Postgres). The string is built in a tenth of the time and read by
+    ``real[]``'s own input function; the stored values are the same."""
+    size = len(vector)
+    rounded = struct.unpack(f"{size}f", struct.pack(f"{size}f", *vector))
+    template = _VECTOR_FORMATS.get(size)
+    if template is None:
+        template = _VECTOR_FORMATS[size] = ",".join(("%.9g",) * size)
+    return "{" + template % rounded + "}"
 
 
 def _foreign_key_outcome(exc: Exception) -> WriteOutcome:

@@ -100,7 +100,27 @@ def test_the_check_names_the_memory_a_check_of_every_row_names(db: Any, acme: Te
     assert 0 < found < len(queries), (found, len(queries))
 
 
-def test_the_check_reads_the_band_of_its_index(db: Any, acme: Tenant) -> None:
+#: near_duplicate_of's statement (migration 000024), its parameters numbered: org, agent,
+#: user, content, content hash, excluded ids, threshold, trigram count of the content.
+CHECK_SQL = """
+SELECT m.id FROM ibex_memory.memories m
+ WHERE ibex_memory.near_duplicate_key(m.org_id, m.agent_id, m.user_id, m.content)
+       = ibex_memory.near_duplicate_key($1, $2, $3, $4)
+   AND cardinality(show_trgm(m.content))
+       BETWEEN floor($7 * $8)::integer - 1 AND ceil($8 / $7)::integer + 1
+   AND (m.deleted_at IS NULL AND m.superseded_by IS NULL) IS TRUE
+   AND (m.org_id = $1 AND m.agent_id = $2 AND m.user_id IS NOT DISTINCT FROM $3) IS TRUE
+   AND m.content % $4 AND m.content_hash <> $5
+   AND NOT (m.id = ANY(COALESCE($6, '{}'::uuid[])))
+ ORDER BY similarity(m.content, $4) DESC, m.created_at, m.id
+ LIMIT 1
+"""
+
+
+@pytest.mark.parametrize("plan_mode", ["force_custom_plan", "force_generic_plan"])
+def test_the_check_reads_the_band_of_its_index(db: Any, acme: Tenant, plan_mode: str) -> None:
+    """The plan for these values (custom) and the plan plpgsql keeps for the function's
+    statement (generic: made for any parameters) both read the band of the index."""
     (has_index,) = db.execute_sql(
         "SELECT to_regclass('ibex_memory.idx_memories_near_duplicate') IS NOT NULL"
     ).fetchone()
@@ -113,20 +133,21 @@ def test_the_check_reads_the_band_of_its_index(db: Any, acme: Tenant) -> None:
     query = "Memory number 12 says the user likes item 5 more more more"
     with db.atomic():
         db.execute_sql("SET LOCAL pg_trgm.similarity_threshold = 0.9")
-        plan = "\n".join(
-            r[0]
-            for r in db.execute_sql(
-                "EXPLAIN (ANALYZE) SELECT m.id FROM ibex_memory.memories m"
-                " WHERE ibex_memory.near_duplicate_key(m.org_id, m.agent_id, m.user_id,"
-                "       m.content) = ibex_memory.near_duplicate_key(%(org)s, %(agent)s, NULL,"
-                "       %(q)s)"
-                "   AND cardinality(show_trgm(m.content)) BETWEEN %(lo)s AND %(hi)s"
-                "   AND m.deleted_at IS NULL AND m.superseded_by IS NULL"
-                "   AND (m.org_id = %(org)s AND m.agent_id = %(agent)s"
-                "        AND m.user_id IS NULL) IS TRUE"
-                "   AND m.content %% %(q)s",
-                {"org": str(acme.org_id), "agent": str(acme.agent_id), "q": query,
-                 "lo": 40, "hi": 60},
-            ).fetchall()
-        )  # fmt: skip
-    assert "idx_memories_near_duplicate" in plan, plan
+        db.execute_sql(f"SET LOCAL plan_cache_mode = {plan_mode}")
+        db.execute_sql(
+            "PREPARE near_check (uuid, uuid, uuid, text, text, uuid[], real, integer) AS"
+            + CHECK_SQL.replace("%", "%%")  # the driver formats the text it sends
+        )
+        try:
+            plan = "\n".join(
+                r[0]
+                for r in db.execute_sql(
+                    "EXPLAIN (ANALYZE) EXECUTE near_check(%s, %s, NULL, %s, 'none', NULL,"
+                    " 0.9, cardinality(show_trgm(%s)))",
+                    (str(acme.org_id), str(acme.agent_id), query, query),
+                ).fetchall()
+            )
+        finally:
+            db.execute_sql("DEALLOCATE near_check")
+    assert "Index Scan using idx_memories_near_duplicate" in plan, plan
+    assert "Index Cond" in plan, plan
