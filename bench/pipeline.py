@@ -281,12 +281,12 @@ class Stack:
         return out
 
     def trace_spans(self) -> dict[str, Any] | None:
-        """The spans the sink has received so far, and their mean duration per span name
-        (None: tracing off)."""
+        """The spans the sink has received so far, their mean duration per span name, and each
+        request's time outside the server's handler (None: tracing off)."""
         if self.trace_sink_url is None:
             return None
         stats = httpx.get(f"{self.trace_sink_url}/stats", timeout=10).json()
-        return {"spans": int(stats["spans"]), "by_name": stats["by_name"]}
+        return {"spans": int(stats["spans"]), "by_name": stats["by_name"], "gaps": stats["gaps"]}
 
     def embeddings_stats(self, reset: bool = False) -> dict[str, Any] | None:
         """The fake endpoint's request and text counts (cleared with ``reset``); None: not

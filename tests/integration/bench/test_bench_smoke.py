@@ -208,3 +208,8 @@ def test_pipeline_benchmark_tiny_with_tracing(
     llm = [v for name, v in traces["by_name"].items() if name.startswith("chat ")]
     assert llm and all(v["count"] >= 1 and v["mean_ms"] > 0 for v in llm)
     assert traces["by_name"]["extract_turn process"]["count"] >= turns
+    # Each memory POST seen from both sides: its time outside the web's handler, before and
+    # after it.
+    gaps = traces["gaps"]["POST /v1/memories"]
+    assert gaps["count"] >= turns * scenario["memories"]
+    assert gaps["before_server_ms"] > 0 and gaps["after_server_ms"] > 0
