@@ -786,8 +786,13 @@ class SearchStore:
                 name, prepare_sql, names = _prepared_form(sql)
                 connection = self.db.connection()
                 if name not in _PREPARED.get(connection, ()):
-                    self.db.execute_sql(prepare_sql)
-                    (types,) = self.db.execute_sql(PARAMETER_TYPES_SQL, (name,)).fetchone()
+                    # A statement prepared in a transaction that failed afterwards is still
+                    # there (PREPARE is not undone by a rollback): taken as it is.
+                    row = self.db.execute_sql(PARAMETER_TYPES_SQL, (name,)).fetchone()
+                    if row is None:
+                        self.db.execute_sql(prepare_sql)
+                        row = self.db.execute_sql(PARAMETER_TYPES_SQL, (name,)).fetchone()
+                    types = row[0]
                     with _PREPARED_LOCK:
                         _EXECUTE[name] = _execute_sql(names, types, name)
                         _PREPARED.setdefault(connection, set()).add(name)
