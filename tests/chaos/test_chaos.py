@@ -568,6 +568,20 @@ def _wait_progress(stack: ChaosStack, data: Dataset, seed: int, point: float) ->
     )
 
 
+def _wait_posts(stack: ChaosStack, expected: int, seed: int, point: float) -> None:
+    """Until the memory POSTs sent through the fault proxy reach ``point`` of ``expected``
+    (retries count: they are POSTs a kill can cut too)."""
+    assert stack.proxy is not None
+    proxy = stack.proxy
+    wait_until(
+        lambda: proxy.snapshot().get("requests POST", 0) >= point * expected,
+        timeout=60,
+        interval=0.005,
+        tick=stack.check_alive,
+        message=lambda: f"seed {seed}: no POSTs to {point:.2f}\n{stack.diagnostics()}",
+    )
+
+
 def _one_request_per_turn(stats: dict[str, Any], turns: int) -> list[str]:
     """Every turn asked the LLM exactly once (no failure was injected)."""
     per_turn = stats.get("calls_per_turn", {})
@@ -745,9 +759,12 @@ def test_web_workers_killed_mid_request_lose_and_duplicate_nothing(
     sampler = PointerSampler(db)
     sampler.start()
     try:
+        # The kills land at shares of the POSTs the run makes, not of its turns' progress: a
+        # turn's last steps (its slot records, the pointer) can trail its POSTs by seconds on a
+        # busy machine, and a kill timed by them found no POST left to cut.
         points = (rng.uniform(0.1, 0.3), rng.uniform(0.35, 0.55), rng.uniform(0.6, 0.8))
         for point in points:
-            _wait_progress(stack, data, chaos_seed, point)
+            _wait_posts(stack, data.total * stack.config.memories, chaos_seed, point)
             stack.kill_web_workers()
         _drain(stack, data, chaos_seed)
         run_seconds = time.monotonic() - started
