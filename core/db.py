@@ -11,7 +11,9 @@ from __future__ import annotations
 
 import contextlib
 import sys
+import threading
 import uuid
+import weakref
 from collections.abc import Callable, Iterator
 from typing import Any, TypeVar
 from urllib.parse import unquote, urlparse
@@ -115,6 +117,24 @@ def _as_uuid(value: uuid.UUID | str) -> str:
 #: A restart or failover ends every pooled backend at once; the first failure drops the idle
 #: ones too, so a second attempt normally suffices.
 BEGIN_ATTEMPTS = 3
+
+
+#: The statements each connection has prepared, by name (a connection that is closed and
+#: dropped is forgotten with it): ``PREPARE`` is per connection, and a second one of the same
+#: name fails.
+_PREPARED: weakref.WeakKeyDictionary[Any, set[str]] = weakref.WeakKeyDictionary()
+_PREPARED_LOCK = threading.Lock()
+
+
+def is_prepared(connection: Any, name: str) -> bool:
+    """Whether ``connection`` holds the prepared statement ``name`` (:func:`mark_prepared`)."""
+    return name in _PREPARED.get(connection, ())
+
+
+def mark_prepared(connection: Any, name: str) -> None:
+    """Remember that ``connection`` holds the prepared statement ``name``."""
+    with _PREPARED_LOCK:
+        _PREPARED.setdefault(connection, set()).add(name)
 
 
 def connection_lost(db: peewee.Database) -> bool:

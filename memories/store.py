@@ -19,9 +19,7 @@ import dataclasses
 import datetime as dt
 import enum
 import struct
-import threading
 import uuid
-import weakref
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -33,7 +31,9 @@ from psycopg2.extras import Json
 from core.db import (
     BEGIN_ATTEMPTS,
     db_errors,
+    is_prepared,
     is_unique_violation,
+    mark_prepared,
     replace_broken_connection,
     tenant,
     transaction,
@@ -75,10 +75,6 @@ _EXECUTE_PARAMS = (
     "%s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s::uuid[], %s, %s, %s, %s::real[]"
 )
 EXECUTE_SQL = f"EXECUTE {PREPARED_NAME} ({_EXECUTE_PARAMS})"
-#: The connections that hold the prepared write, whichever store prepared it (a connection
-#: that is closed and dropped is forgotten with it).
-_PREPARED: weakref.WeakKeyDictionary[Any, bool] = weakref.WeakKeyDictionary()
-_PREPARED_LOCK = threading.Lock()
 
 BY_KEY_SQL = f"""
 SELECT {COLUMNS} FROM ibex_memory.memories WHERE org_id = %s AND idempotency_key = %s
@@ -276,10 +272,9 @@ class MemoryStore:
                 connection = self.db.connection()
             try:
                 with connection.cursor() as cursor:
-                    if connection not in _PREPARED:
+                    if not is_prepared(connection, PREPARED_NAME):
                         cursor.execute(PREPARE_SQL)
-                        with _PREPARED_LOCK:
-                            _PREPARED[connection] = True
+                        mark_prepared(connection, PREPARED_NAME)
                     cursor.execute(
                         EXECUTE_SQL, create_params(org_id, new, self.near_duplicate_threshold)
                     )

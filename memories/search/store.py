@@ -65,17 +65,15 @@ import datetime as dt
 import functools
 import hashlib
 import re
-import threading
 import time
 import uuid
-import weakref
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
 import peewee
 
-from core.db import db_errors, tenant, uuid_column
+from core.db import db_errors, is_prepared, mark_prepared, tenant, uuid_column
 from embeddings import LOCAL_MODEL
 from memories.scope import AGENT_WIDE, ReadScope
 from memories.store import COLUMNS, MemoryRow
@@ -415,11 +413,9 @@ def _statement(trigram: bool, semantic: bool, vector_dimension: int | None) -> s
     return _search_sql(trigram=trigram, semantic=semantic, vector_dimension=vector_dimension)
 
 
-#: The connections and the forms of the statement each has prepared (a connection that is
-#: closed and dropped is forgotten with it), and each form's ``EXECUTE`` by name.
-_PREPARED: weakref.WeakKeyDictionary[Any, set[str]] = weakref.WeakKeyDictionary()
+#: Each prepared form's ``EXECUTE``, by name (which connections hold which form:
+#: :func:`core.db.is_prepared`).
 _EXECUTE: dict[str, str] = {}
-_PREPARED_LOCK = threading.Lock()
 PARAMETER_TYPES_SQL = "SELECT parameter_types::text[] FROM pg_prepared_statements WHERE name = %s"
 
 
@@ -785,17 +781,15 @@ class SearchStore:
             if prepare:
                 name, prepare_sql, names = _prepared_form(sql)
                 connection = self.db.connection()
-                if name not in _PREPARED.get(connection, ()):
+                if not is_prepared(connection, name):
                     # A statement prepared in a transaction that failed afterwards is still
                     # there (PREPARE is not undone by a rollback): taken as it is.
                     row = self.db.execute_sql(PARAMETER_TYPES_SQL, (name,)).fetchone()
                     if row is None:
                         self.db.execute_sql(prepare_sql)
                         row = self.db.execute_sql(PARAMETER_TYPES_SQL, (name,)).fetchone()
-                    types = row[0]
-                    with _PREPARED_LOCK:
-                        _EXECUTE[name] = _execute_sql(names, types, name)
-                        _PREPARED.setdefault(connection, set()).add(name)
+                    _EXECUTE[name] = _execute_sql(names, row[0], name)
+                    mark_prepared(connection, name)
                 sql = _EXECUTE[name]
             if trigram:
                 # The threshold for this transaction only, sent with the statement (one round
