@@ -143,6 +143,7 @@ class FakeLLM:
         stream_chunk_ms: float = 0,
         cut_stream_after: int = 0,
         reply: str | None = None,
+        set_cookie: str | None = None,
     ) -> None:
         self.host = host
         self.port = port
@@ -163,6 +164,10 @@ class FakeLLM:
         self.stream_chunk_ms = stream_chunk_ms
         self.cut_stream_after = cut_stream_after
         self.reply = reply
+        #: A ``Set-Cookie`` every answer carries (as the CDNs in front of LLM APIs send);
+        #: ``cookies`` holds the ``Cookie`` header of each chat request (None: none sent).
+        self.set_cookie = set_cookie
+        self.cookies: list[str | None] = []
         self.bodies: list[dict[str, Any]] = []
         self._lock = threading.Lock()
         self._random = random.Random(seed)
@@ -433,6 +438,8 @@ def _handler_for(llm: FakeLLM) -> type[BaseHTTPRequestHandler]:
             self.send_header("Content-Length", str(len(data)))
             if status == 429:
                 self.send_header("Retry-After", "1")
+            if llm.set_cookie:
+                self.send_header("Set-Cookie", llm.set_cookie)
             self.end_headers()
             self.wfile.write(data)
 
@@ -444,6 +451,8 @@ def _handler_for(llm: FakeLLM) -> type[BaseHTTPRequestHandler]:
             self.send_response(200)
             self.send_header("Content-Type", "text/event-stream")
             self.send_header("Transfer-Encoding", "chunked")
+            if llm.set_cookie:
+                self.send_header("Set-Cookie", llm.set_cookie)
             self.end_headers()
             events = stream_events(answer, llm.stream_chunks, include_usage=include_usage)
             for sent, event in enumerate(events):
@@ -486,6 +495,8 @@ def _handler_for(llm: FakeLLM) -> type[BaseHTTPRequestHandler]:
             with llm._lock:
                 llm.requests += 1
             if path in CHAT_PATHS:
+                with llm._lock:
+                    llm.cookies.append(self.headers.get("Cookie"))
                 if llm.api_key and self.headers.get("Authorization") != f"Bearer {llm.api_key}":
                     self._send(401, _error("invalid api key", "invalid_request_error"))
                     return

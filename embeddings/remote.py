@@ -8,6 +8,7 @@ import httpx
 
 from core.config import MAX_EMBEDDING_DIMENSION
 from core.errors import ConfigError, EmbeddingsUnavailable
+from core.http import CookielessClient
 from embeddings.base import normalise
 
 #: Texts per request to an OpenAI-compatible endpoint (OpenAI takes up to 2048 inputs).
@@ -37,7 +38,7 @@ class OpenAIEmbedder:
         self.dimension = dimension
         self.url = base_url.rstrip("/").removesuffix("/v1") + "/v1/embeddings"
         headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
-        self._client = httpx.Client(
+        self._client = CookielessClient(
             timeout=httpx.Timeout(timeout_seconds), headers=headers, transport=transport
         )
 

@@ -28,6 +28,7 @@ import httpx
 
 from core import tracing
 from core.errors import MemoryRejectedError, MemoryUnavailableError
+from core.http import CookielessClient
 from extraction.tracing import memory_post
 from ibex_client import ApiError, IbexClient, IbexTransportError
 from ibex_client.wire import (
@@ -124,16 +125,18 @@ class MemoryClient:
         if not token:
             raise ValueError("a memory service token is required")
         self._base_url = base_url.rstrip("/")
-        self._client = IbexClient(
-            self._base_url, token, timeout=timeout, retry=NO_RETRY, transport=transport
+        # One client for every org's writes: it keeps no cookies (core.http).
+        self._http = CookielessClient(
+            timeout=httpx.Timeout(timeout), transport=transport, follow_redirects=False
         )
+        self._client = IbexClient(self._base_url, token, retry=NO_RETRY, client=self._http)
 
     def __repr__(self) -> str:
         return f"MemoryClient({self._base_url!r})"
 
     def close(self) -> None:
-        """Close the connection pool (its lifetime is the public client's)."""
-        self._client.close()
+        """Close the connection pool."""
+        self._http.close()
 
     @property
     def base_url(self) -> str:

@@ -22,6 +22,7 @@ import httpx
 
 from core.config import Settings, redact_url
 from core.errors import ConfigError, LLMRejectedError, LLMUnavailableError
+from core.http import CookielessClient
 from extraction.prompt import RelatedMemory, build_messages
 from extraction.result import ExtractionResult, parse_llm_content
 from extraction.rules import RULES_MODEL, extract_changes
@@ -89,7 +90,7 @@ class OpenAICompatibleProvider:
         self._api_key = api_key or None
         self.timeout = timeout
         self._own_client = client is None
-        self._client = client if client is not None else httpx.Client(timeout=timeout)
+        self._client = client if client is not None else CookielessClient(timeout=timeout)
         self.url = f"{self.base_url}/chat/completions"
         self._safe_url = redact_url(self.url)
 

@@ -52,6 +52,7 @@ from core import tracing
 from core.config import Settings
 from core.db import make_pool
 from core.errors import ConfigError, DatabaseUnavailableError
+from core.http import CookielessAsyncClient
 from embeddings import QueryCache, embedder_from_settings
 from memories.auth import Authenticator, AuthError, Principal, require_scope, resolve_org
 from memories.search.context import estimate_tokens
@@ -162,7 +163,7 @@ class ChatProxy:
         embedder = embedder_from_settings(settings)
         self.injector = Injector(db, QueryCache(embedder) if embedder is not None else None)
         self.clock = clock
-        self.client = httpx.AsyncClient(
+        self.client = CookielessAsyncClient(
             transport=transport,
             timeout=httpx.Timeout(
                 connect=10.0, read=float(settings.upstream_timeout_seconds), write=60.0, pool=30.0

@@ -11,6 +11,7 @@ import httpx
 import pytest
 
 from core.db import tenant
+from tests.integration.memory_service.helpers import make_token
 from tests.integration.proxy.conftest import Org, ProxyServer, wait_for
 
 pytestmark = pytest.mark.integration
@@ -190,3 +191,16 @@ def test_a_turn_the_proxy_could_not_check_is_refused_for_an_unknown_agent(
             "SELECT count(*) FROM ibex_core.agents WHERE slug = 'suport-bot'"
         ).fetchone()
     assert agents == (0,)
+
+
+def test_a_cookie_the_upstream_sets_is_never_sent_on_a_later_request(
+    proxy_server: ProxyServer, upstream: Any, store: Any, db: Any, acme: Org
+) -> None:
+    # The upstream's client serves every org: a cookie one answer set (a CDN's, as LLM APIs
+    # send) must not ride on the next org's request.
+    upstream.set_cookie = "__cf_bm=set-for-acme; Path=/; HttpOnly"
+    other_org = store.ensure_org("globex")
+    other_token, _ = make_token(db, other_org, ["sessions:write", "memory:read"])
+    for token in (acme.token, other_token, acme.token):
+        assert chat(proxy_server, {"X-IBEX-Token": token}).status_code == 200
+    assert upstream.cookies[-3:] == [None, None, None]
