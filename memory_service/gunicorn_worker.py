@@ -263,6 +263,9 @@ class BufferingThreadWorker(ThreadWorker):  # type: ignore[misc]  # gunicorn has
         self.keepalived_conns.remove(conn)
         if self._bufferable(conn):
             self._start_reading(conn)
+            # Readable now: read at once, not after another turn of the loop (a kept-alive
+            # request is usually whole in one read, and goes to a thread from here).
+            self._on_readable(conn, client)
         else:
             self.enqueue_req(conn)
 

@@ -436,3 +436,21 @@ def test_a_pipelined_request_read_ahead_is_buffered_again(web: Web) -> None:
         sock.sendall(b"st: x\r\nConnection: close\r\n\r\n")
         answer, _ = _recv_until_closed(sock, 5)
     assert answer.count(b"HTTP/1.1 200") == 2, answer
+
+
+def test_a_kept_alive_connections_next_request_sent_in_parts_is_read_whole(web: Web) -> None:
+    """The next request on a kept-alive connection, read as soon as it is readable, arrives
+    in three writes with pauses between them: the event loop keeps reading (no thread waits
+    for it, another client is served meanwhile), then it is answered."""
+    with socket.create_connection(("127.0.0.1", web.port), timeout=10) as sock:
+        sock.sendall(b"GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n")
+        first = b""
+        while b"\r\n\r\n" not in first or not first.rstrip().endswith(b"}"):
+            first += sock.recv(65536)
+        assert first.startswith(b"HTTP/1.1 200"), first
+        for part in (b"GET /healthz HT", b"TP/1.1\r\nHost: x\r\n", b"Connection: close\r\n\r\n"):
+            sock.sendall(part)
+            time.sleep(0.3)
+            assert httpx.get(f"{web.url}/healthz", timeout=5).status_code == 200
+        answer, _ = _recv_until_closed(sock, 5)
+    assert answer.startswith(b"HTTP/1.1 200") and answer.count(b"HTTP/1.1") == 1, answer
