@@ -263,6 +263,8 @@ class Stack:
     token: str
     statements: StatementLog
     profile_seconds: float = 0.0
+    #: False with ``--no-access-log``: the web runs without one (no HTTP request counts).
+    access_logged: bool = True
     #: ``fake``: the fake OpenAI-compatible endpoint (requests counted), ``local``, ``none``.
     embeddings: str = "fake"
     embeddings_url: str | None = None
@@ -423,7 +425,7 @@ class Counters:
             "redis_per_command": per_command,
             "statements": dict(split) if split is not None else None,
             "statement_shapes": shapes,
-            "access": count_access_log(s.access_log, self.access0),
+            "access": count_access_log(s.access_log, self.access0) if s.access_logged else None,
         }
 
 
@@ -465,8 +467,13 @@ def _collect(
     n = len(done)
     window = (max(r[5] for r in done) - min(r[4] for r in turn_rows)) if done else 0.0
     statements = counters["statements"]
-    posts = sum(v for k, v in counters["access"].items() if k.startswith("POST /v1/memories "))
-    requests = sum(counters["access"].values())
+    access = counters["access"]
+    posts = (
+        None
+        if access is None
+        else sum(v for k, v in access.items() if k.startswith("POST /v1/memories "))
+    )
+    requests = None if access is None else sum(access.values())
     cpu = counters["cpu"]
     system_cpu = sum(v for k, v in cpu.items() if not k.startswith("fake_"))
 
@@ -516,8 +523,10 @@ def _collect(
             k: _r(per_turn(v))
             for k, v in sorted(counters["redis_per_command"].items(), key=lambda kv: -kv[1])
         },
-        "http_requests_per_memory": round(posts / memories, 3) if memories else None,
-        "http_requests": dict(sorted(counters["access"].items())),
+        "http_requests_per_memory": (
+            round(posts / memories, 3) if memories and posts is not None else None
+        ),
+        "http_requests": None if access is None else dict(sorted(access.items())),
         "http_requests_total": requests,
         "cpu_s_per_turn": {k: _r(per_turn(v), 5) for k, v in {**cpu, "total": system_cpu}.items()},
         "cpu_s": {k: round(v, 3) for k, v in {**cpu, "total": system_cpu}.items()},
@@ -990,7 +999,7 @@ def stack_up(args: argparse.Namespace, folder: Path) -> Iterator[Stack]:
             web_env,
             workers=args.web_workers,
             threads=args.web_threads,
-            access_log=access_log,
+            access_log=None if args.no_access_log else access_log,
         )
         llm_child, llm_url = start_fake_llm(children, latency_ms=0, memories=3)
         yield Stack(
@@ -1003,6 +1012,7 @@ def stack_up(args: argparse.Namespace, folder: Path) -> Iterator[Stack]:
             memory_url=memory_url,
             memory_child=memory_child,
             access_log=access_log,
+            access_logged=not args.no_access_log,
             llm_url=llm_url,
             llm_child=llm_child,
             token=token,
@@ -1262,6 +1272,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--web-threads", type=int, default=4, help="gunicorn threads (default 4)")
     p.add_argument("--no-sql-log", action="store_true",
                    help="do not turn on log_statement (no SQL statement counts)")  # fmt: skip
+    p.add_argument("--no-access-log", action="store_true",
+                   help="no gunicorn access log (no HTTP request counts): the web as the"
+                        " Procfile runs it")  # fmt: skip
     p.add_argument(
         "--profile",
         action="store_true",
