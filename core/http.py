@@ -31,21 +31,19 @@ class _NoCookies(httpx.Cookies):
     def set(self, name: str, value: str, domain: str = "", path: str = "/") -> None:
         return None
 
+    def update(self, cookies: Any = None) -> None:  # type: ignore[override]
+        return None
 
-class CookielessClient(httpx.Client):
-    """An ``httpx.Client`` that neither keeps the cookies its responses set nor sends any.
 
-    Without a ``transport`` of the caller's, its plain ``http://`` requests go over
-    :class:`PlainHTTPTransport` (unless the environment names a proxy for them);
-    ``https://`` and proxied requests keep httpx's own transport."""
+class _KeepsNoCookies:
+    """The ``cookies`` of a client that keeps none (first in the bases, before httpx's)."""
 
-    def __init__(self, **kwargs: Any) -> None:
+    _no_cookies: httpx.Cookies
+
+    @staticmethod
+    def _refuse(kwargs: dict[str, Any]) -> None:
         if kwargs.get("cookies"):
             raise ValueError("a cookieless client takes no cookies")
-        if kwargs.get("transport") is None and "mounts" not in kwargs and not _http_proxied():
-            kwargs["mounts"] = {"http://": PlainHTTPTransport()}
-        super().__init__(**kwargs)
-        self._no_cookies = _NoCookies()
 
     @property
     def cookies(self) -> httpx.Cookies:
@@ -53,8 +51,22 @@ class CookielessClient(httpx.Client):
 
     @cookies.setter
     def cookies(self, cookies: Any) -> None:
-        if cookies:
-            raise ValueError("a cookieless client takes no cookies")
+        self._refuse({"cookies": cookies})
+
+
+class CookielessClient(_KeepsNoCookies, httpx.Client):
+    """An ``httpx.Client`` that neither keeps the cookies its responses set nor sends any.
+
+    Without a ``transport`` of the caller's, its plain ``http://`` requests go over
+    :class:`PlainHTTPTransport` (unless the environment names a proxy for them);
+    ``https://`` and proxied requests keep httpx's own transport."""
+
+    def __init__(self, **kwargs: Any) -> None:
+        self._refuse(kwargs)
+        if kwargs.get("transport") is None and "mounts" not in kwargs and not _http_proxied():
+            kwargs["mounts"] = {"http://": PlainHTTPTransport()}
+        super().__init__(**kwargs)
+        self._no_cookies = _NoCookies()
 
 
 def _http_proxied() -> bool:
@@ -213,23 +225,13 @@ def _still_open(conn: http.client.HTTPConnection) -> bool:
     return not readable
 
 
-class CookielessAsyncClient(httpx.AsyncClient):
+class CookielessAsyncClient(_KeepsNoCookies, httpx.AsyncClient):
     """An ``httpx.AsyncClient`` that neither keeps the cookies its responses set nor sends any."""
 
     def __init__(self, **kwargs: Any) -> None:
-        if kwargs.get("cookies"):
-            raise ValueError("a cookieless client takes no cookies")
+        self._refuse(kwargs)
         super().__init__(**kwargs)
         self._no_cookies = _NoCookies()
-
-    @property
-    def cookies(self) -> httpx.Cookies:
-        return self._no_cookies
-
-    @cookies.setter
-    def cookies(self, cookies: Any) -> None:
-        if cookies:
-            raise ValueError("a cookieless client takes no cookies")
 
 
 __all__ = ["CookielessAsyncClient", "CookielessClient", "PlainHTTPTransport"]

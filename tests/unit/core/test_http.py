@@ -45,6 +45,8 @@ def test_the_cookieless_client_neither_keeps_nor_sends_a_cookie() -> None:
         client.post("http://llm.test/b", json={})
         assert dict(client.cookies) == {}
         client.cookies.set("sid", "x")
+        client.cookies.update({"sid": "y"})
+        client.cookies["sid"] = "z"
         client.get("http://llm.test/c")
     assert seen == [None, None, None]
 
