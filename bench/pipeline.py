@@ -257,14 +257,13 @@ class Stack:
     children: Launcher
     memory_url: str
     memory_child: Process
-    access_log: Path
+    #: None with ``--no-access-log``: the web runs without one (no HTTP request counts).
+    access_log: Path | None
     llm_url: str
     llm_child: Process
     token: str
     statements: StatementLog
     profile_seconds: float = 0.0
-    #: False with ``--no-access-log``: the web runs without one (no HTTP request counts).
-    access_logged: bool = True
     #: ``fake``: the fake OpenAI-compatible endpoint (requests counted), ``local``, ``none``.
     embeddings: str = "fake"
     embeddings_url: str | None = None
@@ -386,7 +385,7 @@ class Counters:
             self.sampler.add_tree(name, pids)
         self.sampler.add_postgres("postgres", s.database, exclude=[self.driver_pid])
         self.redis0 = redis_counters(s.redis)
-        self.access0 = file_size(s.access_log)
+        self.access0 = file_size(s.access_log) if s.access_log else 0
         s.statements.mark()
         self.rusage0 = resource.getrusage(resource.RUSAGE_CHILDREN)
         self.sampler.begin()
@@ -425,7 +424,7 @@ class Counters:
             "redis_per_command": per_command,
             "statements": dict(split) if split is not None else None,
             "statement_shapes": shapes,
-            "access": count_access_log(s.access_log, self.access0) if s.access_logged else None,
+            "access": count_access_log(s.access_log, self.access0) if s.access_log else None,
         }
 
 
@@ -976,7 +975,7 @@ def stack_up(args: argparse.Namespace, folder: Path) -> Iterator[Stack]:
             statements.enable()
         else:
             statements.available = False
-        access_log = folder / "access.log"
+        access_log = None if args.no_access_log else folder / "access.log"
         embeddings_child = embeddings_url = None
         if args.embeddings == "fake":
             embeddings_child, embeddings_url = start_fake_embeddings(
@@ -999,7 +998,7 @@ def stack_up(args: argparse.Namespace, folder: Path) -> Iterator[Stack]:
             web_env,
             workers=args.web_workers,
             threads=args.web_threads,
-            access_log=None if args.no_access_log else access_log,
+            access_log=access_log,
         )
         llm_child, llm_url = start_fake_llm(children, latency_ms=0, memories=3)
         yield Stack(
@@ -1012,7 +1011,6 @@ def stack_up(args: argparse.Namespace, folder: Path) -> Iterator[Stack]:
             memory_url=memory_url,
             memory_child=memory_child,
             access_log=access_log,
-            access_logged=not args.no_access_log,
             llm_url=llm_url,
             llm_child=llm_child,
             token=token,

@@ -2,9 +2,9 @@
 
 ``httpx.Client`` keeps the cookies its responses set and sends them on every later request.
 A worker's clients call the memory service, the LLM and the embedder for every org in turn,
-the chat proxy's calls the upstream LLM for every org, and the MCP server's calls the memory
-service for every token: a cookie one answer set (a CDN's or a load balancer's, which LLM
-APIs do set) would ride along on the requests of every org and token after it. Reading each
+and the chat proxy's calls the upstream LLM for every org: a cookie one answer set (a CDN's
+or a load balancer's, which LLM APIs do set) would ride along on the requests of every org
+after it. Reading each
 response for cookies also costs a parse of its URL and headers (about 3 % of a worker's
 Python CPU on the pipeline's hot path, by profile). These clients neither store nor send
 cookies.
@@ -40,18 +40,18 @@ class _KeepsNoCookies:
 
     _no_cookies: httpx.Cookies
 
-    @staticmethod
-    def _refuse(kwargs: dict[str, Any]) -> None:
-        if kwargs.get("cookies"):
-            raise ValueError("a cookieless client takes no cookies")
-
     @property
     def cookies(self) -> httpx.Cookies:
         return self._no_cookies
 
     @cookies.setter
     def cookies(self, cookies: Any) -> None:
-        self._refuse({"cookies": cookies})
+        _refuse_cookies(cookies)
+
+
+def _refuse_cookies(cookies: Any) -> None:
+    if cookies:
+        raise ValueError("a cookieless client takes no cookies")
 
 
 class CookielessClient(_KeepsNoCookies, httpx.Client):
@@ -62,7 +62,7 @@ class CookielessClient(_KeepsNoCookies, httpx.Client):
     ``https://`` and proxied requests keep httpx's own transport."""
 
     def __init__(self, **kwargs: Any) -> None:
-        self._refuse(kwargs)
+        _refuse_cookies(kwargs.get("cookies"))
         if kwargs.get("transport") is None and "mounts" not in kwargs and not _http_proxied():
             kwargs["mounts"] = {"http://": PlainHTTPTransport()}
         super().__init__(**kwargs)
@@ -229,7 +229,7 @@ class CookielessAsyncClient(_KeepsNoCookies, httpx.AsyncClient):
     """An ``httpx.AsyncClient`` that neither keeps the cookies its responses set nor sends any."""
 
     def __init__(self, **kwargs: Any) -> None:
-        self._refuse(kwargs)
+        _refuse_cookies(kwargs.get("cookies"))
         super().__init__(**kwargs)
         self._no_cookies = _NoCookies()
 
