@@ -34,6 +34,13 @@ and pops, marks and reads a batch one message at a time. Here:
 - a consumer whose fetch emptied its queue backs off before fetching again, and an idle one
   (:data:`IDLE_MISSES` empty polls in a row) polls with one LLEN, running the fetch script
   only when messages wait;
+- a consumer with room for messages whose back-off has grown past :data:`WATCH_INTERVAL_MS`
+  (it grows to the consumer timeout, a second) is woken as soon as its queue holds some: one
+  thread per process asks Redis every :data:`WATCH_INTERVAL_MS` about the queues of all such
+  consumers at once (one EXISTS, :class:`QueueWatch`), so a message sent to a quiet queue
+  waits about that long for a consumer that is up, not up to a second; an idle consumer the
+  watch saw empty skips its own LLEN. A busy queue's consumer backs off for less and is not
+  watched; the back-off stays the fallback when Redis does not answer the watch;
 - the heartbeat is refreshed by the consumer loop once a second per process, and each consumer
   runs Dramatiq's maintenance (requeue dead workers' messages, expire dead letters) on its
   queue every ten seconds instead of on a random 2 % of commands.
@@ -43,6 +50,7 @@ Nack, requeue (worker shutdown) and maintenance still run Dramatiq's script unch
 
 from __future__ import annotations
 
+import enum
 import logging
 import random
 import threading
@@ -73,6 +81,10 @@ MAINTENANCE_INTERVAL_MS = 10_000
 #: Empty polls in a row (about 0.2-0.3 s of back-off) after which a consumer counts as idle and
 #: polls with one LLEN instead of its fetch script (two commands on an empty queue).
 IDLE_MISSES = 5
+#: How often a process asks whether the quiet queues its consumers wait on hold messages
+#: (ms), and the back-off past which a consumer waits on the watch: about the longest a
+#: message sent to a quiet queue waits for a consumer with room for it.
+WATCH_INTERVAL_MS = 100
 
 # Dramatiq's "fetch" (dispatch.lua) without its heartbeat, returning each id with its payload,
 # in one LPOP of up to ``count`` ids (Redis 6.2), one SADD and one HMGET whatever the batch.
@@ -106,6 +118,96 @@ def _text(value: bytes | str) -> str:
     return value.decode() if isinstance(value, bytes) else value
 
 
+class Waited(enum.Enum):
+    """How a :meth:`QueueWatch.wait` ended."""
+
+    #: A queue waited on holds messages.
+    WOKEN = "woken"
+    #: The wait ran out, and the watch saw the queue empty during it: no need to poll it.
+    QUIET = "quiet"
+    #: The wait ran out, the queue unseen (a short wait, or Redis did not answer the watch).
+    SLEPT = "slept"
+
+
+class _Waiter:
+    __slots__ = ("event", "queue", "quiet")
+
+    def __init__(self, queue: str) -> None:
+        self.event = threading.Event()
+        self.queue = queue
+        self.quiet = False
+
+
+class QueueWatch:
+    """Wakes the consumers of one process that wait on quiet queues (see module): while any
+    waits longer than ``interval_ms``, one daemon thread asks Redis every ``interval_ms``, with
+    one EXISTS over their queues, whether any of them holds messages, and if so wakes them
+    all (each then polls its own queue as it would have after its back-off); a wait that runs
+    out while the watch saw its queue empty needs no poll of its own. Started with the first
+    long wait, so a process that never consumes has no such thread; when Redis does not
+    answer, the consumers sleep out their back-off and poll as before."""
+
+    def __init__(
+        self,
+        client: redis.Redis,
+        namespace: str,
+        *,
+        interval_ms: int = WATCH_INTERVAL_MS,
+    ) -> None:
+        self.client = client
+        self.namespace = namespace
+        self.interval = interval_ms / 1000
+        self._waiting: set[_Waiter] = set()
+        self._changed = threading.Condition()
+        self._thread: threading.Thread | None = None
+
+    def wait(self, queue_name: str, seconds: float) -> Waited:
+        """Sleep up to ``seconds``, woken early once ``queue_name`` (or the queue of another
+        consumer waiting here) holds messages. A wait no longer than the interval is a plain
+        sleep."""
+        if seconds <= self.interval:
+            time.sleep(seconds)
+            return Waited.SLEPT
+        waiter = _Waiter(f"{self.namespace}:{queue_name}")
+        with self._changed:
+            self._waiting.add(waiter)
+            if self._thread is None or not self._thread.is_alive():
+                self._thread = threading.Thread(
+                    target=self._run, name="ibex-queue-watch", daemon=True
+                )
+                self._thread.start()
+            self._changed.notify()
+        try:
+            if waiter.event.wait(seconds):
+                return Waited.WOKEN
+            return Waited.QUIET if waiter.quiet else Waited.SLEPT
+        finally:
+            with self._changed:
+                self._waiting.discard(waiter)
+
+    def _run(self) -> None:
+        while True:
+            with self._changed:
+                while not self._waiting:
+                    self._changed.wait()
+            time.sleep(self.interval)
+            with self._changed:
+                waiting = list(self._waiting)
+            if not waiting:
+                continue
+            try:
+                found = self.client.exists(*{w.queue for w in waiting})
+            except redis.RedisError:
+                log.debug("queue watch: Redis did not answer; consumers back off as before")
+                time.sleep(1.0)
+                continue
+            for waiter in waiting:
+                if found:
+                    waiter.event.set()
+                else:
+                    waiter.quiet = True
+
+
 class GuardedConsumer(_RedisConsumer):
     """A Redis consumer that dead-letters what it cannot deliver instead of raising."""
 
@@ -117,6 +219,8 @@ class GuardedConsumer(_RedisConsumer):
         self.maintenance_due = 0
         #: Whether the last fetch got messages, but fewer than it asked for: the queue is empty.
         self.drained = False
+        #: Whether the queue watch saw the queue empty during the last back-off.
+        self.seen_empty = False
 
     def _fetch(self, count: int, acks: list[str]) -> list[tuple[str, bytes]]:
         broker: GuardedRedisBroker = self.broker
@@ -163,9 +267,13 @@ class GuardedConsumer(_RedisConsumer):
 
     def _may_hold_messages(self) -> bool:
         """False when an idle consumer's queue is empty: after :data:`IDLE_MISSES` empty polls
-        in a row a poll is one LLEN, and the fetch script runs only when it finds messages."""
+        in a row a poll is one LLEN, and the fetch script runs only when it finds messages;
+        none when the queue watch saw the queue empty while the consumer waited."""
         if self.misses < IDLE_MISSES:
             return True
+        if self.seen_empty:  # by the queue watch, during the back-off just slept
+            self.seen_empty = False
+            return False
         broker: GuardedRedisBroker = self.broker
         return bool(broker.client.llen(f"{broker.namespace}:{self.queue_name}"))
 
@@ -249,7 +357,13 @@ class GuardedConsumer(_RedisConsumer):
                         self.broker.defer_acks(self.queue_name, acks, first=True)
                 if not batch:
                     self.misses, backoff_ms = compute_backoff(self.misses, max_backoff=self.timeout)
-                    time.sleep(backoff_ms / 1000)
+                    waited = Waited.SLEPT
+                    if self.outstanding_message_count < self.prefetch:
+                        # Room for more and none came: woken early when some arrive.
+                        waited = self.broker.watch.wait(self.queue_name, backoff_ms / 1000)
+                    else:
+                        time.sleep(backoff_ms / 1000)  # full: the worker threads are behind
+                    self.seen_empty = waited is Waited.QUIET
                     return None
         except redis.ConnectionError as exc:
             raise ConnectionClosed(exc) from None
@@ -272,6 +386,7 @@ class GuardedRedisBroker(RedisBroker):
         self.heartbeat_interval = heartbeat_interval
         self.maintenance_interval = maintenance_interval
         self.fetch_script = self.client.register_script(_FETCH)
+        self.watch = QueueWatch(self.client, self.namespace)
         self._beat_at = 0
         self._acks: dict[str, list[str]] = {}
         self._acks_lock = threading.Lock()
@@ -384,7 +499,10 @@ __all__ = [
     "HEARTBEAT_INTERVAL_MS",
     "IDLE_MISSES",
     "MAINTENANCE_INTERVAL_MS",
+    "WATCH_INTERVAL_MS",
     "GuardedConsumer",
     "GuardedRedisBroker",
     "MalformedHook",
+    "QueueWatch",
+    "Waited",
 ]

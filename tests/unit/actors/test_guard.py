@@ -5,6 +5,8 @@ delivered. Also the envelope check itself (``message_problem``), payload by payl
 from __future__ import annotations
 
 import json
+import threading
+import time
 import uuid
 from typing import Any
 
@@ -14,7 +16,7 @@ import pytest
 import redis
 from dramatiq.errors import ConnectionClosed
 
-from actors.guard import IDLE_MISSES, GuardedConsumer, GuardedRedisBroker
+from actors.guard import IDLE_MISSES, GuardedConsumer, GuardedRedisBroker, QueueWatch, Waited
 from extraction.envelope import decode_problem, message_problem
 
 
@@ -254,6 +256,76 @@ def test_an_idle_consumer_polls_with_llen_and_fetches_only_when_messages_wait() 
     proxy = next(consumer)
     assert proxy is not None and proxy.args == (0,)
     assert len(fetches) == IDLE_MISSES + 1
+
+
+def test_a_consumer_in_a_long_back_off_is_woken_when_its_queue_gets_a_message() -> None:
+    """A consumer idle long enough to back off for seconds picks up a message sent meanwhile
+    within the watch's interval, not at the end of its back-off; nothing sent, it sleeps it
+    out (here: a 3 s back-off, a message sent 0.2 s into it)."""
+    client = fakeredis.FakeRedis()
+    broker = GuardedRedisBroker(client=client, middleware=[])
+    consumer = broker.consume("q", prefetch=2, timeout=3000)
+    assert isinstance(consumer, GuardedConsumer)
+    consumer.misses = 20  # idle for long: the back-off is the timeout, 1.5-3 s
+    sender = threading.Timer(0.2, lambda: broker.push({"q": [("r0", _message(0).encode())]}))
+    started = time.monotonic()
+    sender.start()
+    assert next(consumer) is None
+    woken_after = time.monotonic() - started
+    proxy = next(consumer)
+    assert proxy is not None and proxy.args == (0,)
+    assert woken_after < 1.2, woken_after  # the back-off would have been 1.5 s at least
+    sender.join()
+
+
+class _Unreachable:
+    """A Redis client whose server does not answer."""
+
+    def exists(self, *keys: str) -> int:
+        raise redis.ConnectionError("Connection refused")
+
+
+def test_the_queue_watch_wakes_only_for_the_queues_waited_on_and_survives_redis_errors() -> None:
+    client = fakeredis.FakeRedis()
+    watch = QueueWatch(client, "dramatiq", interval_ms=50)
+    client.rpush("dramatiq:other", "x")  # a queue nobody here waits on
+    started = time.monotonic()
+    assert watch.wait("q", 0.3) is Waited.QUIET  # seen empty: no poll needed
+    assert time.monotonic() - started >= 0.29
+    client.rpush("dramatiq:q", "x")
+    assert watch.wait("q", 0.04) is Waited.SLEPT  # a short back-off (a busy queue's): a sleep
+    assert watch.wait("q", 5.0) is Waited.WOKEN
+    broken = QueueWatch(_Unreachable(), "dramatiq", interval_ms=50)  # type: ignore[arg-type]
+    started = time.monotonic()
+    assert broken.wait("q", 0.3) is Waited.SLEPT  # no answer: slept out, the queue unseen
+    assert time.monotonic() - started >= 0.29
+
+
+def test_an_idle_consumer_the_watch_saw_empty_skips_its_own_poll() -> None:
+    """The watch answered for the queue during the back-off: no LLEN after it; a back-off
+    the watch did not see (Redis away, or a short one) is followed by the consumer's own."""
+    client = fakeredis.FakeRedis()
+    broker = GuardedRedisBroker(client=client, middleware=[])
+    broker.watch = QueueWatch(client, "dramatiq", interval_ms=50)
+    consumer = broker.consume("q", prefetch=2, timeout=300)
+    assert isinstance(consumer, GuardedConsumer)
+    polls: list[str] = []
+    real_llen = client.llen
+
+    def llen(key: str) -> int:
+        polls.append(key)
+        return int(real_llen(key))
+
+    client.llen = llen  # type: ignore[method-assign]
+    consumer.misses = 20  # idle: back-offs of 150-300 ms, watched
+    assert next(consumer) is None  # its own poll (nothing watched yet), then a watched wait
+    assert polls == ["dramatiq:q"] and consumer.seen_empty
+    assert next(consumer) is None
+    assert polls == ["dramatiq:q"]
+    broker.watch = QueueWatch(_Unreachable(), "dramatiq")  # type: ignore[arg-type]
+    assert next(consumer) is None and not consumer.seen_empty
+    assert next(consumer) is None
+    assert polls == ["dramatiq:q", "dramatiq:q"]
 
 
 def test_maintenance_runs_on_the_first_fetch_then_once_an_interval() -> None:
