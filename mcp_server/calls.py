@@ -57,6 +57,27 @@ def remember_key(token: str, agent_id: uuid.UUID, user: str | None, content: str
     return "mcp-remember-" + hashlib.sha256(text.encode("utf-8")).hexdigest()
 
 
+def shared_pool(
+    timeout: float, transport: httpx.AsyncBaseTransport | None = None
+) -> httpx.AsyncClient:
+    """The one connection pool of every caller's calls, which keeps no cookies: a cookie one
+    caller's answer set (a proxy or CDN in front of the service) is dropped, and no request
+    carries one, so nothing of one token's session rides on another token's call. (The
+    worker's clients get the same from ``core.http``, which this door may not import.)"""
+    http = httpx.AsyncClient(
+        timeout=httpx.Timeout(timeout), follow_redirects=False, transport=transport
+    )
+
+    async def send_no_cookie(request: httpx.Request) -> None:
+        request.headers.pop("cookie", None)
+
+    async def keep_no_cookie(response: httpx.Response) -> None:
+        http.cookies.clear()
+
+    http.event_hooks = {"request": [send_no_cookie], "response": [keep_no_cookie]}
+    return http
+
+
 @dataclass
 class Calls:
     """Token, agent and user of each call, and the client calls with errors translated."""
@@ -96,9 +117,7 @@ class Calls:
 
     def client(self, token: str) -> AsyncIbexClient:
         if self.http is None:
-            self.http = httpx.AsyncClient(
-                timeout=httpx.Timeout(self.config.timeout), follow_redirects=False
-            )
+            self.http = shared_pool(self.config.timeout)
         return AsyncIbexClient(self.config.url, token, client=self.http)
 
     def user(self, given: str | None) -> str | None:

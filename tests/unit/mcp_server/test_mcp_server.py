@@ -7,8 +7,12 @@ from __future__ import annotations
 import asyncio
 import uuid
 
+import httpx
+
+from ibex_client import AsyncIbexClient
 from mcp_server import TOOL_NAMES, McpConfig, build_server, remember_key
 from mcp_server.calls import bearer as _bearer
+from mcp_server.calls import shared_pool
 
 AGENT = uuid.UUID("0b0c4a4e-3c55-4c79-9d2f-4f1f0bb3f7a1")
 
@@ -86,3 +90,33 @@ def test_an_api_refusal_names_its_code_and_fields() -> None:
         "VALIDATION_FAILED: the body is invalid (content: must not be blank; kind: unknown kind)"
     )
     assert str(_api_error(error_for(502, None, None))).startswith("502: ")
+
+
+def test_the_shared_pool_keeps_no_cookie_from_one_caller_for_another() -> None:
+    """One pool serves every token: a cookie the answer to token A set (a proxy in front of
+    the service) is neither kept nor sent with token B's call, nor with A's next one."""
+    seen: list[tuple[str | None, str | None]] = []
+
+    def answer(request: httpx.Request) -> httpx.Response:
+        seen.append((request.headers.get("authorization"), request.headers.get("cookie")))
+        body = {
+            "id": str(AGENT),
+            "slug": "bot",
+            "name": "Bot",
+            "created_at": "2026-01-01T00:00:00Z",
+        }
+        return httpx.Response(200, json=body, headers={"Set-Cookie": "session=of-a; Path=/"})
+
+    async def calls() -> httpx.Cookies:
+        http = shared_pool(5.0, transport=httpx.MockTransport(answer))
+        try:
+            for token in ("token-a", "token-b", "token-a"):
+                await AsyncIbexClient("http://ibex", token, client=http).get_agent("bot")
+            return http.cookies
+        finally:
+            await http.aclose()
+
+    jar = asyncio.run(calls())
+    assert [cookie for _, cookie in seen] == [None, None, None]
+    assert [auth for auth, _ in seen] == ["Bearer token-a", "Bearer token-b", "Bearer token-a"]
+    assert len(jar) == 0
