@@ -24,16 +24,16 @@ def add_parser(sub: Any) -> None:
 
 
 def run(args: argparse.Namespace, settings: Settings) -> int:
+    # The broker is loaded before the scan: the turns it leases are sent as soon as its
+    # transaction commits, not a module import later.
+    from actors.broker import send_all
+    from core import tracing
     from extraction.stages import StageDeps, scan
     from sessions.store import SessionStore
 
     store = SessionStore.from_url(settings.require_database_url())
     session_id = resolve_session(store, args)
     report = scan(StageDeps(store=store, settings=settings), session_id=session_id)
-
-    from actors.broker import send_all
-    from core import tracing
-
     # With OTEL_* asking for traces, each turn sent starts its trace here, as from a worker's
     # scan (actors/tracing.py).
     tracing.setup(SERVICE)
