@@ -21,13 +21,13 @@ import argparse
 import json
 import os
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
 import uuid
 from collections.abc import Sequence
-from typing import IO, Any
+from pathlib import Path
+from typing import Any
 
 import dramatiq
 import redis
@@ -35,6 +35,7 @@ import redis
 from actors.guard import GuardedRedisBroker
 from bench import BenchError
 from bench.report import load_average, run_and_print, table
+from cli.stack.processes import ROOT, Launcher, Process
 
 #: The Redis the worker process reads its broker from (set by the benchmark for its child).
 REDIS_ENV = "IBEX_BENCH_PICKUP_REDIS_URL"
@@ -60,29 +61,18 @@ def _commands(client: redis.Redis) -> int:
     return int(client.info("stats")["total_commands_processed"])
 
 
-def _start_worker(args: argparse.Namespace, log: IO[bytes]) -> subprocess.Popen[bytes]:
-    env = {**os.environ, REDIS_ENV: args.redis_url}
-    command = [
-        sys.executable, "-m", "dramatiq", "bench.pickup",
-        "--processes", str(args.processes), "--threads", str(args.threads),
-    ]  # fmt: skip
-    return subprocess.Popen(command, env=env, stdout=log, stderr=subprocess.STDOUT)
-
-
-def _wait_ready(
-    client: redis.Redis, worker: subprocess.Popen[bytes], processes: int, log: IO[bytes]
-) -> None:
+def _wait_ready(client: redis.Redis, worker: Process, processes: int) -> None:
     """Until every worker process has a heartbeat (its consumers run)."""
     deadline = time.monotonic() + 60
     while client.zcard(f"{NAMESPACE}:__heartbeats__") < processes:
-        if worker.poll() is not None:
-            raise BenchError(f"the worker exited ({worker.returncode}): {_tail(log)}")
+        if not worker.alive():
+            raise BenchError(f"the worker exited ({worker.returncode}): {worker.log_tail()}")
         if time.monotonic() > deadline:
             raise BenchError("the worker did not start within 60 s")
         time.sleep(0.05)
 
 
-def _pickup(sender: GuardedRedisBroker, idle: float, rounds: int, log: IO[bytes]) -> list[float]:
+def _pickup(sender: GuardedRedisBroker, idle: float, rounds: int, worker: Process) -> list[float]:
     client = sender.client
     out = []
     for _ in range(rounds):
@@ -96,16 +86,11 @@ def _pickup(sender: GuardedRedisBroker, idle: float, rounds: int, log: IO[bytes]
         if answer is None:
             raise BenchError(
                 f"a message sent after {idle} s idle was not run within 20 s; the worker's"
-                f" log ends: {_tail(log)}"
+                f" log ends: {worker.log_tail()}"
             )
         sent_at, ran_at = json.loads(answer[1])
         out.append((ran_at - sent_at) * 1000)
     return out
-
-
-def _tail(log: IO[bytes]) -> str:
-    log.seek(0)
-    return log.read().decode(errors="replace")[-2000:]
 
 
 def run(args: argparse.Namespace) -> dict[str, Any]:
@@ -114,29 +99,25 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     client.flushdb()
     started = time.monotonic()
     load_before = load_average()
-    with tempfile.TemporaryFile() as log:
-        worker = _start_worker(args, log)
-        try:
-            _wait_ready(client, worker, args.processes, log)
-            pickup: dict[str, Any] = {}
-            for idle in args.idle:
-                ms = _pickup(sender, idle, args.rounds, log)
-                pickup[f"{idle:g}"] = {
-                    "n": len(ms),
-                    "p50_ms": round(statistics.median(ms), 1),
-                    "max_ms": round(max(ms), 1),
-                }
-            time.sleep(2.0)  # a quiet spell before counting
-            before = _commands(client)
-            time.sleep(args.quiet_seconds)
-            after = _commands(client)
-        finally:
-            worker.terminate()
-            try:
-                worker.wait(timeout=30)
-            except subprocess.TimeoutExpired:
-                worker.kill()
-                worker.wait()
+    argv = [
+        sys.executable, "-m", "dramatiq", "bench.pickup",
+        "--processes", str(args.processes), "--threads", str(args.threads),
+    ]  # fmt: skip
+    with tempfile.TemporaryDirectory() as folder, Launcher(Path(folder), cwd=ROOT) as launcher:
+        worker = launcher.start("worker", argv, {**os.environ, REDIS_ENV: args.redis_url})
+        _wait_ready(client, worker, args.processes)
+        pickup: dict[str, Any] = {}
+        for idle in args.idle:
+            ms = _pickup(sender, idle, args.rounds, worker)
+            pickup[f"{idle:g}"] = {
+                "n": len(ms),
+                "p50_ms": round(statistics.median(ms), 1),
+                "max_ms": round(max(ms), 1),
+            }
+        time.sleep(2.0)  # a quiet spell before counting
+        before = _commands(client)
+        time.sleep(args.quiet_seconds)
+        after = _commands(client)
     return {
         "benchmark": "pickup",
         "machine": {
