@@ -154,7 +154,6 @@ class FakeEmbeddings:
 
 def _handler_for(fake: FakeEmbeddings) -> type[BaseHTTPRequestHandler]:
     class Handler(BaseHTTPRequestHandler):
-        protocol_version = "HTTP/1.1"  # keep-alive, like a real endpoint (and the fake LLM)
         # Headers and body go out in two sends: without this the body waits for the
         # client's delayed ACK (about 40 ms on Linux loopback).
         disable_nagle_algorithm = True
