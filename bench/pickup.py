@@ -11,8 +11,8 @@ backs off between empty polls, up to its timeout (1 s), so the pickup after a pa
 the first turn after a quiet spell, or a stage's first message after one, waits before any work.
 
 Then ``--quiet-seconds`` with nothing sent: the Redis commands per second the quiet worker sends
-(``INFO stats``, server-wide: use a Redis nothing else uses; the benchmark's own two reads are
-taken off).
+(``INFO stats``, server-wide: use a Redis nothing else uses; the benchmark's own read is taken
+off).
 """
 
 from __future__ import annotations
@@ -42,9 +42,10 @@ REDIS_ENV = "IBEX_BENCH_PICKUP_REDIS_URL"
 NAMESPACE = "ibex-bench-pickup"
 QUEUE = "pickup"
 SEEN = f"{NAMESPACE}:seen"
+DEFAULT_REDIS_URL = "redis://127.0.0.1:6379/14"
 
 broker = GuardedRedisBroker(
-    url=os.environ.get(REDIS_ENV, "redis://127.0.0.1:6379/14"),
+    url=os.environ.get(REDIS_ENV, DEFAULT_REDIS_URL),
     namespace=NAMESPACE,
     middleware=[],
 )
@@ -156,8 +157,8 @@ def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="python -m bench.pickup", description=__doc__.split("\n")[0])
     p.add_argument(
         "--redis-url",
-        default="redis://127.0.0.1:6379/14",
-        help="a Redis database of the benchmark's own (flushed)",
+        default=DEFAULT_REDIS_URL,
+        help="a Redis database of the benchmark's own (flushed; default %(default)s)",
     )
     p.add_argument("--processes", type=int, default=2)
     p.add_argument("--threads", type=int, default=8)
@@ -175,7 +176,7 @@ def build_parser() -> argparse.ArgumentParser:
         help="how long to count the quiet worker's commands (default 20)",
     )
     p.add_argument("--json", action="store_true")
-    return p  # fmt: skip
+    return p
 
 
 def main(argv: Sequence[str] | None = None) -> int:
