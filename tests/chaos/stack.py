@@ -222,6 +222,11 @@ class PrivatePostgres:
                 self.db.close()
         return back - stopped
 
+    def settle(self) -> None:
+        """Until the server has been up :data:`RESTART_SETTLE_S` since its last restart."""
+        if self.restarts:
+            time.sleep(max(0.0, self.restarts[-1][1] + RESTART_SETTLE_S - time.monotonic()))
+
     def stop(self) -> None:
         if self.db is not None:
             with contextlib.suppress(Exception):
@@ -575,8 +580,7 @@ class ChaosStack:
             return seen["in_transaction"] > 0
 
         for attempt in range(1, LANDING_ATTEMPTS + 1):
-            if pg.restarts:
-                time.sleep(max(0.0, pg.restarts[-1][1] + RESTART_SETTLE_S - time.monotonic()))
+            pg.settle()
             seen.update(claims=0, in_transaction=0)
             self._wait_for(caught_one)
             in_transaction, claims = seen["in_transaction"], seen["claims"]

@@ -85,9 +85,13 @@ class Dataset:
 
 
 def _import(store: SessionStore, data: Dataset, tag: str) -> None:
-    report = import_lines(store, data.lines(tag))
+    _import_lines(store, data.lines(tag), data.total)
+
+
+def _import_lines(store: SessionStore, lines: list[str], turns: int) -> None:
+    report = import_lines(store, lines)
     assert not report.errors, report.errors
-    assert report.turns_added == data.total
+    assert report.turns_added == turns
 
 
 def _progress_fraction(stack: ChaosStack, total: int) -> float:
@@ -605,6 +609,9 @@ def test_postgres_restarted_twice_mid_run_costs_no_llm_call_and_no_long_wait(
     down 1.5-2.5 s each time: every backend ends, the transactions in flight roll back, every
     pooled connection of the workers, the memory service and the scheduler is dead.
 
+    The second restart is fired once a third of the sessions, imported after the first
+    restart, are under way: the work left after the first outage may drain within a second.
+
     Crash points simulated: the server going away at a moment when worker or memory-service
     backends are inside a transaction (checked; the restart is fired again when it caught
     none): an LLM answer in hand whose persist fails, a slot or pointer transaction cut, a
@@ -628,16 +635,24 @@ def test_postgres_restarted_twice_mid_run_costs_no_llm_call_and_no_long_wait(
     pg = private_postgres
     db, store = pg.db, pg.store
     assert store is not None
-    data = Dataset(sessions=16, turns=6)
-    _import(store, data, "pgrestart")
+    # Two thirds of the sessions are there from the start; the last third arrives once
+    # Postgres is back from the first restart (settled), so the second restart has work in
+    # flight to cut however fast the first part drained after the first one.
+    data = Dataset(sessions=24, turns=6)
+    lines = data.lines("pgrestart")
+    early = Dataset(sessions=16, turns=data.turns)
+    _import_lines(store, lines[: early.sessions], early.total)
     started = time.monotonic()
     stack = make_stack(_outage_config(chaos_seed, max_retries=OUTAGE_MAX_RETRIES), pg)
     sampler = PointerSampler(db)
     sampler.start()
     try:
-        for point in sorted((rng.uniform(0.15, 0.35), rng.uniform(0.5, 0.7))):
-            _wait_progress(stack, data, chaos_seed, point)
-            stack.restart_postgres(pause=rng.uniform(1.5, 2.5))
+        _wait_progress(stack, early, chaos_seed, rng.uniform(0.15, 0.35))
+        stack.restart_postgres(pause=rng.uniform(1.5, 2.5))
+        pg.settle()
+        _import_lines(store, lines[early.sessions :], data.total - early.total)
+        _wait_progress(stack, data, chaos_seed, rng.uniform(0.5, 0.6))
+        stack.restart_postgres(pause=rng.uniform(1.5, 2.5))
         _drain(stack, data, chaos_seed)
         drained = time.monotonic()
         run_seconds = drained - started
