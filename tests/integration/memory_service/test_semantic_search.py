@@ -21,7 +21,7 @@ import redis
 
 from bench.fake_embeddings import FakeEmbeddings
 from core.errors import EmbeddingsUnavailable
-from embeddings import OpenAIEmbedder
+from embeddings.remote import OpenAIEmbedder
 from memory_service.app import create_app
 from schema.search import ContextResultSchema, SearchResultSchema
 from tests.integration.memory_service.helpers import BASE_URL, Tenant

@@ -34,7 +34,7 @@ from bench.fake_llm import FakeLLM
 from cli.stack.processes import ROOT
 from core.config import Settings
 from core.errors import ConfigError
-from embeddings import OpenAIEmbedder
+from embeddings.remote import OpenAIEmbedder
 from extraction.memory_client import MemoryClient
 from extraction.providers import OpenAICompatibleProvider
 from extraction.stages import Send, StageDeps, extract_turn, scan

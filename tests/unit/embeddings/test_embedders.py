@@ -19,12 +19,12 @@ from core.errors import ConfigError, EmbeddingsUnavailable
 from embeddings import (
     LOCAL_MODEL,
     LocalEmbedder,
-    OpenAIEmbedder,
     QueryCache,
     embedder_from_env,
     normalise,
     remote,
 )
+from embeddings.remote import OpenAIEmbedder
 
 KEY = "sk-test-secret-123"
 
