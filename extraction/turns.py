@@ -92,9 +92,15 @@ _BEGIN_EXTRACT = (
     "SELECT * FROM ibex_core.begin_extract("
     "%s::uuid, %s::uuid, %s, %s, %s, %s, %s, %s::uuid, %s, %s::uuid, %s)"
 )
+#: The stored result comes back only when it is another attempt's (``mine`` false): the one
+#: this call stored is the one it sent, and writing it out (and parsing it here) again, vectors
+#: and all, was 2 % of a worker's CPU.
 _PERSIST_RESULT = (
-    "SELECT * FROM ibex_core.persist_result("
-    "%s::uuid, %s::uuid, %s, %s::uuid, %s::jsonb, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s)"
+    "SELECT p.mine, CASE WHEN p.mine THEN NULL ELSE p.result END, p.provider, p.model,"
+    "       p.prompt_tokens, p.completion_tokens, p.written, p.agent_id, p.user_id,"
+    "       p.budget_crossed"
+    "  FROM ibex_core.persist_result("
+    "%s::uuid, %s::uuid, %s, %s::uuid, %s::jsonb, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s) p"
 )
 _FIND_RESULT = "SELECT * FROM ibex_core.find_result(%s::uuid, %s)"
 _COMPLETE_TURN = "SELECT * FROM ibex_core.complete_turn(%s::uuid, %s::uuid, %s)"
@@ -410,7 +416,9 @@ class TurnStore:
             raise RowNotFoundError(f"turn {ref.turn_index} of {ref.session_id} vanished")
         (mine, stored_result, stored_provider, stored_model, pt, ct, written, agent, user,
          crossed) = row  # fmt: skip
-        stored = PersistedResult.from_row(stored_result, stored_provider, stored_model, pt, ct)
+        stored = PersistedResult.from_row(
+            result if mine else stored_result, stored_provider, stored_model, pt, ct
+        )
         if mine:
             self.slot_cache.put(ref, uuid.UUID(str(agent)), _user(user), stored)
         return Persisted(
