@@ -15,6 +15,10 @@ from embeddings.base import normalise
 OPENAI_BATCH = 256
 
 
+#: The types a JSON number decodes to (a bool's type is bool: not a number here).
+_NUMBERS = frozenset((int, float))
+
+
 class OpenAIEmbedder:
     """An OpenAI-compatible ``/v1/embeddings`` endpoint."""
 
@@ -95,7 +99,7 @@ class OpenAIEmbedder:
                 raise EmbeddingsUnavailable(
                     f"embeddings endpoint: a vector of {got}, not {self.dimension} dimensions"
                 )
-            if not all(isinstance(v, int | float) and not isinstance(v, bool) for v in vector):
+            if not set(map(type, vector)) <= _NUMBERS:
                 raise EmbeddingsUnavailable("embeddings endpoint: a vector of non-numbers")
             out.append(normalise(vector))
         usage = answer.get("usage") if isinstance(answer, dict) else None

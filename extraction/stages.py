@@ -383,6 +383,8 @@ def _call_llm(
 #: Significant digits kept of each vector component (a float32's): the persisted result and
 #: the POST bodies stay compact, and the vector is the same on every read.
 VECTOR_DIGITS = 7
+#: One component's format, repeated: a vector is rounded by one formatting and one split.
+_COMPONENT = f"%.{VECTOR_DIGITS}g "
 
 
 def _embedded(deps: StageDeps, ref: TurnRef, answer: LlmAnswer) -> LlmAnswer:
@@ -415,7 +417,7 @@ def _embedded(deps: StageDeps, ref: TurnRef, answer: LlmAnswer) -> LlmAnswer:
         if any(vector):  # a text the model knows nothing of has no vector
             item["embedding"] = {
                 "model": model,
-                "vector": [float(f"{v:.{VECTOR_DIGITS}g}") for v in vector],
+                "vector": _rounded(vector),
             }
         embedded.append(item)
     return dataclasses.replace(
@@ -424,6 +426,12 @@ def _embedded(deps: StageDeps, ref: TurnRef, answer: LlmAnswer) -> LlmAnswer:
         embedding_tokens=tokens,
         embedding_model=model,
     )
+
+
+def _rounded(vector: Sequence[float]) -> list[float]:
+    """Each component at :data:`VECTOR_DIGITS` significant digits (what ``float(f"{v:.7g}")``
+    gives, for the whole vector at once)."""
+    return list(map(float, (_COMPONENT * len(vector) % tuple(vector)).split()))
 
 
 def _resolve_refs(

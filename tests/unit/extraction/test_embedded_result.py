@@ -5,6 +5,8 @@ each vector, outside the idempotency fingerprint."""
 
 from __future__ import annotations
 
+import math
+import random
 import uuid
 from collections.abc import Sequence
 from types import SimpleNamespace
@@ -13,7 +15,7 @@ import pytest
 
 from core.errors import EmbeddingsUnavailable
 from extraction.metrics import PipelineMetrics
-from extraction.stages import _embedded, memory_body
+from extraction.stages import _embedded, _rounded, memory_body
 from extraction.values import LlmAnswer, PersistedResult, TurnRef
 from memories.service import new_memory
 from memories.validation import quick_load_create
@@ -112,3 +114,18 @@ def test_a_stored_vector_is_unit_and_fits_a_real() -> None:
     assert huge == pytest.approx((0.6, 0.8, 0.0)) and huge[2] == 0.0
     tiny = unit_vector([1.0, 7.5e-156, -1e-45])
     assert tiny == (1.0, 0.0, 0.0)
+
+
+def test_a_vector_is_rounded_component_by_component_to_seven_significant_digits() -> None:
+    rng = random.Random(7)
+    scales = (1.0, 1e-9, 1e9, 1e-320)
+    vectors = [
+        [rng.gauss(0, 1) * rng.choice(scales) for _ in range(rng.randint(1, 300))]
+        for _ in range(300)
+    ]
+    vectors.append([0.0, -0.0, 0.5, -1e-5, 123456789.0, 0.1234567501])
+    for vector in vectors:
+        rounded = _rounded(vector)
+        expected = [float(f"{v:.7g}") for v in vector]
+        assert rounded == expected
+        assert [math.copysign(1, v) for v in rounded] == [math.copysign(1, v) for v in expected]
