@@ -471,11 +471,17 @@ class ChaosStack:
         """SIGKILL of every worker process (master and children), then (after ``pause``) a
         restart: messages in flight are lost to their threads; the broker still holds them as
         unacked. Fired when turns hold a live LLM claim (waiting for one, bounded); fired again
-        after the restart when the kill found none."""
+        after the restart when the kill found none.
+
+        With ``restart=False`` the kill only stops the workers for the fault that follows (the
+        caller has waited for the work that fault needs, e.g. messages queued in Redis): it is
+        fired at once, and what it hit is recorded without having to be a claim (a wait for
+        one let the queues drain)."""
         for attempt in range(1, LANDING_ATTEMPTS + 1):
             worker = self.worker
             assert worker is not None
-            self._wait_for(lambda: self.live_claims() > 0)
+            if restart:
+                self._wait_for(lambda: self.live_claims() > 0)
             # The group leader is reaped and its forked children die with the same signal.
             worker.kill()
             self.launcher.forget(worker)
@@ -488,7 +494,7 @@ class ChaosStack:
                     f"hit {claims} live LLM claims ({len(risk)} without a stored result);"
                     f" attempt {attempt}",
                     risk,
-                    hit=claims,
+                    hit=claims if restart else None,
                 )
             elif risk:
                 self._record("SIGKILL worker group (missed)", "no live claim", risk)
