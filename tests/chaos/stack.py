@@ -467,44 +467,52 @@ class ChaosStack:
                 return False
             time.sleep(0.02)
 
-    def kill_workers(self, pause: float = 0.0, *, restart: bool = True) -> None:
+    def kill_workers(self, pause: float = 0.0) -> None:
         """SIGKILL of every worker process (master and children), then (after ``pause``) a
         restart: messages in flight are lost to their threads; the broker still holds them as
         unacked. Fired when turns hold a live LLM claim (waiting for one, bounded); fired again
-        after the restart when the kill found none.
-
-        With ``restart=False`` the kill only stops the workers for the fault that follows (the
-        caller has waited for the work that fault needs, e.g. messages queued in Redis): it is
-        fired at once, and what it hit is recorded without having to be a claim (a wait for
-        one let the queues drain)."""
+        after the restart when the kill found none."""
         for attempt in range(1, LANDING_ATTEMPTS + 1):
-            worker = self.worker
-            assert worker is not None
-            if restart:
-                self._wait_for(lambda: self.live_claims() > 0)
-            # The group leader is reaped and its forked children die with the same signal.
-            worker.kill()
-            self.launcher.forget(worker)
-            claims = self.live_claims()  # frozen: nothing that could release them is alive
-            risk = self.at_risk()
-            last = attempt == LANDING_ATTEMPTS or not restart
+            self._wait_for(lambda: self.live_claims() > 0)
+            claims, risk = self._kill_worker_group()
+            last = attempt == LANDING_ATTEMPTS
             if claims or last:
                 self._record(
                     "SIGKILL worker group",
                     f"hit {claims} live LLM claims ({len(risk)} without a stored result);"
                     f" attempt {attempt}",
                     risk,
-                    hit=claims if restart else None,
+                    hit=claims,
                 )
             elif risk:
                 self._record("SIGKILL worker group (missed)", "no live claim", risk)
-            if restart:
-                time.sleep(pause)
-                self.start_workers()
-            else:
-                self.worker = None
+            time.sleep(pause)
+            self.start_workers()
             if claims or last:
                 return
+
+    def stop_workers(self) -> None:
+        """SIGKILL of every worker process, at once and not restarted: it only stops the
+        workers for the fault that follows (the caller has waited for the work that fault
+        needs, e.g. messages queued in Redis), so what it hit is recorded without having to be
+        a claim (a wait for one let the queues drain)."""
+        claims, risk = self._kill_worker_group()
+        self.worker = None
+        self._record(
+            "SIGKILL worker group",
+            f"hit {claims} live LLM claims ({len(risk)} without a stored result); not restarted",
+            risk,
+        )
+
+    def _kill_worker_group(self) -> tuple[int, frozenset[TurnId]]:
+        """SIGKILL of the worker group; the live claims and the turns at risk it left."""
+        worker = self.worker
+        assert worker is not None
+        # The group leader is reaped and its forked children die with the same signal.
+        worker.kill()
+        self.launcher.forget(worker)
+        # Frozen: nothing that could release the claims is alive.
+        return self.live_claims(), self.at_risk()
 
     def terminate_backends(self, *, memory_service: bool = False, rounds: int = 3) -> None:
         """``pg_terminate_backend`` of the workers' backends (and the memory service's), in a

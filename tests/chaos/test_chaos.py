@@ -307,7 +307,7 @@ def test_a_redis_crash_with_appendonly_keeps_every_queued_message(
                 tick=stack.check_alive,
                 message=lambda: f"seed {chaos_seed}: no progress\n{stack.diagnostics()}",
             )
-            stack.kill_workers(restart=False)
+            stack.stop_workers()
             before = stack.queue_sizes(work)
             if sum(before.values()) > 0 or attempt == 2:
                 break
