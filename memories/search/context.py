@@ -50,9 +50,17 @@ def _words(text: str) -> frozenset[str]:
 
 
 def near_duplicate(a: frozenset[str], b: frozenset[str]) -> bool:
+    """Whether the Jaccard similarity of ``a`` and ``b`` is at least :data:`NEAR_DUPLICATE`.
+    It is at most the smaller set's size over the larger's, so sets whose sizes are further
+    apart are answered without intersecting them (the same answer: the division rounds
+    monotonically)."""
     if not a or not b:
         return a == b
-    return len(a & b) / len(a | b) >= NEAR_DUPLICATE
+    small, large = (len(a), len(b)) if len(a) <= len(b) else (len(b), len(a))
+    if small / large < NEAR_DUPLICATE:
+        return False
+    shared = len(a & b)
+    return shared / (small + large - shared) >= NEAR_DUPLICATE
 
 
 @dataclass(frozen=True)

@@ -6,6 +6,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from memories.search.context import (
+    NEAR_DUPLICATE,
     _words,
     estimate_tokens,
     fits,
@@ -51,6 +52,29 @@ def test_a_generous_budget_drops_only_blanks_and_near_duplicates(contents: list[
             continue
         line = neutralise(content)
         assert not line or any(near_duplicate(_words(line), other) for other in kept)
+
+
+words = st.frozensets(st.sampled_from([f"w{n}" for n in range(12)]), max_size=12)
+
+
+@settings(max_examples=examples(500), deadline=None)
+@given(a=words, b=words)
+def test_near_duplicate_is_the_jaccard_similarity_at_its_threshold(
+    a: frozenset[str], b: frozenset[str]
+) -> None:
+    # The size test that skips the intersection gives the answer of the similarity itself.
+    expected = a == b if not a or not b else len(a & b) / len(a | b) >= NEAR_DUPLICATE
+    assert near_duplicate(a, b) is expected
+    assert near_duplicate(b, a) is expected
+
+
+def test_near_duplicate_at_exactly_the_threshold() -> None:
+    four, five = frozenset("abcd"), frozenset("abcde")
+    assert len(four & five) / len(four | five) == NEAR_DUPLICATE  # 4 / 5
+    assert near_duplicate(four, five) and near_duplicate(five, four)
+    assert not near_duplicate(frozenset("abc"), five)  # 3 / 5: sizes alone decide
+    eight, ten = frozenset("abcdefgh"), frozenset("abcdefgxyz")
+    assert not near_duplicate(eight, ten)  # 7 / 11, though the sizes allow it
 
 
 def test_near_duplicates_are_packed_once() -> None:
