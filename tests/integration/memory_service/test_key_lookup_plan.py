@@ -2,17 +2,20 @@
 when the plan was made before the table had statistics.
 
 create_memory looks the idempotency key up first, and plpgsql keeps the plan of that statement
-from the first calls of a connection. The ``db`` fixture truncates every table, so the memories
-table starts with no statistics (reltuples -1), as a new database does before autovacuum's
-first ANALYZE (and for good on a server without autovacuum). The first keyed writes are made
-on the empty table, so the kept plan is the one made there; then the org gets 300 memories, and
-one more keyed write must fetch a handful of rows, not the 300: the counters of the write's own
-transaction (``pg_stat_xact_user_tables``) say how many rows its index scans fetched.
+from the first calls of a connection. The table is truncated first, so it starts with no
+statistics (reltuples -1), as a new database does before autovacuum's first ANALYZE (and for
+good on a server without autovacuum). The first keyed writes are made on the empty table, so
+the kept plan is the one made there; then the org gets 300 memories, and one more keyed write
+must fetch a handful of rows, not the 300: the counters of the write's own transaction
+(``pg_stat_xact_user_tables``) say how many rows its index scans fetched.
 """
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from typing import Any
+
+import pytest
 
 from memories.store import MemoryStore, WriteOutcome
 from tests.integration.memory_service.helpers import Tenant, new_fact
@@ -28,12 +31,25 @@ def keyed(acme: Tenant, n: int) -> Any:
     return new_fact(acme.agent_id, f"Keyed memory {n} of the plan test", idempotency_key=f"k-{n}")
 
 
+@pytest.fixture
+def no_autoanalyze(db: Any) -> Iterator[None]:
+    """No ANALYZE of memories during the test (a server with autovacuum on could take one
+    at any moment), and the table emptied again: a truncated table has no statistics."""
+    db.execute_sql("ALTER TABLE ibex_memory.memories SET (autovacuum_enabled = false)")
+    db.execute_sql("TRUNCATE ibex_memory.memories CASCADE")
+    try:
+        yield
+    finally:
+        db.execute_sql("ALTER TABLE ibex_memory.memories RESET (autovacuum_enabled)")
+
+
+@pytest.mark.usefixtures("no_autoanalyze")
 def test_a_keyed_write_reads_its_key_not_the_orgs_memories(db: Any, acme: Tenant) -> None:
     store = MemoryStore(db)
     (stats,) = db.execute_sql(
         "SELECT reltuples FROM pg_class WHERE oid = 'ibex_memory.memories'::regclass"
     ).fetchone()
-    assert stats < 0, "the fixture's truncation leaves the table without statistics"
+    assert stats < 0, "a truncated table has no statistics"
     # Past plpgsql's five custom plans: the plan kept is the one made on the empty table.
     for n in range(8):
         assert store.create(acme.org_id, keyed(acme, n)).outcome is WriteOutcome.CREATED
