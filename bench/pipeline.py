@@ -364,8 +364,8 @@ def _analyze_loaded(stack: Stack) -> None:
     """``VACUUM ANALYZE`` the tables the scenario loaded (sessions, turns, agents, orgs), not
     the pipeline's, which are empty here. Statistics taken of an empty table say it holds no
     rows, and every plan made with them is a scan of the whole table (costed at nothing),
-    kept for the whole run as the table fills: on a server without autovacuum (the Postgres
-    of this machine kind runs with it off) nothing analyzes the table again. Left without
+    kept for the whole run as the table fills: on a server without autovacuum (the
+    benchmark machines' servers run with it off) nothing analyzes the table again. Left without
     statistics, as after a ``TRUNCATE`` or on a new deployment, the planner assumes a table of
     some pages and reads the indexes."""
     with stack.admin.cursor() as cur:

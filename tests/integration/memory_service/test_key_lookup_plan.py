@@ -17,7 +17,7 @@ from typing import Any
 
 import pytest
 
-from memories.store import MemoryStore, WriteOutcome
+from memories.store import MemoryStore, NewMemory, WriteOutcome
 from tests.integration.memory_service.helpers import Tenant, new_fact
 
 XACT_COUNTS = """
@@ -27,7 +27,7 @@ SELECT COALESCE(idx_tup_fetch, 0), COALESCE(seq_scan, 0)
 """
 
 
-def keyed(acme: Tenant, n: int) -> Any:
+def keyed(acme: Tenant, n: int) -> NewMemory:
     return new_fact(acme.agent_id, f"Keyed memory {n} of the plan test", idempotency_key=f"k-{n}")
 
 
