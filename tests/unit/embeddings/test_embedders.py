@@ -177,6 +177,35 @@ def test_the_local_model_loads_from_the_package_offline(monkeypatch: pytest.Monk
     assert embedder.embed([]) == []
 
 
+def test_the_local_embedder_pools_as_wordllamas_own_inference() -> None:
+    """The embedder pools one text at a time; wordllama's inference pads a batch of up to 64
+    and masks the padding out. The vectors must be the same, bit for bit: stored vectors and
+    query vectors made before and after compare by cosine."""
+    import numpy as np
+    from tokenizers import Tokenizer
+    from wordllama.inference import WordLlamaInference
+
+    from embeddings.local import _unit_or_zero
+
+    embedder = LocalEmbedder()
+    reference = WordLlamaInference(
+        embedder._matrix, Tokenizer.from_file(str(embedder._tokenizer_file))
+    )
+    rng = np.random.default_rng(7)
+    sentence = "the user Dana is allergic to peanuts lives in Oslo café 1999 naïve ok ?!"
+    words = sentence.split()
+    texts = ["", "...", "!?", "a", "Dana is allergic to peanuts.", "日本語のテキスト", "x" * 300]
+    texts += [" ".join(rng.choice(words, size=int(n))) for n in rng.integers(1, 60, 150)]
+    texts.append(" ".join(rng.choice(words, size=3000)))  # longer than any padding
+    ours = embedder.embed(texts)
+    theirs = reference.embed(texts, norm=False)  # batches of 64, padded
+    assert len(ours) == len(texts)
+    for mine, row in zip(ours, theirs, strict=True):
+        assert mine == _unit_or_zero(np, row)
+    assert ours[0] == [0.0] * 256  # no token: zero, as wordllama's mean of nothing
+    assert embedder.embed(["Dana is allergic to peanuts."]) == [ours[4]]
+
+
 def test_the_local_embedder_is_the_default_and_shared() -> None:
     first = embedder_from_env({})
     assert first is not None and first.model == LOCAL_MODEL
