@@ -116,6 +116,40 @@ def test_a_stored_vector_is_unit_and_fits_a_real() -> None:
     assert tiny == (1.0, 0.0, 0.0)
 
 
+def _unit_left_to_right(vector: list[float]) -> tuple[float, ...] | None:
+    """The definition: scaled by the largest magnitude, divided by the norm of a
+    left-to-right sum of squares, components below 1e-30 stored as 0."""
+    largest = max(abs(v) for v in vector)
+    if largest == 0.0 or not math.isfinite(largest):
+        return None
+    scaled = [v / largest for v in vector]
+    norm = math.sqrt(sum(v * v for v in scaled))
+    return tuple(0.0 if abs(v / norm) < 1e-30 else v / norm for v in scaled)
+
+
+def test_a_unit_vector_is_stored_as_its_definition_gives_it() -> None:
+    """unit_vector sums the squares in array operations: over vectors of every scale, the
+    ``real`` values a write sends are those of the left-to-right definition, and the
+    doubles are within a few units of their last place."""
+    from memories.service import unit_vector
+    from memories.store import vector_literal
+
+    rng = random.Random(11)
+    scales = (1.0, 1e-9, 1e9, 1e-150, 1e150)
+    vectors = [
+        [rng.gauss(0, 1) * rng.choice(scales) for _ in range(rng.choice((3, 256, 1536)))]
+        for _ in range(400)
+    ]
+    for vector in vectors:
+        ours, definition = unit_vector(vector), _unit_left_to_right(vector)
+        assert ours is not None and definition is not None
+        assert vector_literal(ours) == vector_literal(definition)
+        assert ours == pytest.approx(definition, rel=1e-14, abs=1e-300)
+    assert unit_vector([1.0, float("nan")]) is None
+    assert unit_vector([float("inf"), 1.0]) is None
+    assert unit_vector([]) is None
+
+
 def test_a_vector_is_rounded_component_by_component_to_seven_significant_digits() -> None:
     rng = random.Random(7)
     scales = (1.0, 1e-9, 1e9, 1e-320)
