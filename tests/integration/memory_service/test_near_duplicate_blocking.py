@@ -4,7 +4,8 @@ near_duplicate_of now reads only the scope's memories with the same digits and a
 count that similarity allows; both are necessary conditions, so for any content it must name
 the memory a check of every row names. Checked here against that brute force over memories
 made to sit on either side of the threshold (one character changed, words added, digits
-changed, lengths at the band's edges), and the plan is checked to read the index.
+changed, lengths at the band's edges), and the plan is checked to read the index, with the
+key's function inlined (000026).
 """
 
 from __future__ import annotations
@@ -151,3 +152,6 @@ def test_the_check_reads_the_band_of_its_index(db: Any, acme: Tenant, plan_mode:
             db.execute_sql("DEALLOCATE near_check")
     assert "Index Scan using idx_memories_near_duplicate" in plan, plan
     assert "Index Cond" in plan, plan
+    # The key's function is inlined (000026: no SET clause) on both sides of the condition,
+    # so the index's expression matches the query's and no insert calls the function.
+    assert "near_duplicate_key" not in plan, plan
