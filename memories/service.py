@@ -90,11 +90,12 @@ TINY_COMPONENT = 1e-30
 def unit_vector(vector: Sequence[float]) -> tuple[float, ...] | None:
     """``vector`` scaled to length 1 (scaled by its largest component first, so huge
     components do not overflow); None for an all-zero or non-finite vector (nothing to
-    compare). In array operations (about 10 us for 256 dimensions, against 37 in a Python
+    compare). In array operations (about 19 us for a list of 256, against 37 in a Python
     loop; it runs on every write with a vector): the norm's sum is numpy's, which may differ
     from a left-to-right sum in the last bit of a double, below what the stored ``real``
     keeps."""
-    import numpy as np  # with the package (wordllama's dependency); not every importer's cost
+    # numpy comes with wordllama (a dependency); imported here, not by importing this module.
+    import numpy as np
 
     values = np.array(vector, dtype=np.float64)
     if values.size == 0:

@@ -21,3 +21,16 @@ RETURNS text
 LANGUAGE sql IMMUTABLE PARALLEL SAFE
 RETURN p_org_id::text || '/' || p_agent_id::text || '/' || COALESCE(p_user_id::text, '')
        || '/' || regexp_replace(p_content, '[^0-9]', '', 'g');
+
+-- A connection open across this change keeps the index's expression as it loaded it (the
+-- function call) until the index's cache entry is rebuilt, while its next plan of the lookup
+-- inlines the call: the two would no longer match, and the lookup would read the whole
+-- trigram-count band of the index, every scope's. Setting the key column's statistics target
+-- to its default (a change of nothing) makes every connection rebuild that entry.
+DO $$
+BEGIN
+    IF to_regclass('ibex_memory.idx_memories_near_duplicate') IS NOT NULL THEN
+        ALTER INDEX ibex_memory.idx_memories_near_duplicate ALTER COLUMN 1 SET STATISTICS -1;
+    END IF;
+END
+$$;

@@ -5,7 +5,7 @@ count that similarity allows; both are necessary conditions, so for any content 
 the memory a check of every row names. Checked here against that brute force over memories
 made to sit on either side of the threshold (one character changed, words added, digits
 changed, lengths at the band's edges), and the plan is checked to read the index, with the
-key's function inlined (000026).
+key's function inlined (000026), also in a connection that was open when 000026 ran.
 """
 
 from __future__ import annotations
@@ -14,9 +14,11 @@ import random
 import uuid
 from typing import Any
 
+import psycopg2
 import pytest
 
 from core.db import tenant
+from core.migrate import load_migrations
 from memories.canonical import content_hash
 from memories.store import MemoryStore, WriteOutcome
 from tests.integration.memory_service.helpers import Tenant, new_fact
@@ -155,3 +157,63 @@ def test_the_check_reads_the_band_of_its_index(db: Any, acme: Tenant, plan_mode:
     # The key's function is inlined (000026: no SET clause) on both sides of the condition,
     # so the index's expression matches the query's and no insert calls the function.
     assert "near_duplicate_key" not in plan, plan
+
+
+#: 000018's definition: a SET clause, so the index's expression is a call of the function.
+WITH_SET_CLAUSE = """
+CREATE OR REPLACE FUNCTION ibex_memory.near_duplicate_key(
+    p_org_id uuid, p_agent_id uuid, p_user_id uuid, p_content text)
+RETURNS text
+LANGUAGE sql IMMUTABLE PARALLEL SAFE
+SET search_path = pg_catalog
+RETURN p_org_id::text || '/' || p_agent_id::text || '/' || COALESCE(p_user_id::text, '')
+       || '/' || regexp_replace(p_content, '[^0-9]', '', 'g');
+"""
+
+LOOKUP_PLAN = """
+EXPLAIN SELECT m.id FROM ibex_memory.memories m
+ WHERE ibex_memory.near_duplicate_key(m.org_id, m.agent_id, m.user_id, m.content)
+       = ibex_memory.near_duplicate_key(%s, %s, NULL, 'Flight 417 at gate 12')
+   AND cardinality(show_trgm(m.content)) BETWEEN 10 AND 40
+   AND (m.deleted_at IS NULL AND m.superseded_by IS NULL) IS TRUE
+"""
+
+
+def test_a_connection_open_across_000026_still_reads_the_scopes_key(
+    db: Any, database_url: str, acme: Tenant
+) -> None:
+    """A web process's pooled connection loaded the index's expression (a call of the
+    function) before the migration; its next plan of the lookup inlines the call. The
+    migration makes it load the index again, so the two still match: the scope's key is an
+    index condition, not a filter over the whole trigram-count band of every scope."""
+    (has_index,) = db.execute_sql(
+        "SELECT to_regclass('ibex_memory.idx_memories_near_duplicate') IS NOT NULL"
+    ).fetchone()
+    if not has_index:
+        pytest.skip("pg_trgm is not installed: there is no near-duplicate check")
+    (migration,) = [m for m in load_migrations() if m.version == 26]
+    migrator = psycopg2.connect(database_url)
+    open_before = psycopg2.connect(database_url)
+    try:
+        with migrator, migrator.cursor() as cur:
+            cur.execute(WITH_SET_CLAUSE)
+
+        def plan() -> str:
+            with open_before, open_before.cursor() as cur:
+                cur.execute(LOOKUP_PLAN, (str(acme.org_id), str(acme.agent_id)))
+                return "\n".join(r[0] for r in cur.fetchall())
+
+        before = plan()  # the index's expression loaded as a call
+        assert "Index Cond: ((ibex_memory.near_duplicate_key(" in before, before
+        with migrator, migrator.cursor() as cur:
+            cur.execute(migration.sql)
+        after = plan()
+    finally:
+        with migrator, migrator.cursor() as cur:
+            cur.execute(migration.sql)  # the migrated definition, whatever happened
+        migrator.close()
+        open_before.close()
+    assert "near_duplicate_key" not in after, after
+    key_condition = next(line for line in after.splitlines() if "Index Cond" in line)
+    assert "regexp_replace" in key_condition, after
+    assert "Filter" not in after, after
