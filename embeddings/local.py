@@ -57,7 +57,6 @@ class LocalEmbedder:
         # As wordllama's own inference holds it: float32, C order.
         self._matrix = np.ascontiguousarray(matrix.astype(np.float32))
         self._last_id = self._matrix.shape[0] - 1
-        self._tokenizer_file = tokenizer_file
         self._tokenizer = Tokenizer.from_file(str(tokenizer_file))
         # Every token of every text, unpadded (wordllama's inference pads a batch and masks
         # the padding out of the mean: the same sums).

@@ -181,16 +181,21 @@ def test_the_local_embedder_pools_as_wordllamas_own_inference() -> None:
     """The embedder pools one text at a time; wordllama's inference pads a batch of up to 64
     and masks the padding out. The vectors must be the same, bit for bit: stored vectors and
     query vectors made before and after compare by cosine."""
+    from pathlib import Path
+
     import numpy as np
+    import wordllama
+    from safetensors import safe_open
     from tokenizers import Tokenizer
     from wordllama.inference import WordLlamaInference
 
-    from embeddings.local import _unit_or_zero
+    from embeddings.local import LOCAL_TOKENIZER, LOCAL_WEIGHTS, _unit_or_zero
 
     embedder = LocalEmbedder()
-    reference = WordLlamaInference(
-        embedder._matrix, Tokenizer.from_file(str(embedder._tokenizer_file))
-    )
+    root = Path(wordllama.__file__).parent
+    with safe_open(str(root / LOCAL_WEIGHTS), framework="np", device="cpu") as f:
+        matrix = f.get_tensor("embedding.weight")
+    reference = WordLlamaInference(matrix, Tokenizer.from_file(str(root / LOCAL_TOKENIZER)))
     rng = np.random.default_rng(7)
     sentence = "the user Dana is allergic to peanuts lives in Oslo café 1999 naïve ok ?!"
     words = sentence.split()
