@@ -159,16 +159,15 @@ def test_the_check_reads_the_band_of_its_index(db: Any, acme: Tenant, plan_mode:
     assert "near_duplicate_key" not in plan, plan
 
 
-#: 000018's definition: a SET clause, so the index's expression is a call of the function.
-WITH_SET_CLAUSE = """
-CREATE OR REPLACE FUNCTION ibex_memory.near_duplicate_key(
-    p_org_id uuid, p_agent_id uuid, p_user_id uuid, p_content text)
-RETURNS text
-LANGUAGE sql IMMUTABLE PARALLEL SAFE
-SET search_path = pg_catalog
-RETURN p_org_id::text || '/' || p_agent_id::text || '/' || COALESCE(p_user_id::text, '')
-       || '/' || regexp_replace(p_content, '[^0-9]', '', 'g');
-"""
+def definition_of_000018() -> str:
+    """000018's statement that made the key's function (with its SET clause, so the index's
+    expression is a call of the function), as one that replaces the current one."""
+    (migration,) = [m for m in load_migrations() if m.version == 18]
+    start = migration.sql.index("CREATE FUNCTION ibex_memory.near_duplicate_key(")
+    statement = migration.sql[start : migration.sql.index(";", start) + 1]
+    assert "SET search_path" in statement, statement
+    return statement.replace("CREATE FUNCTION", "CREATE OR REPLACE FUNCTION", 1)
+
 
 LOOKUP_PLAN = """
 EXPLAIN SELECT m.id FROM ibex_memory.memories m
@@ -196,7 +195,7 @@ def test_a_connection_open_across_000026_still_reads_the_scopes_key(
     open_before = psycopg2.connect(database_url)
     try:
         with migrator, migrator.cursor() as cur:
-            cur.execute(WITH_SET_CLAUSE)
+            cur.execute(definition_of_000018())
 
         def plan() -> str:
             with open_before, open_before.cursor() as cur:
