@@ -333,7 +333,13 @@ def compare(args: argparse.Namespace) -> dict[str, Any]:
     with terminate_on_sigterm(), Launcher(folder, cwd=ROOT) as children:
         redis_url = args.redis_url or start_private_redis(children)
         client = redis.Redis.from_url(redis_url)
-        env = child_env({"DATABASE_URL": args.database_url, "REDIS_URL": redis_url})
+        env = child_env(
+            {
+                "DATABASE_URL": args.database_url,
+                "REDIS_URL": redis_url,
+                "EMBEDDINGS_PROVIDER": args.embeddings,
+            }
+        )
         real, real_url = start_memory_service(
             children, env, workers=args.workers, threads=args.threads
         )
@@ -373,6 +379,7 @@ def compare(args: argparse.Namespace) -> dict[str, Any]:
             "wrk_threads": args.wrk_threads,
             "workers": args.workers,
             "threads": args.threads,
+            "embeddings": args.embeddings,
             "load_average": [round(x, 2) for x in os.getloadavg()],
             "logs": str(folder),
         },
@@ -430,6 +437,13 @@ def main() -> None:
     compare_options.add_argument("--workers", type=int, default=4, help="WEB_CONCURRENCY")
     compare_options.add_argument("--threads", type=int, default=2, help="WEB_THREADS")
     compare_options.add_argument("--redis-url", help="default: a private redis-server")
+    compare_options.add_argument(
+        "--embeddings",
+        choices=("local", "none"),
+        default="local",
+        help="the memory service's EMBEDDINGS_PROVIDER: local (the default, a vector embedded"
+        " in process with each POST) or none (no vectors: what the vector costs a POST)",
+    )
     compare_options.add_argument("--profile", action="store_true", help="py-spy each server")
     compare_options.add_argument("--json", action="store_true", help="a JSON document")
     compare_options.add_argument("--log-dir", help="the servers' logs (default: a temp folder)")

@@ -1,12 +1,14 @@
 """``bench.memory_load --compare`` still runs, on a tiny load, in its own process: both servers
 start under the Procfile's web line, answer every POST with 201, and the Redis commands per
-POST are what each app sends (checked for structure and counts, not for speed)."""
+POST are what each app sends (checked for structure and counts, not for speed). With
+``--embeddings none`` the memory service stores no vector; by default every memory has one."""
 
 from __future__ import annotations
 
 import shutil
 from pathlib import Path
 
+import psycopg2
 import pytest
 
 from tests.integration.bench.test_bench_smoke import _run
@@ -17,7 +19,10 @@ pytestmark = pytest.mark.skipif(
 )
 
 
-def test_memory_load_compare_tiny(tmp_path: Path, postgres_server: RunPostgres) -> None:
+@pytest.mark.parametrize("embeddings", ["local", "none"])
+def test_memory_load_compare_tiny(
+    tmp_path: Path, postgres_server: RunPostgres, embeddings: str
+) -> None:
     url = postgres_server.create("bench_memory_load_smoke")
     try:
         doc = _run(
@@ -31,11 +36,22 @@ def test_memory_load_compare_tiny(tmp_path: Path, postgres_server: RunPostgres) 
             "--threads", "2",
             "--database-url", url,
             "--log-dir", str(tmp_path),
+            "--embeddings", embeddings,
             timeout=120,
         )  # fmt: skip
+        with psycopg2.connect(url) as conn, conn.cursor() as cur:
+            cur.execute(
+                "SELECT (SELECT count(*) FROM ibex_memory.memories),"
+                " (SELECT count(*) FROM ibex_memory.memory_embeddings)"
+            )
+            memories, vectors = cur.fetchone()
+        conn.close()
     finally:
         postgres_server.drop(url)
     assert set(doc) >= {"benchmark", "settings", "real", "calibration", "ratio", "seconds"}
+    assert doc["settings"]["embeddings"] == embeddings
+    assert memories > 0
+    assert vectors == (memories if embeddings == "local" else 0)
     for name in ("real", "calibration"):
         side = doc[name]
         (run,) = side["runs"]
