@@ -86,15 +86,7 @@ def test_up_serves_one_conversation_to_a_search_hit_and_stops_on_sigint(tmp_path
 
     port = free_port()
     out = tmp_path / "up.out"
-    with out.open("wb") as handle:
-        up = subprocess.Popen(
-            [sys.executable, "-m", "cli", "up", "--port", str(port), "--data-dir", str(tmp_path)],
-            env=_env(),
-            stdout=handle,
-            stderr=subprocess.STDOUT,
-            stdin=subprocess.DEVNULL,
-            preexec_fn=default_sigint,  # stopped with SIGINT, as Ctrl-C would
-        )
+    up = _start(tmp_path, out, port)
     try:
         text = _wait_for(out, r"^ibex up: running", up, timeout=120)
         url = re.search(r"^url\s+(\S+)", text, re.M).group(1)  # type: ignore[union-attr]
@@ -126,13 +118,7 @@ def test_up_serves_one_conversation_to_a_search_hit_and_stops_on_sigint(tmp_path
         assert re.search(r"round: closed \d+ idle sessions?, sent", scheduler_log)
     finally:
         tree = _descendants(up.pid) | locals().get("tree", set())
-        up.send_signal(signal.SIGINT)
-        try:
-            up.wait(timeout=60)
-        except subprocess.TimeoutExpired:
-            up.kill()
-            up.wait()  # reaped, so that no "still running" warning blames a later test
-            raise
+        _stop(up)
     assert up.returncode == 0, out.read_text()
     deadline = time.monotonic() + 10
     while any(_alive(pid) for pid in tree) and time.monotonic() < deadline:
@@ -142,8 +128,8 @@ def test_up_serves_one_conversation_to_a_search_hit_and_stops_on_sigint(tmp_path
     assert "ibex up: stopped" in out.read_text()
 
 
-def _start(tmp_path: Path, out: Path) -> subprocess.Popen[bytes]:
-    port = free_port()
+def _start(tmp_path: Path, out: Path, port: int | None = None) -> subprocess.Popen[bytes]:
+    port = port or free_port()
     with out.open("wb") as handle:
         return subprocess.Popen(
             [sys.executable, "-m", "cli", "up", "--port", str(port), "--data-dir", str(tmp_path)],
@@ -156,6 +142,7 @@ def _start(tmp_path: Path, out: Path) -> subprocess.Popen[bytes]:
 
 
 def _stop(up: subprocess.Popen[bytes]) -> None:
+    """SIGINT (Ctrl-C; nothing if it has exited already), then at most 60 s for it to end."""
     up.send_signal(signal.SIGINT)
     try:
         up.wait(timeout=60)

