@@ -159,14 +159,21 @@ def test_the_check_reads_the_band_of_its_index(db: Any, acme: Tenant, plan_mode:
     assert "near_duplicate_key" not in plan, plan
 
 
-def definition_of_000018() -> str:
-    """000018's statement that made the key's function (with its SET clause, so the index's
-    expression is a call of the function), as one that replaces the current one."""
-    (migration,) = [m for m in load_migrations() if m.version == 18]
-    start = migration.sql.index("CREATE FUNCTION ibex_memory.near_duplicate_key(")
-    statement = migration.sql[start : migration.sql.index(";", start) + 1]
-    assert "SET search_path" in statement, statement
-    return statement.replace("CREATE FUNCTION", "CREATE OR REPLACE FUNCTION", 1)
+def key_function_of(version: int) -> str:
+    """The statement of migration ``version`` that made the key's function, as one that
+    replaces the current one: 000018's has a SET clause (the index's expression is a call of
+    the function), 000026's is inlined with the character-by-character pattern."""
+    (migration,) = [m for m in load_migrations() if m.version == version]
+    for made in ("CREATE FUNCTION", "CREATE OR REPLACE FUNCTION"):
+        start = migration.sql.find(f"{made} ibex_memory.near_duplicate_key(")
+        if start >= 0:
+            statement = migration.sql[start : migration.sql.index(";", start) + 1]
+            return statement.replace(made, "CREATE OR REPLACE FUNCTION", 1)
+    raise AssertionError(f"migration {version} does not make near_duplicate_key")
+
+
+#: The migrations that made the key's function again, in order: the last one's is current.
+KEY_MIGRATIONS = (26, 27)
 
 
 LOOKUP_PLAN = """
@@ -178,41 +185,72 @@ EXPLAIN SELECT m.id FROM ibex_memory.memories m
 """
 
 
-def test_a_connection_open_across_000026_still_reads_the_scopes_key(
-    db: Any, database_url: str, acme: Tenant
+@pytest.mark.parametrize(
+    ("version", "before", "loaded"),
+    [
+        # The index's expression loaded as a call of the function.
+        (26, 18, "Index Cond: ((ibex_memory.near_duplicate_key("),
+        # Loaded inlined, with 000026's pattern.
+        (27, 26, "'[^0-9]'::text"),
+    ],
+)
+def test_a_connection_open_across_the_key_change_still_reads_the_scopes_key(
+    db: Any, database_url: str, acme: Tenant, version: int, before: int, loaded: str
 ) -> None:
-    """A web process's pooled connection loaded the index's expression (a call of the
-    function) before the migration; its next plan of the lookup inlines the call. The
-    migration makes it load the index again, so the two still match: the scope's key is an
-    index condition, not a filter over the whole trigram-count band of every scope."""
+    """A web process's pooled connection loaded the index's expression before the migration;
+    its next plan of the lookup inlines the function as the migration made it. The migration
+    makes it load the index again, so the two still match: the scope's key is an index
+    condition, not a filter over the whole trigram-count band of every scope."""
     (has_index,) = db.execute_sql(
         "SELECT to_regclass('ibex_memory.idx_memories_near_duplicate') IS NOT NULL"
     ).fetchone()
     if not has_index:
         pytest.skip("pg_trgm is not installed: there is no near-duplicate check")
-    (migration,) = [m for m in load_migrations() if m.version == 26]
+    migrations = {m.version: m for m in load_migrations()}
+    migration = migrations[version]
     migrator = psycopg2.connect(database_url)
     open_before = psycopg2.connect(database_url)
     try:
         with migrator, migrator.cursor() as cur:
-            cur.execute(definition_of_000018())
+            cur.execute(key_function_of(before))
 
         def plan() -> str:
             with open_before, open_before.cursor() as cur:
                 cur.execute(LOOKUP_PLAN, (str(acme.org_id), str(acme.agent_id)))
                 return "\n".join(r[0] for r in cur.fetchall())
 
-        before = plan()  # the index's expression loaded as a call
-        assert "Index Cond: ((ibex_memory.near_duplicate_key(" in before, before
+        planned = plan()  # the index's expression loaded from the earlier definition
+        index_condition = next(x for x in planned.splitlines() if "Index Cond" in x)
+        assert loaded in index_condition, planned
         with migrator, migrator.cursor() as cur:
             cur.execute(migration.sql)
         after = plan()
     finally:
         with migrator, migrator.cursor() as cur:
-            cur.execute(migration.sql)  # the migrated definition, whatever happened
+            for later in KEY_MIGRATIONS:  # the current definition, whatever happened
+                cur.execute(migrations[later].sql)
         migrator.close()
         open_before.close()
     assert "near_duplicate_key" not in after, after
     key_condition = next(line for line in after.splitlines() if "Index Cond" in line)
     assert "regexp_replace" in key_condition, after
+    assert ("'[^0-9]+'" in key_condition) == (version >= 27), after
     assert "Filter" not in after, after
+
+
+def test_the_key_keeps_the_digits_000018_kept(db: Any) -> None:
+    """000027 takes the non-digits out run by run; the key must be 000018's for every content
+    (the index's entries were made with the old pattern and are not made again): digits at
+    either end, none, only digits, other scripts' digits, spaces and line breaks."""
+    rng = random.Random(27)
+    alphabet = "ab 7Z0.9\n\t-٣１é😀_"
+    contents = ["", "0", "abc", "123", " 1 ", "4a", "a4", "Flight 417 at gate 12 at 9:40."]
+    contents += ["".join(rng.choice(alphabet) for _ in range(rng.randrange(1, 60)))
+                 for _ in range(2000)]  # fmt: skip
+    (differ,) = db.execute_sql(
+        "SELECT count(*) FROM unnest(%s::text[]) AS c(t)"
+        " WHERE split_part(ibex_memory.near_duplicate_key(gen_random_uuid(), gen_random_uuid(),"
+        " NULL, t), '/', 4) <> regexp_replace(t, '[^0-9]', '', 'g')",
+        (contents,),
+    ).fetchone()
+    assert differ == 0
