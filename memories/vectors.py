@@ -11,10 +11,10 @@ import uuid
 from collections.abc import Sequence
 
 import peewee
-from psycopg2.extras import Json
 
 from core.db import db_errors, tenant, transaction, uuid_column
 from core.errors import ConfigError
+from memories.store import vector_literal
 
 #: Live memories of the transaction's org lacking a vector of a model, in id order after a
 #: given id (keyset pages: a rerun or a resumed run continues where it stopped). The scope
@@ -40,8 +40,9 @@ SELECT count(*) FROM ibex_memory.memories m
          WHERE e.memory_id = m.id AND e.agent_id = m.agent_id AND e.model = %(model)s))
 """
 
+#: The vectors go as real[] literals (migration 000028), as create_memory's does.
 PUT_EMBEDDINGS_SQL = (
-    "SELECT ibex_memory.put_embeddings(%s::uuid[], %s::text, %s::integer, %s::jsonb)"
+    "SELECT ibex_memory.put_embeddings(%s::uuid[], %s::text, %s::integer, %s::text[])"
 )
 
 #: The dimension a model's vectors were stored with (000016's registry: not tenant data).
@@ -125,7 +126,8 @@ class EmbeddingStore:
         ids = [str(memory_id) for memory_id, _ in vectors]
         with tenant(self.db, org_id):
             row = self.db.execute_sql(
-                PUT_EMBEDDINGS_SQL, (ids, model, dimension, Json([list(v) for _, v in vectors]))
+                PUT_EMBEDDINGS_SQL,
+                (ids, model, dimension, [vector_literal(vector) for _, vector in vectors]),
             ).fetchone()
         stored = int(row[0])
         if stored < 0:

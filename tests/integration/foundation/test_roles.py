@@ -142,6 +142,7 @@ CHANGE = {
 SEMANTIC = {
     "ibex_memory.store_new_embedding(uuid,uuid,text,real[])",
     "ibex_memory.put_embeddings(uuid[],text,integer,jsonb)",
+    "ibex_memory.put_embeddings(uuid[],text,integer,text[])",
     "ibex_memory.semantic_candidates(uuid,text,real[],integer,integer,uuid,text[],boolean,"
     "boolean,uuid,boolean)",
     "ibex_memory.dot(real[],real[])",
