@@ -5,7 +5,8 @@ count that similarity allows; both are necessary conditions, so for any content 
 the memory a check of every row names. Checked here against that brute force over memories
 made to sit on either side of the threshold (one character changed, words added, digits
 changed, lengths at the band's edges), and the plan is checked to read the index, with the
-key's function inlined (000026), also in a connection that was open when 000026 ran.
+key's function inlined (000026), also in a connection that was open when 000026 or 000027 ran;
+000027's pattern must give 000018's keys.
 """
 
 from __future__ import annotations
