@@ -54,17 +54,18 @@ class Migration:
 
 
 def load_migrations(folder: Path | None = None) -> list[Migration]:
-    """The migration files in version order (default: the packaged ``migrations`` folder)."""
-    if folder is None:
-        root = resources.files("migrations")
-        entries = [(p.name, p.read_text(encoding="utf-8")) for p in root.iterdir()]
-    else:
-        entries = [(p.name, p.read_text(encoding="utf-8")) for p in folder.iterdir()]
+    """The migration files in version order (default: the packaged ``migrations`` folder).
+
+    Only files named as migrations are read: the folder is also a package, so it holds its
+    ``__init__.py`` and, once Python has imported it with bytecode caching on (any install,
+    or a checkout without ``PYTHONDONTWRITEBYTECODE``), a ``__pycache__`` folder."""
+    root = resources.files("migrations") if folder is None else folder
     found = []
-    for name, text in entries:
-        match = _NAME.match(name)
-        if match:
-            found.append(Migration(int(match.group(1)), name, text))
+    for entry in root.iterdir():
+        match = _NAME.match(entry.name)
+        if match and entry.is_file():
+            text = entry.read_text(encoding="utf-8")
+            found.append(Migration(int(match.group(1)), entry.name, text))
     found.sort(key=lambda m: m.version)
     versions = [m.version for m in found]
     if len(set(versions)) != len(versions):
