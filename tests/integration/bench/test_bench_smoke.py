@@ -43,6 +43,8 @@ def test_pipeline_benchmark_tiny(
     finally:
         postgres_server.drop(url)
     assert set(doc) >= {"benchmark", "machine", "settings", "scenarios", "seconds"}
+    # A throwaway run warmed the services before the scenario; only the scenario is reported.
+    assert doc["settings"]["warm_up_s"] > 0
     (result,) = doc["scenarios"]
     scenario = result["scenario"]
     turns = scenario["sessions"] * scenario["turns"]
@@ -83,6 +85,7 @@ def test_pipeline_benchmark_seeds_tiny(
         doc = _run(
             "bench.pipeline",
             "--scenario", "seeds-tiny",
+            "--no-warm-up",
             "--database-url", url,
             "--redis-url", redis_url,
             "--log-dir", str(tmp_path),
@@ -90,6 +93,7 @@ def test_pipeline_benchmark_seeds_tiny(
         )  # fmt: skip
     finally:
         postgres_server.drop(url)
+    assert doc["settings"]["warm_up_s"] is None
     (result,) = doc["scenarios"]
     scenario = result["scenario"]
     assert scenario["compare"] == "seeds"
@@ -194,6 +198,8 @@ def test_pipeline_benchmark_tiny_with_tracing(
     finally:
         postgres_server.drop(url)
     assert doc["settings"]["tracing"] is True
+    # No warm-up with tracing: the sink's counts are the scenario's own.
+    assert doc["settings"]["warm_up_s"] is None
     (result,) = doc["scenarios"]
     scenario = result["scenario"]
     turns = scenario["sessions"] * scenario["turns"]
