@@ -9,6 +9,11 @@ requests that match (``POST /v1/memories`` by default) two faults are injected:
   ``502``, alternately. The client cannot tell this from a failure before the commit, retries,
   and must end with one memory.
 
+A test can also hold one request in the upstream's hands (:meth:`FaultProxy.hold_next`): the
+next matching request is forwarded with its body one byte short, so that a web worker has
+accepted it and waits for the rest, until the test releases it; a web worker killed meanwhile
+cuts it for certain.
+
 Counters (:attr:`FaultProxy.stats`), the requests forwarded and not answered yet
 (:attr:`FaultProxy.in_flight`: what a web worker's death can cut) and the idempotency keys
 whose response was dropped after a ``2xx`` (:attr:`FaultProxy.dropped_keys`) let a test check
@@ -39,6 +44,17 @@ HOP_BY_HOP = frozenset(
     }
 )
 UPSTREAM_TIMEOUT_S = 30.0
+#: The longest a held request waits for its release before the proxy sends the rest itself.
+HOLD_LIMIT_S = 15.0
+
+
+class Hold:
+    """One request held by the proxy: ``held`` is set once its head and all of its body but
+    the last byte are sent upstream; ``release`` lets the proxy send that byte."""
+
+    def __init__(self) -> None:
+        self.held = threading.Event()
+        self.release = threading.Event()
 
 
 class FaultProxy:
@@ -62,6 +78,7 @@ class FaultProxy:
         self.stats: Counter[str] = Counter()
         self.in_flight = 0  # requests forwarded upstream and not answered yet
         self.dropped_keys: list[str] = []
+        self._hold: Hold | None = None
         self._random = random.Random(seed)
         self._lock = threading.Lock()
         self._server: ThreadingHTTPServer | None = None
@@ -117,7 +134,7 @@ class FaultProxy:
 
     def decide(self, method: str, path: str) -> str:
         """``reject``, ``drop`` or ``forward`` for one request (seeded, thread-safe)."""
-        if method != self.method or path.split("?", 1)[0].rstrip("/") != self.path:
+        if not self._matches(method, path):
             return "forward"
         with self._lock:
             roll = self._random.random()
@@ -126,6 +143,32 @@ class FaultProxy:
             if roll < self.reject_rate + self.drop_rate:
                 return "drop"
         return "forward"
+
+    def _matches(self, method: str, path: str) -> bool:
+        return method == self.method and path.split("?", 1)[0].rstrip("/") == self.path
+
+    def hold_next(self) -> Hold:
+        """Hold the next matching request (see the module's docstring); release it with
+        :meth:`release`, whether or not a request was held."""
+        hold = Hold()
+        with self._lock:
+            self._hold = hold
+        return hold
+
+    def release(self, hold: Hold) -> None:
+        """Let a held request finish; a hold no request took yet is withdrawn."""
+        with self._lock:
+            if self._hold is hold:
+                self._hold = None
+        hold.release.set()
+
+    def take_hold(self, method: str, path: str) -> Hold | None:
+        """The pending hold, for the handler of a matching request (taken once)."""
+        if not self._matches(method, path):
+            return None
+        with self._lock:
+            hold, self._hold = self._hold, None
+        return hold
 
     def count(self, name: str, key: str | None = None) -> int:
         """Add one to ``name``; returns the new count. ``key`` is kept when a 2xx was lost."""
@@ -185,9 +228,13 @@ def _handler_for(proxy: FaultProxy) -> type[BaseHTTPRequestHandler]:
             upstream = http.client.HTTPConnection(
                 "127.0.0.1", proxy.upstream_port, timeout=UPSTREAM_TIMEOUT_S
             )
+            hold = proxy.take_hold(self.command, self.path) if body else None
             proxy.flight(+1)
             try:
-                upstream.request(self.command, self.path, body=body, headers=headers)
+                if hold is None:
+                    upstream.request(self.command, self.path, body=body, headers=headers)
+                else:
+                    _send_held(upstream, self.command, self.path, body, headers, hold)
                 response = upstream.getresponse()
                 data = response.read()
                 status = response.status
@@ -222,4 +269,24 @@ def _handler_for(proxy: FaultProxy) -> type[BaseHTTPRequestHandler]:
     return Handler
 
 
-__all__ = ["FaultProxy"]
+def _send_held(
+    upstream: http.client.HTTPConnection,
+    method: str,
+    path: str,
+    body: bytes,
+    headers: dict[str, str],
+    hold: Hold,
+) -> None:
+    """Send the request with its body one byte short, wait for the release, send the byte."""
+    upstream.putrequest(method, path, skip_accept_encoding=True)
+    for name, value in headers.items():
+        upstream.putheader(name, value)
+    upstream.putheader("Content-Length", str(len(body)))
+    upstream.endheaders()
+    upstream.send(body[:-1])
+    hold.held.set()
+    hold.release.wait(HOLD_LIMIT_S)
+    upstream.send(body[-1:])
+
+
+__all__ = ["FaultProxy", "Hold"]

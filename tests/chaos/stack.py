@@ -697,11 +697,21 @@ class ChaosStack:
 
     def kill_web_workers(self) -> None:
         """SIGKILL of every gunicorn worker process (not the master, which starts new ones)
-        while POSTs are in flight through the proxy; fired again (bounded) when none broke."""
+        while POSTs are in flight through the proxy; fired again (bounded) when none broke.
+
+        A POST takes milliseconds: the ones in flight when the kill is decided may be answered
+        before it lands, and late in a run few are left. The last attempt therefore has the
+        proxy hold one POST in a worker's hands (its body one byte short, see
+        :meth:`FaultProxy.hold_next`) and kills the workers while it waits there."""
         web, proxy = self.web, self.proxy
         assert web is not None and proxy is not None
         for attempt in range(1, LANDING_ATTEMPTS + 1):
+            last = attempt == LANDING_ATTEMPTS
+            hold = proxy.hold_next() if last else None
             deadline = time.monotonic() + LANDING_WAIT_S
+            if hold is not None:
+                hold.held.wait(LANDING_WAIT_S)
+                time.sleep(0.05)  # the worker's event loop accepts it and reads what came
             while proxy.in_flight == 0 and time.monotonic() < deadline:
                 time.sleep(0.001)
             in_flight = proxy.in_flight
@@ -712,13 +722,16 @@ class ChaosStack:
                     os.kill(pid, signal.SIGKILL)
             # Gunicorn's master starts new workers; wait until they serve again.
             self._wait_http(f"http://127.0.0.1:{self.env['PORT']}/healthz", "memory service")
+            if hold is not None:
+                proxy.release(hold)
             time.sleep(0.2)  # the proxy's cut requests finish answering 502
             broken = proxy.snapshot().get("upstream failed", 0) - failed
+            held = " (one held in a worker)" if hold is not None and hold.held.is_set() else ""
             detail = (
-                f"{len(children)} workers killed with {in_flight} POSTs in flight;"
+                f"{len(children)} workers killed with {in_flight} POSTs in flight{held};"
                 f" hit {broken} requests (upstream connection lost); attempt {attempt}"
             )
-            if broken or attempt == LANDING_ATTEMPTS:
+            if broken or last:
                 self._record("SIGKILL gunicorn workers", detail, hit=broken)
                 return
             self._record("SIGKILL gunicorn workers (missed)", detail)
