@@ -46,6 +46,13 @@ POSTGRES_SETTINGS = {
     "log_line_prefix": "%m [%p] %q%u@%d ",
 }
 
+#: Loaded at start-up where the server ships it (the contrib module ``pg_prewarm``): its
+#: autoprewarm worker writes which pages the shared buffers hold to ``autoprewarm.blocks`` at
+#: shutdown (and every 5 minutes), and loads them back after the next start, so a restarted
+#: server does not read its vector indexes from the OS page by page on its users' first
+#: searches (docs/operations.md, "Shared buffers").
+PREWARM_SETTINGS = {"shared_preload_libraries": "pg_prewarm"}
+
 
 def postgres_version() -> str:
     """The version of the bundled PostgreSQL (the package's version mirrors it: 18.6.x)."""
@@ -105,9 +112,10 @@ class EmbeddedPostgres:
             )
 
     def _configure(self) -> bool:
-        """Apply :data:`POSTGRES_SETTINGS` and :attr:`settings` (``ALTER SYSTEM``); whether a
-        restart is needed: a changed setting that the server reads only at start-up
-        (``logging_collector``, ``shared_buffers``: context ``postmaster``)."""
+        """Apply :data:`POSTGRES_SETTINGS`, :data:`PREWARM_SETTINGS` (where the server has
+        ``pg_prewarm``) and :attr:`settings` (``ALTER SYSTEM``); whether a restart is needed: a
+        changed setting that the server reads only at start-up (``logging_collector``,
+        ``shared_buffers``, ``shared_preload_libraries``: context ``postmaster``)."""
         import psycopg2
 
         conn = psycopg2.connect(self._server.get_uri())
@@ -115,7 +123,9 @@ class EmbeddedPostgres:
         restart = False
         try:
             with conn.cursor() as cur:
-                for name, value in {**POSTGRES_SETTINGS, **self.settings}.items():
+                cur.execute("SELECT 1 FROM pg_available_extensions WHERE name = 'pg_prewarm'")
+                prewarm = PREWARM_SETTINGS if cur.fetchone() else {}
+                for name, value in {**POSTGRES_SETTINGS, **prewarm, **self.settings}.items():
                     cur.execute(
                         "SELECT current_setting(%s), context FROM pg_settings WHERE name = %s",
                         (name, name),
@@ -128,6 +138,39 @@ class EmbeddedPostgres:
         finally:
             conn.close()
         return restart
+
+    def wait_for_prewarm(self, timeout: float = 120.0, grace: float = 3.0) -> float:
+        """Wait until autoprewarm has loaded back the pages the server held at its last
+        shutdown (an ``autoprewarm worker`` runs for each database that had some); at once
+        without ``pg_prewarm`` or without its list of pages; after ``grace`` seconds when no
+        worker showed up. The seconds waited, bounded by ``timeout``."""
+        import psycopg2
+
+        started = time.monotonic()
+        with contextlib.suppress(OSError):
+            if not (self.folder / "autoprewarm.blocks").exists():
+                return 0.0
+        conn = psycopg2.connect(self.url)
+        conn.autocommit = True
+        try:
+            with conn.cursor() as cur:
+                cur.execute("SHOW shared_preload_libraries")
+                if "pg_prewarm" not in cur.fetchone()[0]:
+                    return 0.0
+                seen = False
+                while (elapsed := time.monotonic() - started) < timeout:
+                    cur.execute(
+                        "SELECT count(*) FROM pg_stat_activity"
+                        " WHERE backend_type = 'autoprewarm worker'"
+                    )
+                    if cur.fetchone()[0]:
+                        seen = True
+                    elif seen or elapsed >= grace:
+                        break
+                    time.sleep(0.05)
+        finally:
+            conn.close()
+        return time.monotonic() - started
 
     def stop(self) -> None:
         if self._server is not None:

@@ -168,6 +168,53 @@ def test_the_embedded_postgres_has_the_production_extensions_and_log() -> None:
         shutil.rmtree(folder, ignore_errors=True)
 
 
+def test_the_embedded_postgres_loads_its_buffers_back_after_a_restart() -> None:
+    """pg_prewarm is preloaded: the pages a table had in shared buffers at a stop are in them
+    again after the next start (read by a scan as hits, none from outside), where a server
+    without it would read them all from the OS."""
+    from cli.stack.embedded import EmbeddedPostgres
+    from tests.servers import temp_folder
+
+    folder = temp_folder()
+    server = EmbeddedPostgres(folder / "postgres")
+
+    def scan_buffers(url: str) -> str:
+        """The scan's own ``Buffers:`` line (not the planner's catalog reads)."""
+        conn = psycopg2.connect(url)
+        try:
+            with conn.cursor() as cur:
+                cur.execute("EXPLAIN (ANALYZE, BUFFERS, COSTS OFF) SELECT * FROM t")
+                lines = [line.strip() for (line,) in cur.fetchall()]
+        finally:
+            conn.close()
+        assert lines[0].startswith("Seq Scan on t"), lines
+        return lines[1]
+
+    try:
+        url = server.start()
+        conn = psycopg2.connect(url)
+        conn.autocommit = True
+        try:
+            with conn.cursor() as cur:
+                cur.execute("SHOW shared_preload_libraries")
+                assert cur.fetchone()[0] == "pg_prewarm"
+                cur.execute("CREATE TABLE t AS SELECT g, repeat('x', 200) AS pad"
+                            " FROM generate_series(1, 20000) g")  # fmt: skip
+        finally:
+            conn.close()
+        assert "shared hit=" in scan_buffers(url)
+        server.stop()  # autoprewarm writes the list of pages the buffers held
+        assert (folder / "postgres" / "autoprewarm.blocks").is_file()
+        url = server.start()
+        waited = server.wait_for_prewarm(timeout=60)
+        assert waited < 60
+        after = scan_buffers(url)
+        assert "shared hit=" in after and "read=" not in after, after
+    finally:
+        server.stop()
+        shutil.rmtree(folder, ignore_errors=True)
+
+
 def test_a_data_folder_of_another_postgres_major_is_refused_with_a_hint(tmp_path: Path) -> None:
     """An ``ibex demo`` folder made by PostgreSQL 16 (pgserver) is not handed to 18's pg_ctl."""
     from cli.stack.embedded import EmbeddedPostgres
