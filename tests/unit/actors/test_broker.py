@@ -82,9 +82,9 @@ def test_a_dead_message_lands_in_the_redis_dead_letter_queue() -> None:
         worker.start()
         try:
             current_broker().get_actor("extract_turn").send("nope", str(uuid.uuid4()), 1)
-            deadline = time.monotonic() + 10
+            deadline = time.monotonic() + 30
             while not client.zcard(f"dramatiq:{Queue.EXTRACT.value}.XQ"):
-                assert time.monotonic() < deadline, "the message was never dead-lettered"
+                assert time.monotonic() < deadline, _queue_state(client, worker)
                 time.sleep(0.02)
         finally:
             worker.stop()
@@ -94,6 +94,18 @@ def test_a_dead_message_lands_in_the_redis_dead_letter_queue() -> None:
         assert payload is not None and b"extract_turn" in payload
     finally:
         use_broker(previous)
+
+
+def _queue_state(client: Any, worker: dramatiq.Worker) -> str:
+    """Where a message that was never dead-lettered is: for the failure's message."""
+    queue = f"dramatiq:{Queue.EXTRACT.value}"
+    consumers = {name: c.is_alive() for name, c in worker.consumers.items()}
+    return (
+        f"the message was never dead-lettered: queued {client.llen(queue)},"
+        f" payloads {client.hlen(f'{queue}.msgs')}, delayed {client.zcard(f'{queue}.DQ')},"
+        f" keys {sorted(k.decode() for k in client.keys('dramatiq:*'))},"
+        f" consumers alive {consumers}, workers {len(worker.workers)}"
+    )
 
 
 def _queued(client: Any, queue: str) -> list[dramatiq.Message[Any]]:
