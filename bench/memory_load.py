@@ -54,6 +54,7 @@ import redis
 from bench import BenchError
 from bench.calibration_app import create_table
 from bench.dbadmin import database_name, recreate_database
+from bench.fake_embeddings import FakeEmbeddings
 from bench.report import dumps, table
 from bench.sampling import CpuSampler, finish_py_spy, redis_counters, start_py_spy
 from bench.stack import (
@@ -330,16 +331,26 @@ def compare(args: argparse.Namespace) -> dict[str, Any]:
     recreate_database(args.database_url)
     create_table(args.database_url)
     load = prepare(args.database_url)
+    endpoint = None
     with terminate_on_sigterm(), Launcher(folder, cwd=ROOT) as children:
         redis_url = args.redis_url or start_private_redis(children)
         client = redis.Redis.from_url(redis_url)
-        env = child_env(
-            {
-                "DATABASE_URL": args.database_url,
-                "REDIS_URL": redis_url,
-                "EMBEDDINGS_PROVIDER": args.embeddings,
-            }
-        )
+        settings = {
+            "DATABASE_URL": args.database_url,
+            "REDIS_URL": redis_url,
+            "EMBEDDINGS_PROVIDER": args.embeddings,
+        }
+        if args.embeddings == "remote":
+            # An OpenAI-compatible endpoint in this process, answering after a set latency.
+            endpoint = FakeEmbeddings(dimension=256, latency_ms=args.embeddings_latency_ms)
+            endpoint.start()
+            settings.update(
+                EMBEDDINGS_PROVIDER="openai",
+                EMBEDDINGS_BASE_URL=endpoint.base_url,
+                EMBEDDINGS_MODEL="fake",
+                EMBEDDINGS_DIMENSION="256",
+            )
+        env = child_env(settings)
         real, real_url = start_memory_service(
             children, env, workers=args.workers, threads=args.threads
         )
@@ -362,6 +373,20 @@ def compare(args: argparse.Namespace) -> dict[str, Any]:
                 measured_run(children, client, process, url, load, args)
                 profiles[name] = finish_py_spy(children, spy)
         client.close()
+    embedding_requests = None
+    if endpoint is not None:
+        endpoint.stop()
+        created = sum(r["requests"] for r in runs["real"])
+        embedding_requests = {
+            "latency_ms": args.embeddings_latency_ms,
+            # Over the whole run (warm-up and profile included), against the timed POSTs.
+            "requests": endpoint.requests,
+            "texts": endpoint.texts,
+            "texts_per_request": round(endpoint.texts / endpoint.requests, 1)
+            if endpoint.requests
+            else None,
+            "timed_posts": created,
+        }
     real_summary, calibration_summary = _summary(runs["real"]), _summary(runs["calibration"])
     ratios = [
         round(r["requests_per_s"] / c["requests_per_s"], 3)
@@ -380,6 +405,7 @@ def compare(args: argparse.Namespace) -> dict[str, Any]:
             "workers": args.workers,
             "threads": args.threads,
             "embeddings": args.embeddings,
+            "embedding_endpoint": embedding_requests,
             "load_average": [round(x, 2) for x in os.getloadavg()],
             "logs": str(folder),
         },
@@ -439,10 +465,17 @@ def main() -> None:
     compare_options.add_argument("--redis-url", help="default: a private redis-server")
     compare_options.add_argument(
         "--embeddings",
-        choices=("local", "none"),
+        choices=("local", "none", "remote"),
         default="local",
         help="the memory service's EMBEDDINGS_PROVIDER: local (the default, a vector embedded"
-        " in process with each POST) or none (no vectors: what the vector costs a POST)",
+        " in process with each POST), none (no vectors: what the vector costs a POST) or"
+        " remote (openai, against a fake endpoint in this process: --embeddings-latency-ms)",
+    )
+    compare_options.add_argument(
+        "--embeddings-latency-ms",
+        type=int,
+        default=50,
+        help="with --embeddings remote: the endpoint's latency per request",
     )
     compare_options.add_argument("--profile", action="store_true", help="py-spy each server")
     compare_options.add_argument("--json", action="store_true", help="a JSON document")
