@@ -71,6 +71,17 @@ class QuietPool(PooledPostgresqlExtDatabase):  # type: ignore[misc]  # peewee ha
     backend) fails the ``BEGIN`` of its next transaction, and :func:`transaction` then replaces
     it and begins again on a fresh one, so the caller never sees it."""
 
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        #: Called first by :meth:`close_all`: a thread that works with the pool in the
+        #: background (the memory service's vectors) finishes before the connections close.
+        self.before_close_all: list[Callable[[], object]] = []
+
+    def close_all(self) -> None:
+        for hook in list(self.before_close_all):
+            hook()
+        super().close_all()
+
     def _is_closed(self, conn: Any) -> bool:
         return bool(conn.closed) or (
             conn.get_transaction_status() == psycopg2.extensions.TRANSACTION_STATUS_UNKNOWN

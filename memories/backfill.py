@@ -8,8 +8,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from embeddings import Embedder
-from memories.service import unit_vector
-from memories.vectors import EmbeddingStore
+from memories.vectors import EmbeddingStore, unit_vector
 
 
 @dataclass

@@ -32,9 +32,8 @@ from __future__ import annotations
 
 import logging
 import math
-import time
 import uuid
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from dataclasses import replace
 from typing import Any, TypeAlias
 
@@ -65,52 +64,18 @@ from memories.outcomes import (
     for_key_row,
     stored_answer,
 )
+from memories.pending_vectors import PendingVectors
 from memories.scope import AGENT_WIDE, ReadScope, UserRef
 from memories.store import MemoryRow, MemoryStore, NewMemory, WriteOutcome
 from memories.users import UserService
 from memories.validation import quick_load_create
-from memories.vectors import EmbeddingStore
+from memories.vectors import EmbeddingStore, unit_vector
 from schema.memory import MemoryCreateSchema
 
 log = logging.getLogger(__name__)
 
-#: After an embedding failure, writes skip the inline embedding this long (the backfill
-#: round of the scheduler catches up).
-EMBED_PAUSE_SECONDS = 30.0
-
 # Built once: a marshmallow Schema is costly to instantiate and safe to share for load().
 CREATE_SCHEMA = MemoryCreateSchema()
-
-
-#: Components below this (after scaling to length 1) are stored as 0: a ``real`` (float32)
-#: cannot hold them, and they weigh nothing in a cosine.
-TINY_COMPONENT = 1e-30
-
-
-def unit_vector(vector: Sequence[float]) -> tuple[float, ...] | None:
-    """``vector`` scaled to length 1 (scaled by its largest component first, so huge
-    components do not overflow); None for an all-zero or non-finite vector (nothing to
-    compare). In array operations (about 19 us for a list of 256, against 37 in a Python
-    loop; it runs on every write with a vector): the norm's sum is numpy's, which may differ
-    from a left-to-right sum in the last bit of a double, below what the stored ``real``
-    keeps."""
-    # numpy comes with wordllama (a dependency); imported here, not by importing this module.
-    import numpy as np
-
-    values = np.array(vector, dtype=np.float64)
-    if values.size == 0:
-        return None
-    magnitudes = np.abs(values)
-    largest = float(magnitudes.max())  # nan when any component is
-    if largest == 0.0 or not math.isfinite(largest):
-        return None
-    scaled = values / largest
-    unit = scaled / math.sqrt(float(np.dot(scaled, scaled)))
-    tiny = np.abs(unit) < TINY_COMPONENT
-    if tiny.any():
-        unit[tiny] = 0.0
-    result: tuple[float, ...] = tuple(unit.tolist())
-    return result
 
 
 def new_memory(validated: dict[str, Any], key: str | None) -> NewMemory:
@@ -159,6 +124,7 @@ class MemoryService:
         embedder: Embedder | None = None,
         embeddings: EmbeddingStore | None = None,
         session_user: SessionUser | None = None,
+        pending: PendingVectors | None = None,
     ) -> None:
         self.store = store
         #: Whether a session of the org exists and whose it is: a user-bound token may name
@@ -168,10 +134,12 @@ class MemoryService:
         self.idempotency = idempotency
         self.metrics = metrics
         self.users = users
-        #: Embeds a memory created without a vector, after its commit (best effort).
+        #: The configured model: a vector in a body must be of its model and dimension.
         self.embedder = embedder
         self.embeddings = embeddings
-        self._embed_down_until = 0.0
+        #: Embeds the memories created without a vector, after their commit, in batches
+        #: (best effort: the scheduler's backfill embeds what it leaves lexical).
+        self.pending = pending
         #: Whether the embedder's model is known registered (create_app registers it at start;
         #: when the database was away then, the first write with a vector does).
         self._registered = False
@@ -213,8 +181,9 @@ class MemoryService:
         new = self._embed_in_process(new_memory(validated, key))
         outcome = self._create(org_id, new)
         self._count(outcome)
-        if isinstance(outcome, Created) and new.embedding is None:
-            self._embed_after_commit(org_id, outcome.row)
+        if isinstance(outcome, Created) and new.embedding is None and self.pending is not None:
+            # A remote embedder's (or a failed inline one's): after the commit, in a batch.
+            self.pending.add(org_id, outcome.row.id, outcome.row.content)
         return outcome
 
     def _vector_accepted(self, validated: dict[str, Any]) -> tuple[dict[str, Any], Invalid | None]:
@@ -252,9 +221,11 @@ class MemoryService:
         """With an in-process embedder (``EMBEDDINGS_PROVIDER=local``: no network, about
         0.1 ms), the vector of a memory written without one, so that it goes in with the row:
         one statement and one commit instead of a second of each after the insert. (The
-        vector is not part of the fingerprint.) A remote embedder is called after the commit
-        instead (:meth:`_embed_after_commit`), so that a slow endpoint never delays a write;
-        either way a failure leaves the memory lexical, never fails it."""
+        vector is not part of the fingerprint; in a batch after the commit it would cost the
+        same CPU: the tokenizer, the arithmetic and the vector's text are paid per vector.)
+        A remote embedder is called after the commit, with the other writes of the moment
+        (:attr:`pending`), so that no write waits for an endpoint. Either way a failure
+        leaves the memory lexical, never fails it."""
         if new.embedding is not None or self.embedder is None:
             return new
         if not getattr(self.embedder, "in_process", False):
@@ -262,32 +233,11 @@ class MemoryService:
         try:
             (vector,) = self.embedder.embed([new.content])
         except EmbeddingsUnavailable:
-            return new  # stored lexical; the after-commit path and the backfill try again
+            return new  # stored lexical; the batch after the commit tries again
         unit = unit_vector(vector)
         if unit is None:
             return new
         return replace(new, embedding_model=self.embedder.model, embedding=unit)
-
-    def _embed_after_commit(self, org_id: uuid.UUID, row: MemoryRow) -> None:
-        """Embed a memory stored without a vector, now that it is committed: one request to
-        the embedder (bounded by its timeout) and one statement. Never fails the write: on an
-        outage the memory stays lexical until the scheduler's backfill round embeds it, and
-        for :data:`EMBED_PAUSE_SECONDS` after a failure no write waits for the embedder."""
-        if self.embedder is None or self.embeddings is None:
-            return
-        if time.monotonic() < self._embed_down_until:
-            return
-        try:
-            (vector,) = self.embedder.embed([row.content])
-            unit = unit_vector(vector)
-            if unit is not None:
-                self.embeddings.put(
-                    org_id, self.embedder.model, self.embedder.dimension, [(row.id, unit)]
-                )
-        except (EmbeddingsUnavailable, DatabaseUnavailableError, ConfigError) as exc:
-            self._embed_down_until = time.monotonic() + EMBED_PAUSE_SECONDS
-            self.metrics.embeddings_failed.inc()
-            log.warning("memory %s stored without a vector (backfilled later): %s", row.id, exc)
 
     def get(
         self, org_id: uuid.UUID, memory_id: uuid.UUID, scope: ReadScope = AGENT_WIDE

@@ -7,6 +7,7 @@ HNSW index. (The write of a memory with its vector is ``create_memory``'s,
 
 from __future__ import annotations
 
+import math
 import uuid
 from collections.abc import Sequence
 
@@ -59,6 +60,37 @@ HAS_VECTOR_INDEX_SQL = (
     "SELECT to_regclass('ibex_memory.idx_memory_embeddings_hnsw_' || %s::text) IS NOT NULL"
 )
 ZERO_UUID = "00000000-0000-0000-0000-000000000000"
+
+
+#: Components below this (after scaling to length 1) are stored as 0: a ``real`` (float32)
+#: cannot hold them, and they weigh nothing in a cosine.
+TINY_COMPONENT = 1e-30
+
+
+def unit_vector(vector: Sequence[float]) -> tuple[float, ...] | None:
+    """``vector`` scaled to length 1 (scaled by its largest component first, so huge
+    components do not overflow); None for an all-zero or non-finite vector (nothing to
+    compare). In array operations (about 19 us for a list of 256, against 37 in a Python
+    loop; it runs on every write with a vector): the norm's sum is numpy's, which may differ
+    from a left-to-right sum in the last bit of a double, below what the stored ``real``
+    keeps."""
+    # numpy comes with wordllama (a dependency); imported here, not by importing this module.
+    import numpy as np
+
+    values = np.array(vector, dtype=np.float64)
+    if values.size == 0:
+        return None
+    magnitudes = np.abs(values)
+    largest = float(magnitudes.max())  # nan when any component is
+    if largest == 0.0 or not math.isfinite(largest):
+        return None
+    scaled = values / largest
+    unit = scaled / math.sqrt(float(np.dot(scaled, scaled)))
+    tiny = np.abs(unit) < TINY_COMPONENT
+    if tiny.any():
+        unit[tiny] = 0.0
+    result: tuple[float, ...] = tuple(unit.tolist())
+    return result
 
 
 class EmbeddingStore:
@@ -133,6 +165,13 @@ class EmbeddingStore:
         if stored < 0:
             raise EmbeddingDimensionError(model, dimension, self.model_dimension(model))
         return stored
+
+    def release(self) -> None:
+        """Hand this thread's connection back (to the pool, for the web's): a thread of
+        its own (:class:`~memories.pending_vectors.PendingVectors`) holds none between
+        batches."""
+        if not self.db.is_closed():
+            self.db.close()
 
     def model_dimension(self, model: str) -> int | None:
         """The dimension ``model``'s vectors were stored with; None: none stored yet."""

@@ -34,6 +34,7 @@ from extraction.budgets import BudgetStore
 from extraction.usage import UsageReader
 from memories.auth import Authenticator
 from memories.idempotency import IdempotencyStore
+from memories.pending_vectors import PendingVectors
 from memories.search.service import SearchService
 from memories.search.store import SearchStore
 from memories.service import MemoryService
@@ -141,6 +142,7 @@ def create_app(
         max_body_bytes=settings.memory_max_body_bytes,
     )
     users = UserService(UserStore(db))
+    pending = PendingVectors(embedder, embeddings, metrics) if embedder is not None else None
     memories = MemoryService(
         store,
         idempotency,
@@ -149,6 +151,7 @@ def create_app(
         embedder=embedder,
         embeddings=embeddings,
         session_user=SessionStore(cast(PostgresqlExtDatabase, db), bind_models=False).session_user,
+        pending=pending,
     )
     try:
         # A model registered with another dimension is a ConfigError: refuse to start.
@@ -178,7 +181,10 @@ def create_app(
     app.add_route("/healthz", HealthResource())
     searches = SearchStore(db)
     reads = SearchService(
-        searches, QueryCache(embedder) if embedder is not None else None, metrics=metrics
+        searches,
+        QueryCache(embedder) if embedder is not None else None,
+        metrics=metrics,
+        pending=pending,
     )
     app.add_route("/v1/memories/search", SearchResource(api, reads, users, agents))
     app.add_route("/v1/context", ContextResource(api, reads, users, agents))

@@ -37,6 +37,7 @@ from typing import Any
 from core.errors import EmbeddingsUnavailable
 from embeddings import QueryCache
 from memories.metrics import MemoryMetrics
+from memories.pending_vectors import PendingVectors
 from memories.scope import AGENT_WIDE, ReadScope
 from memories.search.context import Packed, fits, pack_parts, query_from_messages
 from memories.search.profile import standing_facts
@@ -83,11 +84,15 @@ class SearchService:
         queries: QueryCache | None = None,
         *,
         metrics: MemoryMetrics | None = None,
+        pending: PendingVectors | None = None,
     ) -> None:
         self.searches = searches
         #: The query embedder (with its cache); None: lexical search only.
         self.queries = queries
         self.metrics = metrics
+        #: The vectors of this process's recent writes, stored before a semantic read (a
+        #: memory written then searched for through the same process is found by meaning).
+        self.pending = pending
 
     def search_mode(self) -> str:
         """What ``/readyz`` says, e.g. ``full-text+trigram+semantic``."""
@@ -209,6 +214,8 @@ class SearchService:
     def _semantic(self, query: str) -> tuple[SemanticQuery | None, dict[str, str]]:
         if self.queries is None or not query.strip():
             return None, {}
+        if self.pending is not None:
+            self.pending.flush()
         try:
             vector = self.queries.embed_query(query)
         except EmbeddingsUnavailable as exc:

@@ -11,6 +11,7 @@ pgvector, the HNSW index on one with it (IBEX_TEST_SERVERS=embedded).
 
 from __future__ import annotations
 
+import threading
 import uuid
 from collections.abc import Iterator, Sequence
 from typing import Any
@@ -201,3 +202,56 @@ def test_with_the_local_model_a_write_stores_its_vector_with_the_row(
     ).fetchall()
     assert rows == [("local:wordllama-l2_supercat-256", 256)]
     assert calls == []
+
+
+class Gated:
+    """A remote embedder that answers only once :attr:`opened` is set."""
+
+    def __init__(self, inner: OpenAIEmbedder) -> None:
+        self.inner = inner
+        self.model, self.dimension = inner.model, inner.dimension
+        self.opened = threading.Event()
+        self.calls: list[list[str]] = []
+
+    def embed(self, texts: Sequence[str]) -> list[list[float]]:
+        self.calls.append(list(texts))
+        assert self.opened.wait(10), "the test never opened the embedder"
+        return self.inner.embed(texts)
+
+
+def test_a_remote_embedder_never_delays_a_write_and_embeds_the_writes_of_a_moment_at_once(
+    settings: Any, app_db: Any, redis_client: redis.Redis, acme: Tenant, db: Any
+) -> None:
+    """With an embeddings endpoint, a write's 201 comes before its vector: the memories
+    written meanwhile are embedded in one request after their commit, and a search through the
+    same service stores what waits before it reads (found by meaning at once)."""
+    with FakeEmbeddings(dimension=256) as server:
+        gated = Gated(OpenAIEmbedder(server.base_url, "fake", 256))
+        app = create_app(settings, db=app_db, redis_client=redis_client, embedder=gated)
+        with httpx.Client(transport=httpx.WSGITransport(app=app), base_url=BASE_URL) as c:
+            # The embedder does not answer: every write is stored and answered all the same.
+            ids = [write(c, acme, content) for content in MEMORIES]
+            (stored,) = db.execute_sql(
+                "SELECT count(*) FROM ibex_memory.memory_embeddings"
+                " WHERE memory_id = ANY(%s::uuid[])",
+                (ids,),
+            ).fetchone()
+            assert stored == 0
+            gated.opened.set()
+            hits = search(c, acme, MEMORIES[2])["items"]
+        gated.inner.close()
+    assert hits and hits[0]["id"] == ids[2]
+    assert hits[0]["signals"]["semantic"] is not None
+    rows = db.execute_sql(
+        "SELECT memory_id::text, model FROM ibex_memory.memory_embeddings"
+        " WHERE memory_id = ANY(%s::uuid[])",
+        (ids,),
+    ).fetchall()
+    assert sorted(rows) == sorted((i, "openai:fake") for i in ids)
+    # The first write's batch waits at the closed endpoint; the five after it queue behind it
+    # and go in one request: two requests for six writes, then the query's own.
+    *writes, query = gated.calls
+    assert query == [MEMORIES[2]]
+    assert sorted(text for call in writes for text in call) == sorted(MEMORIES)
+    assert len(writes) <= 2, gated.calls
+    assert server.requests == len(gated.calls)

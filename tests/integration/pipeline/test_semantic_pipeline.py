@@ -273,8 +273,11 @@ def test_an_api_write_without_a_vector_is_embedded_after_it_is_stored(
     agent_id = store.ensure_agent(org_id, "bot")
     headers = {"X-IBEX-Org-ID": str(org_id)}
     body = {"agent_id": str(agent_id), "content": "The user keeps bees."}
+    search = {"agent_id": str(agent_id), "query": "bees"}
     created = api.post("/v1/memories", json=body, headers=headers)
     assert created.status_code == 201
+    # After its commit, in a batch: a search through the same service stores it first.
+    assert api.post("/v1/memories/search", json=search, headers=headers).status_code == 200
     assert vectors(db) == {"The user keeps bees.|openai:fake": ("openai:fake", DIMENSION)}
     # Down: the write still succeeds at once, without a vector.
     embeddings_server.down = True
@@ -282,6 +285,7 @@ def test_an_api_write_without_a_vector_is_embedded_after_it_is_stored(
         "/v1/memories", json={**body, "content": "The user keeps goats."}, headers=headers
     )
     assert down.status_code == 201
+    assert api.post("/v1/memories/search", json=search, headers=headers).status_code == 200
     assert len(vectors(db)) == 1
 
 
