@@ -1,12 +1,14 @@
 """The vectors of memories written without one, embedded and stored after their commit in
 batches, by one thread per process.
 
-A memory created through the API without a vector is stored lexical first (its 201 does not
-wait for any embedder); :class:`PendingVectors` then embeds it with the others written in the
-same moment, in one embedder call, and stores their vectors in one statement
-(``put_embeddings``). Per memory that is a fraction of the work of one call and one statement
-each: the model's tokenizer, the vectors' arithmetic and Postgres's per-statement work are
-paid once a batch.
+With a remote embedder (``EMBEDDINGS_PROVIDER=openai``), a memory created through the API
+without a vector is stored and answered first (its 201 does not wait for the endpoint);
+:class:`PendingVectors` then embeds it with the others written in the same moment, in one
+embedder request, and stores their vectors in one statement per org (``put_embeddings``): a
+request's round trip and a statement's fixed work once a batch instead of once a memory. (The
+in-process model embeds in the request, with the row: in a batch its per-vector work, the
+tokenizer, the arithmetic and the vector's text, cost the same; it comes here only when that
+failed.)
 
 A batch is taken when a write finds the thread idle, after at most :data:`LINGER_SECONDS`
 (writes arriving meanwhile join it), at once when a read waits for it (:meth:`flush`) or when

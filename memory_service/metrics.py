@@ -21,7 +21,7 @@ The series (docs/operations.md, "Metrics"):
 - ``ibex_memory_near_duplicates_total``: POSTs refused as near-duplicates (trigram)
 - ``ibex_memory_superseded_total``: memories marked superseded by a new memory
 - ``ibex_memory_embeddings_failed_total``: memories stored without a vector because the
-  embedder failed (the scheduler's backfill embeds them later)
+  embedder failed, or too many waited for one (the scheduler's backfill embeds them later)
 - ``ibex_memory_search_semantic_unavailable_total``: searches and contexts answered lexically
   because the query could not be embedded
 """
@@ -113,7 +113,7 @@ class Metrics:
         # Semantic search (migration 000016).
         self.embeddings_failed = Counter(
             "ibex_memory_embeddings_failed_total",
-            "Memories stored without a vector: the embedder failed (backfilled later).",
+            "Memories stored without a vector: the embedder failed, or too many waited.",
             registry=registry,
         )
         self.semantic_unavailable = Counter(
