@@ -8,7 +8,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from embeddings import Embedder
-from memories.vectors import EmbeddingStore, unit_vector
+from memories.vectors import EmbeddingStore, unit_pairs
 
 
 @dataclass
@@ -59,11 +59,7 @@ def backfill(
         batches += 1
         vectors = embedder.embed([content for _, content in rows])
         report.requests += 1
-        pairs = []
-        for (memory_id, _), vector in zip(rows, vectors, strict=True):
-            unit = unit_vector(vector)
-            if unit is not None:
-                pairs.append((memory_id, unit))
+        pairs = unit_pairs(zip([memory_id for memory_id, _ in rows], vectors, strict=True))
         report.memories += len(rows)
         report.embedded += embeddings.put(org_id, embedder.model, embedder.dimension, pairs)
         after = rows[-1][0]

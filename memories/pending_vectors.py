@@ -34,7 +34,7 @@ from dataclasses import dataclass
 from core.errors import ConfigError, DatabaseUnavailableError, EmbeddingsUnavailable
 from embeddings import Embedder
 from memories.metrics import MemoryMetrics
-from memories.vectors import EmbeddingStore, unit_vector
+from memories.vectors import EmbeddingStore, unit_pairs
 
 log = logging.getLogger(__name__)
 
@@ -208,14 +208,12 @@ class PendingVectors:
         """One embedder call for the batch, one statement per org (under its tenant)."""
         try:
             vectors = self.embedder.embed([p.content for p in batch])
-            by_org: dict[uuid.UUID, list[tuple[uuid.UUID, tuple[float, ...]]]] = defaultdict(list)
+            by_org: dict[uuid.UUID, list[tuple[uuid.UUID, list[float]]]] = defaultdict(list)
             for pending, vector in zip(batch, vectors, strict=True):
-                unit = unit_vector(vector)
-                if unit is not None:
-                    by_org[pending.org_id].append((pending.memory_id, unit))
+                by_org[pending.org_id].append((pending.memory_id, vector))
             model, dimension = self.embedder.model, self.embedder.dimension
             for org_id, rows in by_org.items():
-                self.embeddings.put(org_id, model, dimension, rows)
+                self.embeddings.put(org_id, model, dimension, unit_pairs(rows))
         except (EmbeddingsUnavailable, DatabaseUnavailableError, ConfigError) as exc:
             with self._cond:
                 self._paused_until = time.monotonic() + PAUSE_SECONDS

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import math
 import uuid
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 
 import peewee
 
@@ -91,6 +91,19 @@ def unit_vector(vector: Sequence[float]) -> tuple[float, ...] | None:
         unit[tiny] = 0.0
     result: tuple[float, ...] = tuple(unit.tolist())
     return result
+
+
+def unit_pairs(
+    rows: Iterable[tuple[uuid.UUID, Sequence[float]]],
+) -> list[tuple[uuid.UUID, tuple[float, ...]]]:
+    """The (memory id, unit vector) pairs to store for an embedder's answer: each vector
+    scaled by :func:`unit_vector`, and a memory whose vector has no direction left out."""
+    pairs = []
+    for memory_id, vector in rows:
+        unit = unit_vector(vector)
+        if unit is not None:
+            pairs.append((memory_id, unit))
+    return pairs
 
 
 class EmbeddingStore:
