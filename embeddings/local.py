@@ -74,7 +74,19 @@ class LocalEmbedder:
             rows = [self._mean(encoding.ids) for encoding in encodings]
         except Exception as exc:  # the library's own errors, whatever they are
             raise EmbeddingsUnavailable(f"local embedding failed: {type(exc).__name__}") from exc
-        return [_unit_or_zero(self._np, row) for row in rows]
+        return [_unit_or_zero(self._np, row).tolist() for row in rows]
+
+    def embed_array(self, text: str) -> Any:
+        """:meth:`embed` of one text as the model's float32 array (the same values): for a
+        caller that works on arrays (the memory service's write, whose vector goes to
+        Postgres as text), without a list of Python floats in between."""
+        try:
+            with self._lock:
+                ids = self._tokenizer.encode(text, add_special_tokens=False).ids
+            row = self._mean(ids)
+        except Exception as exc:  # the library's own errors, whatever they are
+            raise EmbeddingsUnavailable(f"local embedding failed: {type(exc).__name__}") from exc
+        return _unit_or_zero(self._np, row)
 
     def _mean(self, ids: list[int]) -> Any:
         """The mean of the tokens' rows, as ``WordLlamaInference.embed(norm=False)`` pools
@@ -88,12 +100,12 @@ class LocalEmbedder:
         return total / np.float32(max(len(ids), 1))
 
 
-def _unit_or_zero(np: Any, row: Any) -> list[float]:
-    """A text with no known token (punctuation only) has a zero mean: it stays zero (its
-    similarity to anything is 0) rather than failing the batch."""
+def _unit_or_zero(np: Any, row: Any) -> Any:
+    """The row scaled to length 1, in float32. A text with no known token (punctuation
+    only) has a zero mean: it stays zero (its similarity to anything is 0) rather than
+    failing the batch. (``tolist()`` gives Python floats, as float(v) of each gives, in a third
+    of the time.)"""
     norm = float(np.linalg.norm(row))
     if not math.isfinite(norm) or norm == 0.0:
-        return [0.0] * len(row)
-    # Python floats, as float(v) of each gives, in a third of the time.
-    values: list[float] = (row / norm).tolist()
-    return values
+        return np.zeros(len(row), dtype=np.float32)
+    return row / norm

@@ -69,7 +69,7 @@ from memories.scope import AGENT_WIDE, ReadScope, UserRef
 from memories.store import MemoryRow, MemoryStore, NewMemory, WriteOutcome
 from memories.users import UserService
 from memories.validation import quick_load_create
-from memories.vectors import EmbeddingStore, unit_vector
+from memories.vectors import EmbeddingStore, unit_literal
 from schema.memory import MemoryCreateSchema
 
 log = logging.getLogger(__name__)
@@ -84,7 +84,7 @@ def new_memory(validated: dict[str, Any], key: str | None) -> NewMemory:
     a body with a vector and the same body without one are the same request."""
     canonical = canonical_request(validated)
     embedding = validated.get("embedding")
-    vector = unit_vector(embedding["vector"]) if embedding else None
+    vector = unit_literal(embedding["vector"]) if embedding else None
     source = canonical["source"] or {}
     return NewMemory(
         agent_id=validated["agent_id"],
@@ -230,11 +230,15 @@ class MemoryService:
             return new
         if not getattr(self.embedder, "in_process", False):
             return new
+        embed_array = getattr(self.embedder, "embed_array", None)
         try:
-            (vector,) = self.embedder.embed([new.content])
+            if embed_array is not None:
+                vector = embed_array(new.content)
+            else:
+                (vector,) = self.embedder.embed([new.content])
         except EmbeddingsUnavailable:
             return new  # stored lexical; the batch after the commit tries again
-        unit = unit_vector(vector)
+        unit = unit_literal(vector)
         if unit is None:
             return new
         return replace(new, embedding_model=self.embedder.model, embedding=unit)

@@ -18,7 +18,6 @@ from __future__ import annotations
 import dataclasses
 import datetime as dt
 import enum
-import struct
 import uuid
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -41,6 +40,7 @@ from core.db import (
 )
 from core.errors import DatabaseUnavailableError
 from memories.scope import AGENT_WIDE, ReadScope
+from memories.vectors import vector_literal
 
 COLUMNS = (
     "id, org_id, agent_id, session_id, turn_index, ordinal, content, content_hash, kind,"
@@ -131,9 +131,11 @@ class NewMemory:
     #: True: an id of ``supersedes`` no longer current is skipped, not refused (the pipeline).
     skip_stale: bool = False
     #: The memory's unit vector and the model that made it, stored with it (000016); None:
-    #: the service embeds it after the insert, if it can.
+    #: the service embeds it after the insert, if it can. The vector is its components, or
+    #: the ``real[]`` text of them (:func:`~memories.vectors.unit_literal`: the service's
+    #: writes, which make the text in one pass).
     embedding_model: str | None = None
-    embedding: tuple[float, ...] | None = None
+    embedding: tuple[float, ...] | str | None = None
 
 
 @dataclass(frozen=True)
@@ -467,30 +469,18 @@ def create_params(
         new.skip_stale,
         near_duplicate_threshold or None,
         new.embedding_model if new.embedding else None,
-        vector_literal(new.embedding) if new.embedding else None,
+        _vector_text(new.embedding),
     )
 
 
-#: ``'%.9g,%.9g,...'`` by vector length: nine significant digits give back the same ``real``.
-_VECTOR_FORMATS: dict[int, str] = {}
-
-
-def vector_literal(vector: Sequence[float]) -> str:
-    """The text of a ``real[]`` holding ``vector`` (``{0.0623452365,...}``), as the write
-    sends it: each component rounded to a ``real`` here (as the column stores it) and written
-    with nine significant digits, which Postgres reads back as that same ``real``.
-
-    A Python list would be sent as ``ARRAY[0.062345236539840698, ...]``: psycopg2 quotes each
-    float on its own (about 0.4 ms of the web process's CPU for 256 dimensions), and Postgres
-    parses each one as a ``numeric`` constant and casts it to ``real`` (a fifth of the
-    write's CPU in Postgres). The string is built in a tenth of the time and read by
-    ``real[]``'s own input function; the stored values are the same."""
-    size = len(vector)
-    rounded = struct.unpack(f"{size}f", struct.pack(f"{size}f", *vector))
-    template = _VECTOR_FORMATS.get(size)
-    if template is None:
-        template = _VECTOR_FORMATS[size] = ",".join(("%.9g",) * size)
-    return "{" + template % rounded + "}"
+def _vector_text(embedding: Sequence[float] | str | None) -> str | None:
+    """The ``real[]`` text of a write's vector: given as such (the service's own, made in one
+    pass by :func:`~memories.vectors.unit_literal`) or written from its components."""
+    if not embedding:
+        return None
+    if isinstance(embedding, str):
+        return embedding
+    return vector_literal(embedding)
 
 
 def _foreign_key_outcome(exc: Exception) -> WriteOutcome:

@@ -205,8 +205,11 @@ def test_the_local_embedder_pools_as_wordllamas_own_inference() -> None:
     ours = embedder.embed(texts)
     theirs = reference.embed(texts, norm=False)  # batches of 64, padded
     assert len(ours) == len(texts)
-    for mine, row in zip(ours, theirs, strict=True):
-        assert mine == _unit_or_zero(np, row)
+    for text, mine, row in zip(texts, ours, theirs, strict=True):
+        assert mine == _unit_or_zero(np, row).tolist()
+        # One text as an array (the memory service's write): the same float32 values.
+        array = embedder.embed_array(text)
+        assert array.dtype == np.float32 and array.tolist() == mine
     assert ours[0] == [0.0] * 256  # no token: zero, as wordllama's mean of nothing
     assert embedder.embed(["Dana is allergic to peanuts."]) == [ours[4]]
 

@@ -102,12 +102,13 @@ def test_the_write_body_carries_the_vector_outside_the_fingerprint() -> None:
     assert with_vector is not None and without is not None
     a, b = new_memory(with_vector, "key"), new_memory(without, "key")
     assert a.fingerprint == b.fingerprint
-    assert a.embedding == pytest.approx((0.6, 0.8, 0.0)) and a.embedding_model == "test:fake"
+    # The unit vector, as the real[] text the write sends.
+    assert a.embedding == "{0.600000024,0.800000012,0}" and a.embedding_model == "test:fake"
     assert b.embedding is None
 
 
 def test_a_stored_vector_is_unit_and_fits_a_real() -> None:
-    from memories.service import unit_vector
+    from memories.vectors import unit_vector
 
     assert unit_vector([0.0, 0.0]) is None
     huge = unit_vector([3e200, 4e200, 1e-300])
@@ -131,8 +132,7 @@ def test_a_unit_vector_is_stored_as_its_definition_gives_it() -> None:
     """unit_vector sums the squares in array operations: over vectors of every scale, the
     ``real`` values a write sends are those of the left-to-right definition, and the
     doubles are within a few units of their last place."""
-    from memories.service import unit_vector
-    from memories.store import vector_literal
+    from memories.vectors import unit_literal, unit_vector, vector_literal
 
     rng = random.Random(11)
     scales = (1.0, 1e-9, 1e9, 1e-150, 1e150)
@@ -144,8 +144,12 @@ def test_a_unit_vector_is_stored_as_its_definition_gives_it() -> None:
         ours, definition = unit_vector(vector), _unit_left_to_right(vector)
         assert ours is not None and definition is not None
         assert vector_literal(ours) == vector_literal(definition)
+        # The write's one pass gives the same text.
+        assert unit_literal(vector) == vector_literal(definition)
         assert ours == pytest.approx(definition, rel=1e-14, abs=1e-300)
     assert unit_vector([1.0, float("nan")]) is None
+    assert unit_literal([1.0, float("nan")]) is None
+    assert unit_literal([0.0, -0.0]) is None
     assert unit_vector([float("inf"), 1.0]) is None
     assert unit_vector([]) is None
 

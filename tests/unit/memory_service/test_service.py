@@ -366,3 +366,35 @@ def test_a_replay_whose_row_is_gone_is_decided_by_a_new_write(
     assert isinstance(again, Created) and again.row.id != first.row.id
     assert memories.creates == 2
     assert record(redis_client, "k1")[b"state"] == b"done"
+
+
+class RecordingMemories(FakeMemories):
+    def __init__(self) -> None:
+        super().__init__()
+        self.writes: list[NewMemory] = []
+
+    def create(self, org_id: uuid.UUID, new: NewMemory) -> CreateResult:
+        self.writes.append(new)
+        return super().create(org_id, new)
+
+
+def test_the_local_models_vector_goes_in_with_the_row_as_its_real_text(
+    idem: IdempotencyStore, metrics: Metrics
+) -> None:
+    """A memory written without a vector gets the local model's, made in the request: the
+    ``real[]`` text the write sends is the one its components give (embedded as a list,
+    scaled, written), made in one pass from the model's array."""
+    from embeddings.local import LocalEmbedder
+    from memories.vectors import unit_vector, vector_literal
+
+    memories = RecordingMemories()
+    embedder = LocalEmbedder()
+    service = MemoryService(memories, idem, metrics, embedder=embedder)  # type: ignore[arg-type]
+    contents = ["Dana is allergic to peanuts.", "She moved to Lisbon in 2019 and loves it."]
+    for n, content in enumerate(contents):
+        assert isinstance(service.create(ORG, f"k{n}", document(content)), Created)
+    first, second = memories.writes
+    for new, content in ((first, contents[0]), (second, contents[1])):
+        (vector,) = embedder.embed([content])
+        assert new.embedding_model == embedder.model
+        assert new.embedding == vector_literal(unit_vector(vector) or ())
