@@ -6,7 +6,8 @@
   CONFLICT) path of the backfill working, and rebuilds 000016's HNSW index per partition;
 - on pgvector (IBEX_TEST_SERVERS=embedded): a scope of at most 5,000 vectors is ranked
   exactly, a larger one from its partition's HNSW index, and a user's few vectors within a
-  large agent still come back, all of them, nearest first.
+  large agent still come back, all of them, nearest first;
+- migration 000031: a vector's keys are its memory's (id, org, agent) and its model's.
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ import uuid
 from pathlib import Path
 from typing import Any
 
+import peewee
 import pytest
 
 from core.db import make_database, tenant
@@ -97,6 +99,40 @@ def test_vectors_are_partitioned_by_agent_and_a_read_naming_the_agent_reads_one_
         "SELECT tableoid::regclass::text FROM ibex_memory.memory_embeddings"
     ).fetchone()
     assert partition.startswith("ibex_memory_parts.memory_embeddings_p")
+
+
+def test_a_vectors_org_and_agent_are_its_memorys(
+    db: Any, store: Any, acme: Tenant, registered: None
+) -> None:
+    """Migration 000031: the vector references its memory by (id, org, agent), which ties
+    it to the memory's org and agent (their own keys are gone); a vector filed under another
+    agent of the org is refused, and erasing the memory erases its vectors."""
+    keys = db.execute_sql(
+        "SELECT pg_get_constraintdef(oid) FROM pg_constraint"
+        " WHERE conrelid = 'ibex_memory.memory_embeddings'::regclass AND contype = 'f'"
+        " ORDER BY conname"
+    ).fetchall()
+    assert [k[0] for k in keys] == [
+        "FOREIGN KEY (memory_id, org_id, agent_id) REFERENCES"
+        " ibex_memory.memories(id, org_id, agent_id) ON DELETE CASCADE",
+        "FOREIGN KEY (model, dimension) REFERENCES ibex_memory.embedding_models(model, dimension)",
+    ]
+    created = MemoryStore(db).create(acme.org_id, new_memory(acme.agent_id, "a note", axis(1)))
+    assert created.outcome is WriteOutcome.CREATED and created.row is not None
+    memory_id = str(created.row.id)
+    other_agent = store.ensure_agent(acme.org_id, "other")
+    with pytest.raises(peewee.IntegrityError) as refused, db.atomic():
+        db.execute_sql(
+            "INSERT INTO ibex_memory.memory_embeddings"
+            " (org_id, memory_id, agent_id, model, dimension, embedding)"
+            " VALUES (%s, %s, %s, %s, %s, %s::real[])",
+            (str(acme.org_id), memory_id, str(other_agent), MODEL, DIMENSION, axis(2)),
+        )
+    assert refused.value.orig.diag.constraint_name == "memory_embeddings_memory_fkey"
+    vectors = "SELECT count(*) FROM ibex_memory.memory_embeddings WHERE memory_id = %s"
+    assert db.execute_sql(vectors, (memory_id,)).fetchone() == (1,)
+    db.execute_sql("DELETE FROM ibex_memory.memories WHERE id = %s", (memory_id,))
+    assert db.execute_sql(vectors, (memory_id,)).fetchone() == (0,)
 
 
 @pytest.fixture
