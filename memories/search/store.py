@@ -153,6 +153,11 @@ def calibration(model: str | None) -> Calibration:
 #: Characters that separate words (for pg_trgm as for the query's words), made spaces in a
 #: memory's content to find the query's words in it as such.
 SEPARATORS = "\t\n\r:;,.!?\"'()[]{}<>/\\|-_+=*&^%$#@~`"
+#: The same characters as a bracket expression of Postgres's regular expressions (those
+#: with a meaning there escaped): ``regexp_replace`` with it makes them spaces in about a
+#: fifth of ``translate``'s time (which looks each character up in the list, 45 us for a
+#: memory of 180 characters against 10).
+SEPARATOR_CLASS = "[" + "".join("\\" + c if c in "\\[]^-" else c for c in SEPARATORS) + "]"
 
 HIGHLIGHT_START = "<mark>"
 HIGHLIGHT_STOP = "</mark>"
@@ -327,10 +332,14 @@ cand AS (
            ts_rank_cd(m.content_tsv, q.tsq, 2) AS rank_cd,
            -- The content lower-cased, its usual separators made spaces, between spaces: a
            -- query word found in it between spaces is a word of the memory as such.
-           ' ' || translate(lower(m.content), %(separators)s, %(spaces)s) || ' ' AS spaced,
+           ' ' || regexp_replace(lower(m.content), %(separator_class)s, ' ', 'g') || ' '
+           AS spaced,
            ARRAY(SELECT l FROM unnest(tsvector_to_array(m.content_tsv)) l
                   WHERE l = ANY(q.lexemes)) AS hits
-      FROM ids JOIN ibex_memory.memories m ON m.id = ids.id, q
+      -- Each candidate read by its primary key (LIMIT 1: one probe per id whatever the
+      -- statistics say; a hash join read every memory of the org to find a few hundred).
+      FROM ids CROSS JOIN LATERAL (
+               SELECT r.* FROM ibex_memory.memories r WHERE r.id = ids.id LIMIT 1) m, q
      -- Supersession (000014): current memories unless include_superseded. The candidates
      -- are taken before this filter, so superseded rows may use up some of a word's cap.
      WHERE %(include_superseded)s OR m.superseded_by IS NULL
@@ -488,8 +497,7 @@ def _prepare(
         "limit": limit,
         "min_score": float(min_score),
         "pinned": [str(i) for i in pinned],
-        "separators": SEPARATORS,
-        "spaces": " " * len(SEPARATORS),
+        "separator_class": SEPARATOR_CLASS,
     }
     params["words"] = significant
     params["session_id"] = str(session_id) if session_id is not None else None
