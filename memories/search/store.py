@@ -183,6 +183,9 @@ who whom why will with would you your yours yourself yourselves tell know rememb
 STOP_WORDS = frozenset(_STOP_WORDS.split())
 
 #: The trigram index: per agent where btree_gin is installed (migration 000009), else org-wide.
+#: Whether the semantic fallback's dot products run in C (000033: contrib's cube installed).
+DOT_CUBES_AVAILABLE_SQL = "SELECT to_regproc('ibex_memory.dot_cubes') IS NOT NULL"
+
 TRIGRAM_AVAILABLE_SQL = """
 SELECT to_regprocedure('word_similarity(text,text)') IS NOT NULL
    AND (to_regclass('ibex_memory.idx_memories_trgm_agent') IS NOT NULL
@@ -212,10 +215,14 @@ def trigram_words(words: Sequence[str]) -> list[str]:
     return [w for w in words if len(w) >= 3 and w not in STOP_WORDS][:MAX_TRIGRAM_WORDS]
 
 
-def _search_sql(*, trigram: bool, semantic: bool, vector_dimension: int | None = None) -> str:
+def _search_sql(
+    *, trigram: bool, semantic: bool, vector_dimension: int | None = None, cubes: bool = False
+) -> str:
     """The ranking statement; the trigram signal only where pg_trgm is installed, the
     semantic one only with a query vector (computed with pgvector's operator where the
-    server has it and the query's dimension has its index, else with ``ibex_memory.dot``)."""
+    server has it and the query's dimension has its index, else with
+    ``ibex_memory.dot_cubes`` where contrib's cube is installed (``cubes``, migration 000033:
+    the query's chunks made once, in ``q``), else with ``ibex_memory.dot``)."""
     # Ids from the indexes (migration 000006 says why a function), rows read under RLS.
     # Whose memories: the user scope (migration 000013) narrows every branch, so the capped
     # branches hold the reader's memories only. (Not filtered again on the rows: a condition
@@ -261,6 +268,9 @@ def _search_sql(*, trigram: bool, semantic: bool, vector_dimension: int | None =
             " %(all_users)s, %(user_id)s::uuid, %(include_shared)s) AS c) u GROUP BY id"
         )
         cosine = "ibex_memory.dot(e.embedding, %(vector)s::real[])"
+        if cubes and vector_dimension is None:
+            # semantic_candidates scores its window with the same expression (000033).
+            cosine = "ibex_memory.dot_cubes(e.embedding, q.qcubes, q.qnorm)"
         if vector_dimension is not None:
             dim = int(vector_dimension)
             cosine = f"1 - (e.embedding::vector({dim}) <=> %(vector)s::real[]::vector({dim}))"
@@ -320,10 +330,16 @@ kept AS MATERIALIZED (
     if not trigram:
         pruned = f"kept AS (SELECT b.*, {trigram_signal} AS trigram FROM bounded b),"
     columns = ", ".join(f"s.{c.strip()}" for c in COLUMNS.split(","))
+    query_cubes = ""
+    if semantic and cubes and vector_dimension is None:
+        query_cubes = (
+            ",\n           ibex_memory.dot_query_cubes(%(vector)s::real[]) AS qcubes,"
+            "\n           ibex_memory.dot_query_norm(%(vector)s::real[]) AS qnorm"
+        )
     return f"""
 WITH q AS (
     SELECT to_tsquery('english', %(tsquery)s) AS tsq,
-           tsvector_to_array(to_tsvector('english', %(text)s)) AS lexemes
+           tsvector_to_array(to_tsvector('english', %(text)s)) AS lexemes{query_cubes}
 ),
 ids AS MATERIALIZED ({candidates}),
 cand AS (
@@ -417,9 +433,13 @@ SELECT {columns},
 
 
 @functools.lru_cache(maxsize=32)
-def _statement(trigram: bool, semantic: bool, vector_dimension: int | None) -> str:
+def _statement(
+    trigram: bool, semantic: bool, vector_dimension: int | None, cubes: bool = False
+) -> str:
     """The forms of the statement, each built once."""
-    return _search_sql(trigram=trigram, semantic=semantic, vector_dimension=vector_dimension)
+    return _search_sql(
+        trigram=trigram, semantic=semantic, vector_dimension=vector_dimension, cubes=cubes
+    )
 
 
 #: Each prepared form's ``EXECUTE``, by name (which connections hold which form:
@@ -476,12 +496,13 @@ def _prepare(
     scope: ReadScope = AGENT_WIDE,
     semantic: SemanticQuery | None = None,
     vector_index: bool = False,
+    cubes: bool = False,
     min_score: float = 0.0,
     pinned: Sequence[uuid.UUID] = (),
 ) -> tuple[str, dict[str, Any]] | None:
     """The statement and its parameters; None when the query has no word worth looking up
     and nothing is pinned. ``vector_index``: pgvector serves the query's dimension (its
-    operator computes the signal)."""
+    operator computes the signal); else ``cubes``: ``ibex_memory.dot_cubes`` exists (000033)."""
     words = query_words(query)
     significant = [w for w in words if w not in STOP_WORDS][:MAX_BRANCH_WORDS]
     tri = trigram_words(words) if trigram else []
@@ -517,7 +538,8 @@ def _prepare(
     params["semantic_rank"] = tuned.rank
     params["semantic_relative"] = tuned.relative
     dimension = len(semantic.vector) if semantic is not None and vector_index else None
-    return _statement(trigram, semantic is not None, dimension), params
+    with_cubes = semantic is not None and dimension is None and cubes
+    return _statement(trigram, semantic is not None, dimension, with_cubes), params
 
 
 def scope_params(scope: ReadScope) -> dict[str, Any]:
@@ -586,6 +608,7 @@ class SearchStore:
     def __init__(self, db: peewee.Database) -> None:
         self.db = db
         self._trigram: tuple[bool, float] | None = None
+        self._cubes: tuple[bool, float] | None = None
         self._vector_index: dict[int, tuple[bool, float]] = {}
 
     def vector_index(self, dimension: int) -> bool:
@@ -599,6 +622,16 @@ class SearchStore:
             known = (bool(row[0]), now)
             self._vector_index[dimension] = known
         return known[0]
+
+    def dot_cubes_available(self) -> bool:
+        """Whether ``ibex_memory.dot_cubes`` exists (migration 000033, where the server ships
+        contrib's cube); checked again at most every :data:`RECHECK_SECONDS`."""
+        now = time.monotonic()
+        if self._cubes is None or now - self._cubes[1] > RECHECK_SECONDS:
+            with db_errors():
+                row = self.db.execute_sql(DOT_CUBES_AVAILABLE_SQL).fetchone()
+            self._cubes = (bool(row[0]), now)
+        return self._cubes[0]
 
     def trigram_available(self) -> bool:
         """Whether ``pg_trgm`` and the trigram index are installed. Checked again at most every
@@ -678,6 +711,7 @@ class SearchStore:
             scope=scope,
             semantic=semantic,
             vector_index=semantic is not None and self.vector_index(len(semantic.vector)),
+            cubes=semantic is not None and self.dot_cubes_available(),
             min_score=min_score,
             pinned=pinned,
         )
@@ -727,6 +761,7 @@ class SearchStore:
             scope=scope,
             semantic=semantic,
             vector_index=semantic is not None and self.vector_index(len(semantic.vector)),
+            cubes=semantic is not None and self.dot_cubes_available(),
         )
         if prepared is None:
             return ""

@@ -1,11 +1,14 @@
 """``ibex_memory.dot`` (migration 000032: sixteen products per step of its loop) gives the
 sum of 000016's loop bit for bit, for every length (the steps of sixteen and the rest), and
-NULL where 000016's gave it."""
+NULL where 000016's gave it; where the server has cube, ``ibex_memory.dot_cubes`` (000033)
+gives it to within the reals' rounding, and the semantic window ranks alike with either."""
 
 from __future__ import annotations
 
 import random
 from typing import Any
+
+import pytest
 
 #: 000016's definition, one product per step (a function of the session, dropped with it).
 LOOP_SQL = """
@@ -49,3 +52,78 @@ def test_the_unrolled_sum_is_the_loops_bit_for_bit(db: Any) -> None:
             ).fetchone()
             assert row == (None,)
         db.rollback()
+
+
+def _unit(rng: random.Random, size: int) -> list[float]:
+    values = [rng.gauss(0.0, 1.0) for _ in range(size)]
+    norm = sum(v * v for v in values) ** 0.5
+    return [v / norm for v in values]
+
+
+def test_the_cubes_dot_is_the_loops_to_within_the_reals_rounding(db: Any) -> None:
+    """Migration 000033 where the server has cube: for stored vectors of length 1 (as every
+    write stores them) and any query (a unit one, a longer one, zeros), dot_cubes gives the
+    loop's sum to within the rounding of the reals, for every count of 100-dimension chunks
+    (one to 41)."""
+    (installed,) = db.execute_sql(
+        "SELECT to_regproc('ibex_memory.dot_cubes') IS NOT NULL"
+    ).fetchone()
+    if not installed:
+        pytest.skip("cube is not available on this server: dot (the loop) serves")
+    rng = random.Random(33)
+    for size in (1, 2, 99, 100, 101, 199, 200, 256, 300, 1536, 4096):
+        for query_scale in (1.0, 3.0, 0.0):
+            a = _unit(rng, size)
+            q = [v * query_scale for v in _unit(rng, size)]
+            cubes, loop = db.execute_sql(
+                "SELECT ibex_memory.dot_cubes(%s::real[], ibex_memory.dot_query_cubes(%s::real[]),"
+                " ibex_memory.dot_query_norm(%s::real[])), ibex_memory.dot(%s::real[], %s::real[])",
+                (a, q, q, a, q),
+            ).fetchone()
+            assert cubes == pytest.approx(loop, abs=1e-6 * max(1.0, query_scale)), (
+                size,
+                query_scale,
+            )
+
+
+def test_the_window_ranks_alike_with_and_without_the_cubes(db: Any, acme: Any) -> None:
+    """semantic_candidates scores its window with dot_cubes where it exists and with the
+    loop where it does not (the functions dropped in a transaction rolled back): the same
+    memories, in the same order, with the same similarities to within 1e-6."""
+    (installed,) = db.execute_sql(
+        "SELECT to_regproc('ibex_memory.dot_cubes') IS NOT NULL"
+    ).fetchone()
+    if not installed:
+        pytest.skip("cube is not available on this server: dot (the loop) serves")
+    from memories.store import MemoryStore
+    from memories.vectors import EmbeddingStore
+    from tests.integration.memory_service.helpers import new_fact
+
+    model = "test:cubes"
+    EmbeddingStore(db).register(model, 256)
+    rng = random.Random(7)
+    store = MemoryStore(db)
+    for n in range(120):
+        vector = tuple(_unit(rng, 256))
+        new = new_fact(acme.agent_id, f"fact {n}", embedding_model=model, embedding=vector)
+        assert store.create(acme.org_id, new).outcome.value == "created"
+    query = _unit(rng, 256)
+    sql = (
+        "SELECT id, similarity FROM ibex_memory.semantic_candidates(%s::uuid, %s, %s::real[],"
+        " 30, 500, NULL::uuid, NULL::text[], false, true, NULL::uuid, false)"
+    )
+    params = (str(acme.agent_id), model, query)
+
+    def ranked() -> list[tuple[Any, float]]:
+        db.execute_sql("SELECT set_config('ibex.org_id', %s, true)", (str(acme.org_id),))
+        return [(r[0], float(r[1])) for r in db.execute_sql(sql, params).fetchall()]
+
+    with db.atomic() as txn:
+        with_cubes = ranked()
+        db.execute_sql("DROP FUNCTION ibex_memory.dot_cubes")
+        with_loop = ranked()
+        txn.rollback()
+    assert len(with_cubes) == 30
+    assert [i for i, _ in with_cubes] == [i for i, _ in with_loop]
+    for (_, c), (_, loop) in zip(with_cubes, with_loop, strict=True):
+        assert c == pytest.approx(loop, abs=1e-6)
