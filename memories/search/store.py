@@ -182,10 +182,10 @@ who whom why will with would you your yours yourself yourselves tell know rememb
 """
 STOP_WORDS = frozenset(_STOP_WORDS.split())
 
-#: The trigram index: per agent where btree_gin is installed (migration 000009), else org-wide.
 #: Whether the semantic fallback's dot products run in C (000033: contrib's cube installed).
 DOT_CUBES_AVAILABLE_SQL = "SELECT to_regproc('ibex_memory.dot_cubes') IS NOT NULL"
 
+#: The trigram index: per agent where btree_gin is installed (migration 000009), else org-wide.
 TRIGRAM_AVAILABLE_SQL = """
 SELECT to_regprocedure('word_similarity(text,text)') IS NOT NULL
    AND (to_regclass('ibex_memory.idx_memories_trgm_agent') IS NOT NULL
