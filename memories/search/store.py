@@ -607,42 +607,35 @@ class SearchStore:
 
     def __init__(self, db: peewee.Database) -> None:
         self.db = db
-        self._trigram: tuple[bool, float] | None = None
-        self._cubes: tuple[bool, float] | None = None
-        self._vector_index: dict[int, tuple[bool, float]] = {}
+        #: What the schema offers (pg_trgm, cube, a dimension's HNSW index), with when asked.
+        self._checks: dict[str, tuple[bool, float]] = {}
 
     def vector_index(self, dimension: int) -> bool:
         """Whether pgvector and the HNSW index of ``dimension`` (migration 000016) exist;
         checked again at most every :data:`RECHECK_SECONDS`."""
-        now = time.monotonic()
-        known = self._vector_index.get(dimension)
-        if known is None or now - known[1] > RECHECK_SECONDS:
-            with db_errors():
-                row = self.db.execute_sql(VECTOR_INDEX_SQL, (dimension,)).fetchone()
-            known = (bool(row[0]), now)
-            self._vector_index[dimension] = known
-        return known[0]
+        return self._checked(f"vector_index:{dimension}", VECTOR_INDEX_SQL, (dimension,))
 
     def dot_cubes_available(self) -> bool:
         """Whether ``ibex_memory.dot_cubes`` exists (migration 000033, where the server ships
         contrib's cube); checked again at most every :data:`RECHECK_SECONDS`."""
-        now = time.monotonic()
-        if self._cubes is None or now - self._cubes[1] > RECHECK_SECONDS:
-            with db_errors():
-                row = self.db.execute_sql(DOT_CUBES_AVAILABLE_SQL).fetchone()
-            self._cubes = (bool(row[0]), now)
-        return self._cubes[0]
+        return self._checked("dot_cubes", DOT_CUBES_AVAILABLE_SQL)
 
     def trigram_available(self) -> bool:
         """Whether ``pg_trgm`` and the trigram index are installed. Checked again at most every
         :data:`RECHECK_SECONDS`, so a server that gains the extension (``ibex migrate`` after
         installing it) is noticed without a restart."""
+        return self._checked("trigram", TRIGRAM_AVAILABLE_SQL)
+
+    def _checked(self, name: str, sql: str, params: tuple[Any, ...] = ()) -> bool:
+        """The answer of ``sql`` (one boolean) about the schema, kept under ``name`` and
+        asked again at most every :data:`RECHECK_SECONDS`."""
         now = time.monotonic()
-        if self._trigram is None or now - self._trigram[1] > RECHECK_SECONDS:
+        known = self._checks.get(name)
+        if known is None or now - known[1] > RECHECK_SECONDS:
             with db_errors():
-                row = self.db.execute_sql(TRIGRAM_AVAILABLE_SQL).fetchone()
-            self._trigram = (bool(row[0]), now)
-        return self._trigram[0]
+                row = self.db.execute_sql(sql, params).fetchone()
+            known = self._checks[name] = (bool(row[0]), now)
+        return known[0]
 
     def search_mode(self, semantic: bool = False) -> str:
         """What ``/readyz`` says: ``full-text+trigram``, or ``full-text`` without pg_trgm, and
