@@ -6,6 +6,7 @@ gives it to within the reals' rounding, and the semantic window ranks alike with
 from __future__ import annotations
 
 import random
+import uuid
 from typing import Any
 
 import pytest
@@ -127,3 +128,28 @@ def test_the_window_ranks_alike_with_and_without_the_cubes(db: Any, acme: Any) -
     assert [i for i, _ in with_cubes] == [i for i, _ in with_loop]
     for (_, c), (_, loop) in zip(with_cubes, with_loop, strict=True):
         assert c == pytest.approx(loop, abs=1e-6)
+
+
+def test_the_query_vectors_text_is_the_reals_its_list_was(db: Any) -> None:
+    """The search sends its query's vector as text (``vector_literal``), no longer as a list
+    (``ARRAY[...]`` of numerics, cast by the statement): Postgres reads the same reals."""
+    from memories.search.store import SemanticQuery, _prepare
+
+    rng = random.Random(33)
+    for size in (1, 3, 256, 1536):
+        for _ in range(20):
+            vector = [rng.gauss(0.0, 1.0) * 10 ** rng.randint(-6, 2) for _ in range(size)]
+            prepared = _prepare(
+                uuid.uuid4(),
+                "what snacks",
+                trigram=False,
+                limit=10,
+                semantic=SemanticQuery("m", vector),
+            )
+            assert prepared is not None
+            sent = prepared[1]["vector"]
+            assert isinstance(sent, str)
+            (same,) = db.execute_sql(
+                "SELECT %s::real[] IS NOT DISTINCT FROM %s::real[]", (sent, vector)
+            ).fetchone()
+            assert same, size
