@@ -62,15 +62,19 @@ def _unit(rng: random.Random, size: int) -> list[float]:
 
 
 def test_the_cubes_dot_is_the_loops_to_within_the_reals_rounding(db: Any) -> None:
-    """Migration 000033 where the server has cube: for stored vectors of length 1 (as every
-    write stores them) and any query (a unit one, a longer one, zeros), dot_cubes gives the
-    loop's sum to within the rounding of the reals, for every count of 100-dimension chunks
-    (one to 41)."""
+    """Migration 000033 where the server has cube, its terms nested by 000034: for stored
+    vectors of length 1 (as every write stores them) and any query (a unit one, a longer one,
+    zeros), dot_cubes gives the loop's sum to within the rounding of the reals, for every
+    count of 100-dimension chunks (one to 41)."""
     (installed,) = db.execute_sql(
         "SELECT to_regproc('ibex_memory.dot_cubes') IS NOT NULL"
     ).fetchone()
     if not installed:
         pytest.skip("cube is not available on this server: dot (the loop) serves")
+    (definition,) = db.execute_sql(
+        "SELECT pg_get_functiondef(to_regproc('ibex_memory.dot_cubes'))"
+    ).fetchone()
+    assert "cardinality(c) > 1" in definition  # 000034's form replaced 000033's
     rng = random.Random(33)
     for size in (1, 2, 99, 100, 101, 199, 200, 256, 300, 1536, 4096):
         for query_scale in (1.0, 3.0, 0.0):
