@@ -10,14 +10,13 @@
 -- one back (d_1^2 + (d_2^2 + d_3^2)), which can change a sum in its last bit, below the
 -- stored reals' rounding (about 1e-7) that 000033 already allows.
 --
---   ibex_memory.ensure_dot_cubes()   000033's, making the nested form; CREATE OR REPLACE for
---                                    the query's two functions, so it can rebuild them
---   here                             where dot_cubes exists, it is dropped and ensure_dot_cubes
---                                    makes it again (with its grants); without cube nothing
---                                    changes
---
--- The ranking statement and semantic_candidates call dot_cubes by name (in their text), so
--- nothing depends on the function's identity.
+--   ibex_memory.ensure_dot_cubes()   000033's, making the nested form, each function with
+--                                    CREATE OR REPLACE (and its grants): called again, it
+--                                    makes the same functions
+--   here                             where dot_cubes exists, ensure_dot_cubes replaces it in
+--                                    place (the same function, so a statement prepared with it
+--                                    is planned again, never left without it); without cube
+--                                    nothing changes
 
 SET LOCAL search_path = pg_catalog;
 
@@ -30,9 +29,6 @@ DECLARE
     v_schema text;
     v_terms text;
 BEGIN
-    IF to_regproc('ibex_memory.dot_cubes') IS NOT NULL THEN
-        RETURN true;
-    END IF;
     IF NOT EXISTS (SELECT 1 FROM pg_available_extensions WHERE name = 'cube') THEN
         RAISE NOTICE 'cube is not available on this server: the semantic fallback keeps its loop';
         RETURN false;
@@ -71,7 +67,8 @@ BEGIN
             v_schema, (k - 1) * 100 + 1, k * 100, k, v_terms);
     END LOOP;
     EXECUTE format(
-        'CREATE FUNCTION ibex_memory.dot_cubes(a real[], c %1$I.cube[], n double precision)'
+        'CREATE OR REPLACE FUNCTION ibex_memory.dot_cubes(a real[], c %1$I.cube[],'
+        ' n double precision)'
         ' RETURNS double precision LANGUAGE sql IMMUTABLE PARALLEL SAFE'
         ' RETURN (1 + n - (%2$s)) / 2',
         v_schema, v_terms);
@@ -92,7 +89,6 @@ REVOKE ALL ON FUNCTION ibex_memory.ensure_dot_cubes() FROM PUBLIC;
 DO $$
 BEGIN
     IF to_regproc('ibex_memory.dot_cubes') IS NOT NULL THEN
-        EXECUTE 'DROP FUNCTION ' || to_regproc('ibex_memory.dot_cubes')::regprocedure::text;
         PERFORM ibex_memory.ensure_dot_cubes();
     END IF;
 END
