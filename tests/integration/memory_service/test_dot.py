@@ -1,7 +1,9 @@
 """``ibex_memory.dot`` (migration 000032: sixteen products per step of its loop) gives the
 sum of 000016's loop bit for bit, for every length (the steps of sixteen and the rest), and
-NULL where 000016's gave it; where the server has cube, ``ibex_memory.dot_cubes`` (000033)
-gives it to within the reals' rounding, and the semantic window ranks alike with either."""
+NULL where 000016's gave it; where the server has cube, ``ibex_memory.dot_cubes`` (000033,
+nested by 000034) gives it to within the reals' rounding, and the semantic window ranks alike
+with either. The query's vector, the other operand, reaches them as the same reals whether
+sent as text or as a list."""
 
 from __future__ import annotations
 
