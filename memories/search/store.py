@@ -253,6 +253,8 @@ def _search_sql(
         " GROUP BY id"
     )
     semantic_signal = "NULL::float8"
+    # The cubes only without pgvector's index: the query's chunks are made once, in q.
+    with_cubes = semantic and cubes and vector_dimension is None
     if semantic:
         # The scope's nearest vectors of the query's model join the lexical candidates, each
         # with its rank among them (1: the nearest); the similarity is then computed exactly
@@ -268,13 +270,14 @@ def _search_sql(
             " %(session_id)s::uuid, %(kinds)s::text[], %(include_superseded)s,"
             " %(all_users)s, %(user_id)s::uuid, %(include_shared)s) AS c) u GROUP BY id"
         )
-        cosine = "ibex_memory.dot(e.embedding, %(vector)s::real[])"
-        if cubes and vector_dimension is None:
-            # semantic_candidates scores its window with the same expression (000033).
-            cosine = "ibex_memory.dot_cubes(e.embedding, q.qcubes, q.qnorm)"
         if vector_dimension is not None:
             dim = int(vector_dimension)
             cosine = f"1 - (e.embedding::vector({dim}) <=> %(vector)s::real[]::vector({dim}))"
+        elif with_cubes:
+            # semantic_candidates scores its window with the same expression (000033).
+            cosine = "ibex_memory.dot_cubes(e.embedding, q.qcubes, q.qnorm)"
+        else:
+            cosine = "ibex_memory.dot(e.embedding, %(vector)s::real[])"
         # A semantic candidate's similarity is the one its branch computed, with the same
         # expression on the same vectors: the others are computed here.
         semantic_signal = (
@@ -332,7 +335,7 @@ kept AS MATERIALIZED (
         pruned = f"kept AS (SELECT b.*, {trigram_signal} AS trigram FROM bounded b),"
     columns = ", ".join(f"s.{c.strip()}" for c in COLUMNS.split(","))
     query_cubes = ""
-    if semantic and cubes and vector_dimension is None:
+    if with_cubes:
         query_cubes = (
             ",\n           ibex_memory.dot_query_cubes(%(vector)s::real[]) AS qcubes,"
             "\n           ibex_memory.dot_query_norm(%(vector)s::real[]) AS qnorm"
