@@ -20,11 +20,18 @@ from urllib.parse import unquote, urlparse
 
 import peewee
 import psycopg2.extensions
+import psycopg2.extras
 from playhouse.postgres_ext import PooledPostgresqlExtDatabase, PostgresqlExtDatabase
 
+from core import fastjson
 from core.errors import ConfigError, DatabaseUnavailableError
 
 T = TypeVar("T")
+
+# json and jsonb values are read by orjson, with json's answers (core.fastjson): a turn's
+# stored result, which each of its writes reads back, holds its memories' vectors.
+psycopg2.extras.register_default_json(globally=True, loads=fastjson.loads)
+psycopg2.extras.register_default_jsonb(globally=True, loads=fastjson.loads)
 
 APP_ROLE = "ibex_app"
 SCAN_ROLE = "ibex_scan"

@@ -6,6 +6,7 @@ from collections.abc import Sequence
 
 import httpx
 
+from core import fastjson
 from core.config import MAX_EMBEDDING_DIMENSION
 from core.errors import ConfigError, EmbeddingsUnavailable
 from core.http import CookielessClient
@@ -80,7 +81,7 @@ class OpenAIEmbedder:
                 f"embeddings endpoint answered {response.status_code} ({self.url})"
             )
         try:
-            answer = response.json()
+            answer = fastjson.loads(response.content)  # as response.json(), faster
             data = answer["data"]
             items = sorted(data, key=lambda item: int(item["index"]))
             vectors = [item["embedding"] for item in items]

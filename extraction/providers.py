@@ -20,6 +20,7 @@ from typing import Any, Protocol
 
 import httpx
 
+from core import fastjson
 from core.config import Settings, redact_url
 from core.errors import ConfigError, LLMRejectedError, LLMUnavailableError
 from core.http import CookielessClient
@@ -177,7 +178,7 @@ class OpenAICompatibleProvider:
         """The assistant's text and the whole response object; a malformed response is an
         LLMUnavailableError (the endpoint had a bad moment; a retry may get a good answer)."""
         try:
-            payload = response.json()
+            payload = fastjson.loads(response.content)  # as response.json(), faster
         except ValueError as exc:
             raise LLMUnavailableError(
                 f"LLM endpoint {self._safe_url} answered {response.status_code} with a body"

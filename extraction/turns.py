@@ -56,7 +56,6 @@ together to keep one lock order and one name per transition.
 from __future__ import annotations
 
 import datetime as dt
-import json
 import uuid
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -64,6 +63,7 @@ from typing import Any
 
 import peewee
 
+from core import fastjson
 from core.db import one_statement, require_bypass_rls, tenant, transaction
 from core.errors import RowNotFoundError
 from extraction.caches import AnswerCache, SlotCache
@@ -297,7 +297,7 @@ class TurnStore:
         if row is None:
             return None
         result, provider, model = row
-        return (result if isinstance(result, dict) else json.loads(result)), provider, model
+        return (result if isinstance(result, dict) else fastjson.loads(result)), provider, model
 
     def release_claim(self, ref: TurnRef, token: uuid.UUID, error: str) -> None:
         """After a failed LLM call: drop our claim (so the retry need not wait) and keep why."""
@@ -398,7 +398,7 @@ class TurnStore:
                 str(ref.session_id),
                 ref.turn_index,
                 str(token),
-                json.dumps(result, ensure_ascii=False),
+                fastjson.dumps(result),
                 len(result["memories"]),
                 prompt_tokens,
                 completion_tokens,

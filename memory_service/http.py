@@ -17,6 +17,7 @@ from typing import Any
 import falcon
 from marshmallow import Schema, ValidationError
 
+from core import fastjson
 from memories.auth import (
     Authenticator,
     AuthError,
@@ -75,13 +76,17 @@ def _reject_constant(name: str) -> Any:
     raise ValueError(f"{name} is not JSON")
 
 
+def _strict_loads(text: str) -> Any:
+    return json.loads(text, parse_float=_finite_float, parse_constant=_reject_constant)
+
+
 def parse_json(raw: bytes) -> Any:
     """Strict JSON: UTF-8, no NaN/Infinity, no numbers that overflow; else 400. A string that
     Postgres cannot store (NUL, a lone surrogate), anywhere in the document, is a 422 naming
     where it is."""
     try:
         text = raw.decode("utf-8")
-        document = json.loads(text, parse_float=_finite_float, parse_constant=_reject_constant)
+        document = fastjson.loads(text, _strict_loads)
     except (UnicodeDecodeError, ValueError, RecursionError) as exc:
         raise ErrorAnswer(400, "MALFORMED_JSON", f"the body is not valid JSON: {exc}") from None
     if may_hold_unstorable(text):
