@@ -29,7 +29,7 @@ from core.errors import ConfigError, DatabaseUnavailableError
 T = TypeVar("T")
 
 # json and jsonb values are read by orjson, with json's answers (core.fastjson): a turn's
-# stored result, which each of its writes reads back, holds its memories' vectors.
+# stored result, which a write served by another process reads back, holds its vectors.
 psycopg2.extras.register_default_json(globally=True, loads=fastjson.loads)
 psycopg2.extras.register_default_jsonb(globally=True, loads=fastjson.loads)
 
