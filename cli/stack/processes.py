@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import random
 import re
 import shlex
 import shutil
@@ -46,11 +47,42 @@ _VARIABLE = re.compile(
 _LINE = re.compile(r"^(?P<name>[A-Za-z0-9_-]+):\s*(?P<command>.+?)\s*$")
 
 
+#: Where the kernel's ephemeral ports (the local ports of outgoing connections) start when
+#: /proc does not say (Linux's default; other systems start higher).
+EPHEMERAL_LOW = 32768
+#: The lowest port :func:`free_port` answers.
+PORTS_FROM = 10000
+
+
 def free_port() -> int:
-    """A TCP port on 127.0.0.1 that nothing listens on right now."""
+    """A TCP port on 127.0.0.1 that nothing listens on right now, below the kernel's range of
+    ephemeral ports. Port 0 would give one from that range, which any outgoing connection (a
+    worker's to Redis or Postgres) may take as its local port between this answer and the
+    child's bind: the child then fails with "Address already in use". A port below the range
+    is only ever taken by a listener, and this checks that none holds it."""
+    low = _ephemeral_low()
+    chooser = random.SystemRandom()
+    for _ in range(200):
+        port = chooser.randrange(PORTS_FROM, low)
+        with contextlib.closing(socket.socket(socket.AF_INET, socket.SOCK_STREAM)) as sock:
+            try:
+                sock.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+            return port
     with contextlib.closing(socket.socket(socket.AF_INET, socket.SOCK_STREAM)) as sock:
-        sock.bind(("127.0.0.1", 0))
+        sock.bind(("127.0.0.1", 0))  # every port tried is in use: the kernel's choice
         return int(sock.getsockname()[1])
+
+
+def _ephemeral_low() -> int:
+    """The first port of the kernel's ephemeral range (``ip_local_port_range``)."""
+    try:
+        text = Path("/proc/sys/net/ipv4/ip_local_port_range").read_text()
+        low = int(text.split()[0])
+    except (OSError, ValueError, IndexError):
+        return EPHEMERAL_LOW
+    return low if low > PORTS_FROM + 1000 else EPHEMERAL_LOW
 
 
 def expand(command: str, env: Mapping[str, str]) -> str:
