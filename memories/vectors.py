@@ -13,6 +13,7 @@ import uuid
 from collections.abc import Iterable, Sequence
 from typing import Any
 
+import orjson
 import peewee
 
 from core.db import db_errors, tenant, transaction, uuid_column
@@ -68,17 +69,38 @@ _VECTOR_FORMATS: dict[int, str] = {}
 
 
 def vector_literal(vector: Sequence[float]) -> str:
-    """The text of a ``real[]`` holding ``vector`` (``{0.0623452365,...}``), as the write
+    """The text of a ``real[]`` holding ``vector`` (``{0.062345237,...}``), as the write
     sends it: each component rounded to a ``real`` here (as the column stores it) and written
-    with nine significant digits, which Postgres reads back as that same ``real``.
+    in the fewest digits that Postgres reads back as that same ``real``.
 
     A Python list would be sent as ``ARRAY[0.062345236539840698, ...]``: psycopg2 quotes each
     float on its own (about 0.4 ms of the web process's CPU for 256 dimensions), and Postgres
     parses each one as a ``numeric`` constant and casts it to ``real`` (a fifth of the
-    write's CPU in Postgres). The string is built in a tenth of the time and read by
+    write's CPU in Postgres). The string is built in a hundredth of the time and read by
     ``real[]``'s own input function; the stored values are the same."""
+    import numpy as np
+
     size = len(vector)
-    return _literal(struct.unpack(f"{size}f", struct.pack(f"{size}f", *vector)))
+    with np.errstate(over="ignore", invalid="ignore"):
+        reals = np.array(vector, dtype=np.float64).astype(np.float32)
+    text = _array_literal(reals)
+    if text is None:
+        # Not finite as a real (NaN, infinite, or past a real's range): spelled as before
+        # (``nan``, ``inf``), which Postgres reads as such.
+        return _literal(struct.unpack(f"{size}f", struct.pack(f"{size}f", *vector)))
+    return text
+
+
+def _array_literal(reals: Any) -> str | None:
+    """The ``real[]`` text of a float32 array, in orjson's shortest round-trip form of each
+    ``real`` (about 5 us for 256 components, against 35 for ``'%.9g'``); None when a component
+    is not finite (orjson writes those as ``null``, which ``real[]`` reads as NULL)."""
+    import numpy as np
+
+    if not np.isfinite(reals).all():
+        return None
+    text = orjson.dumps(reals, option=orjson.OPT_SERIALIZE_NUMPY)
+    return "{" + text[1:-1].decode() + "}"
 
 
 def _literal(reals: Sequence[float]) -> str:
@@ -119,7 +141,9 @@ def unit_literal(vector: Any) -> str | None:
     unit = _unit_array(vector)
     if unit is None:
         return None
-    return _literal(unit.astype(np.float32).tolist())
+    reals = unit.astype(np.float32)
+    text = _array_literal(reals)
+    return text if text is not None else _literal(reals.tolist())
 
 
 def _unit_array(vector: Any) -> Any:

@@ -7,6 +7,7 @@ sent as text or as a list."""
 
 from __future__ import annotations
 
+import math
 import random
 import uuid
 from typing import Any
@@ -159,3 +160,33 @@ def test_the_query_vectors_text_is_the_reals_its_list_was(db: Any) -> None:
                 "SELECT %s::real[] IS NOT DISTINCT FROM %s::real[]", (sent, vector)
             ).fetchone()
             assert same, size
+
+
+def test_the_written_text_is_the_reals_postgres_reads(db: Any) -> None:
+    """A write's and a search's vector text (orjson's shortest digits of each ``real``) is
+    read by ``real[]``'s input as the very reals it was made from: components drawn as
+    float32 bit patterns (every exponent, subnormals) and unit vectors of every size."""
+    import struct
+
+    from memories.vectors import unit_literal, unit_vector, vector_literal
+
+    rng = random.Random(35)
+    reals = []
+    while len(reals) < 2000:
+        (value,) = struct.unpack("f", struct.pack("I", rng.getrandbits(32)))
+        if math.isfinite(value):
+            reals.append(value)
+    for start in range(0, len(reals), 500):
+        chunk = reals[start : start + 500]
+        (same,) = db.execute_sql(
+            "SELECT %s::real[] IS NOT DISTINCT FROM %s::real[]", (vector_literal(chunk), chunk)
+        ).fetchone()
+        assert same
+    for size in (3, 256, 1536):
+        vector = [rng.gauss(0.0, 1.0) for _ in range(size)]
+        unit = unit_vector(vector)
+        assert unit is not None
+        (same,) = db.execute_sql(
+            "SELECT %s::real[] IS NOT DISTINCT FROM %s::real[]", (unit_literal(vector), list(unit))
+        ).fetchone()
+        assert same, size

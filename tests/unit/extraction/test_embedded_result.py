@@ -103,7 +103,7 @@ def test_the_write_body_carries_the_vector_outside_the_fingerprint() -> None:
     a, b = new_memory(with_vector, "key"), new_memory(without, "key")
     assert a.fingerprint == b.fingerprint
     # The unit vector, as the real[] text the write sends.
-    assert a.embedding == "{0.600000024,0.800000012,0}" and a.embedding_model == "test:fake"
+    assert a.embedding == "{0.6,0.8,0.0}" and a.embedding_model == "test:fake"
     assert b.embedding is None
 
 
