@@ -7,7 +7,6 @@ sent as text or as a list."""
 
 from __future__ import annotations
 
-import math
 import random
 import uuid
 from typing import Any
@@ -166,16 +165,11 @@ def test_the_written_text_is_the_reals_postgres_reads(db: Any) -> None:
     """A write's and a search's vector text (orjson's shortest digits of each ``real``) is
     read by ``real[]``'s input as the very reals it was made from: components drawn as
     float32 bit patterns (every exponent, subnormals) and unit vectors of every size."""
-    import struct
-
     from memories.vectors import unit_literal, unit_vector, vector_literal
+    from tests.unit.memory_service.test_vector_literal import float32_reals
 
     rng = random.Random(35)
-    reals = []
-    while len(reals) < 2000:
-        (value,) = struct.unpack("f", struct.pack("I", rng.getrandbits(32)))
-        if math.isfinite(value):
-            reals.append(value)
+    reals = float32_reals(35, 2000)
     for start in range(0, len(reals), 500):
         chunk = reals[start : start + 500]
         (same,) = db.execute_sql(

@@ -31,16 +31,22 @@ def test_zeros_and_signs() -> None:
     assert vector_literal((0.0, -0.0, 1.0, -1.0)) == "{0.0,-0.0,1.0,-1.0}"
 
 
-def test_every_kind_of_real_reads_back_as_itself() -> None:
-    """Components drawn as float32 bit patterns (every exponent, subnormals, the largest
-    real) are written in digits that read back as the same real; the text is no longer than
-    nine significant digits would make it."""
-    rng = random.Random(5)
+def float32_reals(seed: int, count: int) -> list[float]:
+    """``count`` finite reals drawn as float32 bit patterns (every exponent, subnormals),
+    after zero, negative zero, the largest real, the smallest subnormal and normal."""
+    rng = random.Random(seed)
     reals = [0.0, -0.0, 3.4028234663852886e38, -1.401298464324817e-45, 1.1754943508222875e-38]
-    while len(reals) < 5000:
+    while len(reals) < count:
         (value,) = struct.unpack("f", struct.pack("I", rng.getrandbits(32)))
         if math.isfinite(value):
             reals.append(value)
+    return reals
+
+
+def test_every_kind_of_real_reads_back_as_itself() -> None:
+    """Every kind of real is written in digits that read back as the same real; the text is
+    no longer than nine significant digits would make it."""
+    reals = float32_reals(5, 5000)
     for start in range(0, len(reals), 250):
         chunk = reals[start : start + 250]
         text = vector_literal(chunk)
