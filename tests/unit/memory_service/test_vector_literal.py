@@ -45,7 +45,7 @@ def float32_reals(seed: int, count: int) -> list[float]:
 
 def test_every_kind_of_real_reads_back_as_itself() -> None:
     """Every kind of real is written in digits that read back as the same real; the text is
-    no longer than nine significant digits would make it."""
+    no longer, in all, than nine significant digits make it."""
     reals = float32_reals(5, 5000)
     for start in range(0, len(reals), 250):
         chunk = reals[start : start + 250]
