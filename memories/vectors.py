@@ -8,7 +8,6 @@ statement reads the vectors in :mod:`memories.search.store`.)"""
 from __future__ import annotations
 
 import math
-import struct
 import uuid
 from collections.abc import Iterable, Sequence
 from typing import Any
@@ -80,25 +79,21 @@ def vector_literal(vector: Sequence[float]) -> str:
     ``real[]``'s own input function; the stored values are the same."""
     import numpy as np
 
-    size = len(vector)
     with np.errstate(over="ignore", invalid="ignore"):
         reals = np.array(vector, dtype=np.float64).astype(np.float32)
-    text = _array_literal(reals)
-    if text is None:
-        # Not finite as a real (NaN, infinite, or past a real's range): spelled as before
-        # (``nan``, ``inf``), which Postgres reads as such.
-        return _literal(struct.unpack(f"{size}f", struct.pack(f"{size}f", *vector)))
-    return text
+    return _reals_literal(reals)
 
 
-def _array_literal(reals: Any) -> str | None:
+def _reals_literal(reals: Any) -> str:
     """The ``real[]`` text of a float32 array, in orjson's shortest round-trip form of each
-    ``real`` (about 5 us for 256 components, against 35 for ``'%.9g'``); None when a component
-    is not finite (orjson writes those as ``null``, which ``real[]`` reads as NULL)."""
+    ``real`` (about 5 us for 256 components, against 35 for ``'%.9g'``). An array with a
+    component that is not finite (NaN, an infinity, or past a real's range before the cast)
+    is written with ``'%.9g'`` (``nan``, ``inf``, which Postgres reads as such): orjson would
+    write ``null``, which ``real[]`` reads as NULL."""
     import numpy as np
 
     if not np.isfinite(reals).all():
-        return None
+        return _literal(reals.tolist())
     text = orjson.dumps(reals, option=orjson.OPT_SERIALIZE_NUMPY)
     return "{" + text[1:-1].decode() + "}"
 
@@ -134,16 +129,13 @@ def unit_vector(vector: Sequence[float]) -> tuple[float, ...] | None:
 def unit_literal(vector: Any) -> str | None:
     """``vector_literal(unit_vector(vector))`` in one pass, for a write's vector (a list of
     floats, or an embedder's array): the same text, without the tuple of Python floats and
-    their second trip through ``struct`` (each component rounded to a ``real`` by the array's
-    own cast, as ``struct`` rounds it). None as :func:`unit_vector`."""
+    their second trip into an array. None as :func:`unit_vector`."""
     import numpy as np
 
     unit = _unit_array(vector)
     if unit is None:
         return None
-    reals = unit.astype(np.float32)
-    text = _array_literal(reals)
-    return text if text is not None else _literal(reals.tolist())
+    return _reals_literal(unit.astype(np.float32))
 
 
 def _unit_array(vector: Any) -> Any:
