@@ -4,6 +4,7 @@ outgoing connection can take before the child binds it."""
 from __future__ import annotations
 
 import contextlib
+import random
 import socket
 from pathlib import Path
 
@@ -24,19 +25,27 @@ def test_a_free_port_is_below_the_ephemeral_range_and_bindable() -> None:
 
 
 def test_a_port_some_listener_holds_is_not_answered(monkeypatch: pytest.MonkeyPatch) -> None:
+    real = random.SystemRandom()
+    draws: list[int] = []
     with contextlib.closing(socket.socket(socket.AF_INET, socket.SOCK_STREAM)) as held:
         held.bind(("127.0.0.1", 0))
         held.listen()
         taken = held.getsockname()[1]
-        draws = iter([taken, taken, taken + 1 if taken + 1 < 65536 else taken - 1])
 
         class Draws:
-            def randrange(self, start: int, stop: int) -> int:
-                return next(draws)
+            """The held port twice, then real draws (any port after it may be in use too)."""
 
-        monkeypatch.setattr(processes.random, "SystemRandom", Draws)
+            def randrange(self, start: int, stop: int) -> int:
+                port = taken if len(draws) < 2 else real.randrange(start, stop)
+                draws.append(port)
+                return port
+
+        monkeypatch.setattr(random, "SystemRandom", Draws)
         monkeypatch.setattr(processes, "_ephemeral_low", lambda: 65536)
-        assert free_port() != taken
+        port = free_port()
+    assert port != taken
+    assert draws[:2] == [taken, taken] and len(draws) >= 3
+    assert draws[-1] == port
 
 
 def test_the_range_is_read_from_the_kernel_or_assumed(
