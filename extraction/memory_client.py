@@ -3,7 +3,8 @@
 One :class:`MemoryClient` per process: an :class:`ibex_client.IbexClient` with no retries of
 its own (a retryable failure goes back to the queue, which retries the whole message with its
 own backoff), holding the one pooled httpx client. A write sends the body the stage built from
-the persisted result, as it is (:mod:`ibex_client.wire`), for the org of its message. This
+the persisted result, as it is (:func:`body_bytes`: the values of :mod:`ibex_client.wire`'s
+canonical body, written by orjson), for the org of its message. This
 module is the one place where the client's answers become what the queue does (the pipeline's
 memory HTTP outcomes):
 
@@ -25,6 +26,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import httpx
+import orjson
 
 from core import tracing
 from core.errors import MemoryRejectedError, MemoryUnavailableError
@@ -58,6 +60,46 @@ class WriteResult:
     memory_id: uuid.UUID | None
     code: str | None
     replayed: bool
+
+
+#: orjson's options for a write's body: keys sorted as ``canonical_body`` sorts them; a
+#: datetime or a dataclass is left to :func:`canonical_body` (which writes ``str`` of it).
+_BODY_OPTIONS = (
+    orjson.OPT_SORT_KEYS | orjson.OPT_PASSTHROUGH_DATETIME | orjson.OPT_PASSTHROUGH_DATACLASS
+)
+
+
+def body_bytes(body: Mapping[str, Any]) -> bytes:
+    """A write's JSON: the values :func:`canonical_body` writes (sorted keys, compact, UTF-8),
+    at orjson's speed (a body with a 256-dimension vector: 12 us against 137). A number may be
+    spelled otherwise (orjson writes ``1e-05`` as ``0.00001``), never with another value, and
+    the bytes are the same on every attempt (the server's fingerprint is taken over the values
+    it reads, the vector left out). What orjson would write with another value (a float that
+    is not finite, which it writes as ``null``) or cannot write (an integer past 64 bits, a
+    key that is not a string, a type JSON has no form for) is written by canonical_body."""
+    if _finite(body):
+        try:
+            return orjson.dumps(body, option=_BODY_OPTIONS)
+        except TypeError:  # orjson.JSONEncodeError included
+            pass
+    return canonical_body(body)
+
+
+def _finite(value: object) -> bool:
+    """Whether every float in ``value`` (a JSON-like tree) is finite. A list of numbers (a
+    vector) is judged by its sum: one that is not finite makes the sum not finite (as does a
+    sum past the largest float, which then takes the slower, equally correct path)."""
+    if isinstance(value, float):
+        return value - value == 0.0
+    if isinstance(value, Mapping):
+        return all(map(_finite, value.values()))
+    if isinstance(value, (list, tuple)):
+        try:
+            total = sum(value)
+        except TypeError:  # not numbers alone
+            return all(map(_finite, value))
+        return not isinstance(total, float) or total - total == 0.0
+    return True
 
 
 def _as_uuid(value: object) -> uuid.UUID | None:
@@ -151,7 +193,7 @@ class MemoryClient:
             "POST",
             "/v1/memories",
             _written,
-            body=canonical_body(body),
+            body=body_bytes(body),
             # The POST's span context, so the memory service's span joins the turn's trace.
             headers=tracing.inject({ORG_HEADER: str(org_id), IDEMPOTENCY_HEADER: idempotency_key}),
         )
@@ -164,4 +206,4 @@ class MemoryClient:
             raise MemoryUnavailableError(f"memory service: {error}") from error.__cause__
 
 
-__all__ = ["SUCCESS_CONFLICTS", "MemoryClient", "WriteResult", "classify"]
+__all__ = ["SUCCESS_CONFLICTS", "MemoryClient", "WriteResult", "body_bytes", "classify"]

@@ -4,15 +4,21 @@ mapped onto what the queue does."""
 from __future__ import annotations
 
 import contextlib
+import datetime as dt
 import json
+import math
+import random
 import uuid
 from collections.abc import Callable
+from typing import Any
 
 import httpx
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from core.errors import MemoryRejectedError, MemoryUnavailableError
-from extraction.memory_client import MemoryClient, WriteResult
+from extraction.memory_client import MemoryClient, WriteResult, body_bytes
 from ibex_client import canonical_body, parse_retry_after
 
 ORG = uuid.UUID("11111111-1111-4111-8111-111111111111")
@@ -68,6 +74,78 @@ def test_the_body_is_byte_for_byte_the_same_whatever_the_key_order() -> None:
     reordered = dict(reversed(list(BODY.items())))
     assert canonical_body(reordered) == canonical_body(BODY)
     assert canonical_body({"a": "é"}) == '{"a":"é"}'.encode()
+    assert body_bytes(reordered) == body_bytes(BODY) == canonical_body(BODY)
+    assert body_bytes({"a": "é"}) == '{"a":"é"}'.encode()
+
+
+def write_body(seed: int) -> dict[str, Any]:
+    """A body as the write stage builds it, with a 256-dimension vector at seven digits."""
+    rand = random.Random(seed)
+    vector = [float(f"{rand.gauss(0, 0.06):.7g}") for _ in range(256)]
+    vector[7] = 3.865994e-05  # a component json spells 3.865994e-05 and orjson 0.00003865994
+    return {
+        "agent_id": str(uuid.UUID(int=rand.getrandbits(128))),
+        "content": "Dana is allergic to peanuts. Ça compte.",
+        "kind": "fact",
+        "source": {"session_id": str(uuid.UUID(int=seed)), "turn_index": 12, "ordinal": 1},
+        "metadata": {"provider": "openai", "model": "gpt-4o-mini"},
+        "embedding": {"model": "local:wordllama-l2_supercat-256", "vector": vector},
+        "supersedes": [str(uuid.UUID(int=seed + 1))],
+        "stale_supersedes": "skip",
+    }
+
+
+def test_a_write_body_reads_as_the_same_values_and_is_the_same_bytes_every_time() -> None:
+    for seed in range(20):
+        body = write_body(seed)
+        sent = body_bytes(body)
+        assert json.loads(sent) == json.loads(canonical_body(body)) == body
+        assert sent == body_bytes(json.loads(sent)) == body_bytes(write_body(seed))
+        assert list(json.loads(sent)) == sorted(body)  # the keys sorted, as canonical_body
+
+
+@pytest.mark.parametrize(
+    "body",
+    [
+        {"vector": [0.5, float("nan")]},  # orjson would write null
+        {"vector": [float("inf"), 1.0]},
+        {"metadata": {"score": -math.inf}},
+        {"vector": [1.7e308, 1.7e308]},  # finite, but their sum is not
+        {"count": 2**64},  # past orjson's integers
+        {"at": dt.datetime(2026, 12, 7, 13, 0, tzinfo=dt.UTC)},  # canonical_body writes str()
+        {"id": uuid.UUID(int=5), "n": 1},
+    ],
+)
+def test_what_orjson_would_write_otherwise_is_written_by_canonical_body(
+    body: dict[str, Any],
+) -> None:
+    assert body_bytes(body) == canonical_body(body)
+
+
+JSON_LIKE = st.recursive(
+    st.none()
+    | st.booleans()
+    | st.integers(min_value=-(2**70), max_value=2**70)
+    | st.floats(allow_nan=True, allow_infinity=True)
+    | st.text(),
+    lambda inner: st.lists(inner, max_size=6) | st.dictionaries(st.text(), inner, max_size=6),
+    max_leaves=30,
+)
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.dictionaries(st.text(), JSON_LIKE, max_size=6))
+def test_any_body_reads_as_the_values_canonical_body_writes(body: dict[str, Any]) -> None:
+    try:
+        expected = canonical_body(body)
+    except UnicodeEncodeError:  # a lone surrogate: neither writes it
+        with pytest.raises(UnicodeEncodeError):
+            body_bytes(body)
+        return
+    sent = body_bytes(body)
+    # Read back and written again by canonical_body: equal texts (NaN included) mean equal
+    # values.
+    assert canonical_body(json.loads(sent)) == canonical_body(json.loads(expected))
 
 
 def test_replayed_201_is_flagged() -> None:
