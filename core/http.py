@@ -21,6 +21,22 @@ from typing import Any
 
 import httpx
 
+from core.config import redact_url
+from core.errors import ConfigError
+
+
+def endpoint_url(text: str, variable: str) -> httpx.URL:
+    """``text`` parsed once, at start: httpx parses a URL given as a string again on every
+    request (some 30 us). One it cannot parse (a port that is not a number) is a
+    :class:`~core.errors.ConfigError` naming ``variable``, at start rather than at the first
+    request; the message shows the URL without its password."""
+    try:
+        return httpx.URL(text)
+    except httpx.InvalidURL as exc:
+        raise ConfigError(
+            f"{variable} is not a URL ({redact_url(text)}): {exc}", variable=variable
+        ) from exc
+
 
 class _NoCookies(httpx.Cookies):
     """A cookie jar that stays empty: what a response sets is dropped unread."""

@@ -9,7 +9,7 @@ import httpx
 from core import fastjson
 from core.config import MAX_EMBEDDING_DIMENSION
 from core.errors import ConfigError, EmbeddingsUnavailable
-from core.http import CookielessClient
+from core.http import CookielessClient, endpoint_url
 from embeddings.base import normalise
 
 #: Texts per request to an OpenAI-compatible endpoint (OpenAI takes up to 2048 inputs).
@@ -41,7 +41,9 @@ class OpenAIEmbedder:
         self.remote_model = model
         self.model = f"openai:{model}"
         self.dimension = dimension
-        self.url = base_url.rstrip("/").removesuffix("/v1") + "/v1/embeddings"
+        self.url = endpoint_url(
+            base_url.rstrip("/").removesuffix("/v1") + "/v1/embeddings", "EMBEDDINGS_BASE_URL"
+        )
         headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
         self._client = CookielessClient(
             timeout=httpx.Timeout(timeout_seconds), headers=headers, transport=transport

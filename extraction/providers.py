@@ -23,7 +23,7 @@ import httpx
 from core import fastjson
 from core.config import Settings, redact_url
 from core.errors import ConfigError, LLMRejectedError, LLMUnavailableError
-from core.http import CookielessClient
+from core.http import CookielessClient, endpoint_url
 from extraction.prompt import RelatedMemory, build_messages
 from extraction.result import ExtractionResult, parse_llm_content
 from extraction.rules import RULES_MODEL, extract_changes
@@ -92,8 +92,8 @@ class OpenAICompatibleProvider:
         self.timeout = timeout
         self._own_client = client is None
         self._client = client if client is not None else CookielessClient(timeout=timeout)
-        self.url = f"{self.base_url}/chat/completions"
-        self._safe_url = redact_url(self.url)
+        self.url = endpoint_url(f"{self.base_url}/chat/completions", "LLM_BASE_URL")
+        self._safe_url = redact_url(str(self.url))
 
     def __repr__(self) -> str:
         return f"OpenAICompatibleProvider(url={self._safe_url!r}, model={self.model!r})"

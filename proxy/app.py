@@ -52,7 +52,7 @@ from core import tracing
 from core.config import Settings
 from core.db import make_pool
 from core.errors import ConfigError, DatabaseUnavailableError
-from core.http import CookielessAsyncClient
+from core.http import CookielessAsyncClient, endpoint_url
 from embeddings import QueryCache, embedder_from_settings
 from memories.auth import Authenticator, AuthError, Principal, require_scope, resolve_org
 from memories.search.context import estimate_tokens
@@ -156,7 +156,9 @@ class ChatProxy:
                 variable="UPSTREAM_LLM_BASE_URL",
             )
         self.settings = settings
-        self.url = f"{settings.upstream_llm_base_url}/chat/completions"
+        self.url = endpoint_url(
+            f"{settings.upstream_llm_base_url}/chat/completions", "UPSTREAM_LLM_BASE_URL"
+        )
         self.db = db
         self.spool = spool
         self.auth = Authenticator(TokenStore(db), cache_seconds=token_cache_seconds)

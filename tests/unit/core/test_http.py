@@ -15,7 +15,8 @@ from typing import Any
 import httpx
 import pytest
 
-from core.http import CookielessAsyncClient, CookielessClient, PlainHTTPTransport
+from core.errors import ConfigError
+from core.http import CookielessAsyncClient, CookielessClient, PlainHTTPTransport, endpoint_url
 from extraction.memory_client import MemoryClient
 
 SET_COOKIE = {"set-cookie": "__cf_bm=org-a-session; Path=/; HttpOnly"}
@@ -248,3 +249,12 @@ def test_https_and_proxied_http_keep_httpxs_own_transport(
         assert not isinstance(
             client._transport_for_url(httpx.URL("http://memory.test/")), PlainHTTPTransport
         )
+
+
+def test_an_endpoint_is_parsed_once_and_a_bad_one_is_a_config_error_at_start() -> None:
+    url = endpoint_url("http://llm.test:8080/v1/chat/completions", "LLM_BASE_URL")
+    assert isinstance(url, httpx.URL) and url == "http://llm.test:8080/v1/chat/completions"
+    with pytest.raises(ConfigError) as caught:
+        endpoint_url("http://user:s3cret@llm.test:port/v1/chat/completions", "LLM_BASE_URL")
+    assert caught.value.variable == "LLM_BASE_URL"
+    assert "LLM_BASE_URL" in str(caught.value) and "s3cret" not in str(caught.value)

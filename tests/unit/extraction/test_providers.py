@@ -330,3 +330,9 @@ def test_make_provider_rejects_an_unknown_provider() -> None:
     broken = Settings(**{**settings.__dict__, "llm_provider": "magic"})
     with pytest.raises(ConfigError):
         make_provider(broken)
+
+
+def test_a_base_url_httpx_cannot_parse_is_refused_at_start() -> None:
+    with pytest.raises(ConfigError) as caught:
+        OpenAICompatibleProvider("http://llm.test:port/v1", "m", "k", timeout=1.0)
+    assert caught.value.variable == "LLM_BASE_URL"
