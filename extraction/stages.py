@@ -32,7 +32,6 @@ the next one may assume (the persisted result, the slot identity, the pointer ru
 from __future__ import annotations
 
 import dataclasses
-import functools
 import logging
 import time
 import uuid
@@ -384,12 +383,8 @@ def _call_llm(
 #: Significant digits kept of each vector component (a float32's): the persisted result and
 #: the POST bodies stay compact, and the vector is the same on every read.
 VECTOR_DIGITS = 7
-#: One component's format, repeated: what :func:`_rounded` computes, for the components its
-#: arithmetic leaves to the formatting.
+#: One component's format, repeated: a vector is rounded by one formatting and one split.
 _COMPONENT = f"%.{VECTOR_DIGITS}g "
-#: How near to a half the scaled component may be before the formatting decides
-#: (:func:`_rounded`).
-_NEAR_HALF = 1e-7
 
 
 def _embedded(deps: StageDeps, ref: TurnRef, answer: LlmAnswer) -> LlmAnswer:
@@ -434,45 +429,9 @@ def _embedded(deps: StageDeps, ref: TurnRef, answer: LlmAnswer) -> LlmAnswer:
 
 
 def _rounded(vector: Sequence[float]) -> list[float]:
-    """Each component at :data:`VECTOR_DIGITS` significant digits: ``float(f"{v:.7g}")`` of
-    each, bit for bit, in about a third of the time (256 components: 39-42 us against 110-114).
-
-    A finite non-zero component ``v`` with ``10**e <= |v| < 10**(e + 1)`` is scaled by
-    ``10**k``, ``k = 6 - e``, to ``s`` in ``[10**6, 10**7)`` and rounded to the integer
-    ``q``; ``q / 10**k`` is the float nearest the decimal ``q * 10**-k`` (both are exact
-    floats, and IEEE division rounds correctly), which is what the formatting and ``float``
-    give when ``q`` is the formatting's digits. The product ``s`` is rounded, but to the
-    nearest float, so it never passes a half (a half is a float at these magnitudes): it may
-    land on one, where the formatting rounds the exact value, on whichever side it lies. Such
-    a component (within :data:`_NEAR_HALF` of a half) is formatted instead, as is one whose
-    ``k`` is outside ``0..22`` (a zero, a value past ``10**7`` or under ``10**-16``, NaN, an
-    infinity) and, as a guard, one whose ``s`` is outside its decade. The tests compare the
-    two over random bit patterns, the powers of ten and decimal halves."""
-    import numpy as np
-
-    values = np.asarray(vector, dtype=np.float64)
-    with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
-        magnitude = np.abs(values)
-        k = 6.0 - np.floor(np.log10(magnitude))
-        usable = (k >= 0.0) & (k <= 22.0)  # False for NaN, infinities and zeros
-        powers = np.take(_powers_of_ten(), np.where(usable, k, 0.0).astype(np.intp))
-        scaled = magnitude * powers
-        fraction = scaled - np.floor(scaled)
-        usable &= (scaled >= 1e6) & (scaled < 1e7) & (np.abs(fraction - 0.5) > _NEAR_HALF)
-        rounded = np.copysign(np.rint(scaled) / powers, values)
-    out: list[float] = rounded.tolist()
-    if not usable.all():
-        for i in np.flatnonzero(~usable).tolist():
-            out[i] = float(_COMPONENT % vector[i])
-    return out
-
-
-@functools.cache
-def _powers_of_ten() -> Any:
-    """10**0 .. 10**22 as an array of floats, each exact."""
-    import numpy as np
-
-    return np.array([float(10**i) for i in range(23)])
+    """Each component at :data:`VECTOR_DIGITS` significant digits (what ``float(f"{v:.7g}")``
+    gives, for the whole vector at once)."""
+    return list(map(float, (_COMPONENT * len(vector) % tuple(vector)).split()))
 
 
 def _resolve_refs(
