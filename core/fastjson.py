@@ -57,6 +57,18 @@ def dumps(value: Any) -> str:
     return json.dumps(value, ensure_ascii=False)
 
 
+def sorted_dumps(value: Any, fallback: Callable[[Any], bytes]) -> bytes:
+    """``value`` as compact UTF-8 JSON with its keys sorted, by orjson: the values ``fallback``
+    (a ``json.dumps(sort_keys=True)`` of the caller's) writes, up to the spelling of numbers.
+    What :func:`dumps` would leave to ``json.dumps`` is written by ``fallback``."""
+    try:
+        if _plain(value):
+            return orjson.dumps(value, option=orjson.OPT_SORT_KEYS)
+    except (orjson.JSONEncodeError, RecursionError):
+        pass
+    return fallback(value)
+
+
 def _plain(value: Any) -> bool:
     """Whether ``value`` holds only JSON's own types and finite floats. A list of numbers is
     summed at C speed: a sum that is not finite (or too large for a float) sends the value to

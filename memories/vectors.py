@@ -75,7 +75,7 @@ def vector_literal(vector: Sequence[float]) -> str:
     A Python list would be sent as ``ARRAY[0.062345236539840698, ...]``: psycopg2 quotes each
     float on its own (about 0.4 ms of the web process's CPU for 256 dimensions), and Postgres
     parses each one as a ``numeric`` constant and casts it to ``real`` (a fifth of the
-    write's CPU in Postgres). The string is built in a thirtieth of the time and read by
+    write's CPU in Postgres). The string is built in a fraction of the time and read by
     ``real[]``'s own input function; the stored values are the same."""
     import numpy as np
 
@@ -86,7 +86,8 @@ def vector_literal(vector: Sequence[float]) -> str:
 
 def _reals_literal(reals: Any) -> str:
     """The ``real[]`` text of a float32 array, in orjson's shortest round-trip form of each
-    ``real`` (about 5 us for 256 components, against 35 for ``'%.9g'``). An array with a
+    ``real`` (256 components: 5 us against 35 for ``'%.9g'`` in a tight loop; called once among
+    other work both cost far more, docs/benchmarks.md). An array with a
     component that is not finite (NaN, an infinity, or past a real's range before the cast)
     is written with ``'%.9g'`` (``nan``, ``inf``, which Postgres reads as such): orjson would
     write ``null``, which ``real[]`` reads as NULL."""
