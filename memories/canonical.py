@@ -11,10 +11,11 @@ import unicodedata
 from collections.abc import Mapping
 from typing import Any
 
-from core.canonical import canonical_json
+from core.canonical import canonical_bytes, canonical_json
 
 #: The request a fingerprint describes; only one route takes an idempotency key today.
 CREATE_ROUTE = "POST|/v1/memories|"
+_CREATE_ROUTE_BYTES = CREATE_ROUTE.encode("utf-8")
 
 
 def normalize_content(text: str) -> str:
@@ -74,4 +75,4 @@ def fingerprint(validated_body: Mapping[str, Any]) -> str:
 
 def fingerprint_digest(validated_body: Mapping[str, Any]) -> str:
     """SHA-256 (hex) of :func:`fingerprint`: what Redis and the row store, at a fixed size."""
-    return hashlib.sha256(fingerprint(validated_body).encode("utf-8")).hexdigest()
+    return hashlib.sha256(_CREATE_ROUTE_BYTES + canonical_bytes(validated_body)).hexdigest()

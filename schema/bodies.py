@@ -3,12 +3,14 @@
 
 from __future__ import annotations
 
-import json
 from typing import Any
+
+from core.fastjson import compact
 
 
 def dumps(value: Any) -> bytes:
-    return json.dumps(value, ensure_ascii=False, separators=(",", ":")).encode("utf-8")
+    """Compact UTF-8 JSON, ``json.dumps``'s bytes (a replay answers the same bytes)."""
+    return compact(value)
 
 
 def error_body(code: str, message: str, **extra: Any) -> bytes:

@@ -19,13 +19,13 @@ from typing import Any
 
 import peewee
 
-from core.canonical import canonical_json
+from core.canonical import canonical_bytes
 from core.errors import ImmutableTurnError, TurnIndexGapError
 from models.sessions import Checkpoint, CheckpointPayload
 
 
 def content_digest(value: Any) -> str:
-    return hashlib.sha256(canonical_json(value).encode("utf-8")).hexdigest()
+    return hashlib.sha256(canonical_bytes(value)).hexdigest()
 
 
 @dataclass(frozen=True)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import math
 import uuid
+from enum import StrEnum
 from typing import Any
 
 import pytest
@@ -125,3 +126,81 @@ def test_a_type_json_refuses_is_still_refused() -> None:
         fastjson.dumps({"id": uuid.uuid4()})  # orjson alone would write it
     with pytest.raises(TypeError):
         fastjson.dumps([{1, 2}])
+
+
+def json_bytes(value: Any, sort_keys: bool = False) -> bytes:
+    text = json.dumps(value, ensure_ascii=False, separators=(",", ":"), sort_keys=sort_keys)
+    return text.encode("utf-8")
+
+
+@settings(max_examples=400, deadline=None)
+@given(documents, st.booleans())
+def test_compact_writes_json_dumps_bytes(document: Any, sort_keys: bool) -> None:
+    assert fastjson.compact(document, sort_keys=sort_keys) == json_bytes(document, sort_keys)
+
+
+# Documents orjson writes itself (no float): the case the byte equality is about.
+exact_documents = st.recursive(
+    st.one_of(st.none(), st.booleans(), st.integers(-(2**64), 2**64), st.text()),
+    lambda inner: st.one_of(
+        st.lists(inner, max_size=8), st.dictionaries(st.text(max_size=8), inner, max_size=8)
+    ),
+    max_leaves=60,
+)
+
+
+@settings(max_examples=400, deadline=None)
+@given(exact_documents, st.booleans())
+def test_compact_writes_json_dumps_bytes_without_floats(document: Any, sort_keys: bool) -> None:
+    assert fastjson.compact(document, sort_keys=sort_keys) == json_bytes(document, sort_keys)
+
+
+def test_every_code_point_is_escaped_as_json_escapes_it() -> None:
+    points = [*range(0xD800), *range(0xE000, 0x110000)]  # every scalar value
+    for start in range(0, len(points), 4096):
+        text = "".join(map(chr, points[start : start + 4096]))
+        value = {text[:64]: text, "k": [text[::-1]]}
+        assert fastjson.compact(value, sort_keys=True) == json_bytes(value, True)
+
+
+def test_keys_are_sorted_as_json_sorts_them() -> None:
+    keys = ["b", "a", "é", "e", "\uffff", "\U0001f600", "\ue000", "A", "", "ab", "a\x00"]
+    value = {k: i for i, k in enumerate(keys)}
+    assert fastjson.compact(value, sort_keys=True) == json_bytes(value, True)
+    assert fastjson.compact(value) == json_bytes(value)  # insertion order kept
+
+
+def test_compact_writes_plain_values_without_json(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(json, "dumps", None)  # any call would fail
+    assert fastjson.compact({"b": [1, None, True], "a": "é"}, sort_keys=True) == (
+        '{"a":"é","b":[1,null,true]}'.encode()
+    )
+
+
+class Kind(StrEnum):
+    FACT = "fact"
+
+
+@pytest.mark.parametrize(
+    "value",
+    [
+        {"score": 1e-05},  # orjson: 1e-5
+        [0.1, 1e16],  # orjson: 10000000000000000.0
+        [2**64],
+        {1: "int key"},
+        {"kind": Kind.FACT},  # a subclass: json's own rules
+        [float("nan"), float("inf")],  # orjson: null
+        [True, 1, "x", None, {"deep": [[[]]]}],
+    ],
+)
+def test_what_orjson_might_write_otherwise_is_written_by_json(value: Any) -> None:
+    assert fastjson.compact(value) == json_bytes(value)
+
+
+def test_compact_refuses_what_json_refuses() -> None:
+    with pytest.raises(TypeError):
+        fastjson.compact({"id": uuid.uuid4()})  # orjson alone would write it
+    with pytest.raises(TypeError):
+        fastjson.compact({"b": 1, 2: 3}, sort_keys=True)  # keys json cannot order
+    with pytest.raises(UnicodeEncodeError):
+        fastjson.compact(["\ud800"])  # a lone surrogate has no UTF-8, as before
