@@ -15,10 +15,13 @@ import psycopg2
 import pytest
 
 from core.errors import RowNotFoundError
+from extraction.dispatch import run_message
 from extraction.stages import StageDeps, complete_turn, extract_turn, scan, write_memory
 from extraction.turns import NOT_AWAITED
 from extraction.values import Busy, Claimed, TurnRef
-from tests.integration.pipeline.helpers import make_session, turn_rows
+from schema.messages import ActorName
+from sessions.turns import TurnInput
+from tests.integration.pipeline.helpers import make_session, pointer_of, turn_rows
 
 
 def test_another_orgs_id_finds_none_of_the_turns_rows(db: Any, store: Any, deps: StageDeps) -> None:
@@ -42,6 +45,66 @@ def test_another_orgs_id_finds_none_of_the_turns_rows(db: Any, store: Any, deps:
     rows = turn_rows(db, session.session_id)
     assert (rows[1]["state"], rows[1]["slots"], rows[2]["state"]) == ("extracted", 0, "pending")
     assert rows[2]["attempts"] == 0
+
+
+def test_the_pointer_walks_the_done_turns_in_sequence_and_stops_at_the_first_gap(
+    db: Any, store: Any, deps: StageDeps
+) -> None:
+    """complete_turn's walk (migration 000035 reads the turn rows after the pointer until the
+    first that is not done): turns finished out of order move the pointer over every done turn
+    in sequence, and no further than a turn not done or a turn with no row yet (appended after
+    the scan)."""
+    ref = make_session(store, 5)
+    writes = {
+        m.kwargs["turn_index"]: run_message(deps, ActorName.EXTRACT, m.kwargs)
+        for m in scan(deps).sent
+    }
+    store.append_turns(
+        ref.org_id,
+        ref.session_id,
+        [TurnInput(messages=[{"role": "user", "content": "later"}], completion={})],
+    )
+
+    finish = _finisher(db, deps, ref.session_id, writes)
+    assert [finish(turn) for turn in (3, 2, 5, 1, 4)] == [0, 0, 0, 3, 5]
+    assert sorted(turn_rows(db, ref.session_id)) == [1, 2, 3, 4, 5]  # turn 6: no row yet
+    complete_turn(deps, ref.org_id, ref.session_id, 5)  # delivered again: stays
+    assert pointer_of(db, ref.session_id) == 5
+
+
+def test_the_pointer_stops_before_a_turn_whose_row_is_missing(
+    db: Any, store: Any, deps: StageDeps
+) -> None:
+    """A turn without a row between done turns (deleted here, as the owner) counts as not
+    done: the walk stops before it, although the rows after it are done."""
+    ref = make_session(store, 4)
+    writes = {
+        m.kwargs["turn_index"]: run_message(deps, ActorName.EXTRACT, m.kwargs)
+        for m in scan(deps).sent
+    }
+    finish = _finisher(db, deps, ref.session_id, writes)
+    db.execute_sql(
+        "DELETE FROM ibex_core.extraction_turns WHERE session_id = %s AND turn_index = 3",
+        (str(ref.session_id),),
+    )
+    assert [finish(turn) for turn in (4, 2, 1)] == [0, 0, 2]
+    assert sorted(turn_rows(db, ref.session_id)) == [1, 2, 4]
+
+
+def _finisher(
+    db: Any, deps: StageDeps, session_id: uuid.UUID, writes: dict[int, list[Any]]
+) -> Callable[[int], int]:
+    """A function that runs a turn's writes and what they send (its pointer step) to the
+    end, and answers the session's pointer then."""
+
+    def finish(turn: int) -> int:
+        pending = list(writes[turn])
+        while pending:
+            message = pending.pop(0)
+            pending += run_message(deps, message.actor_name, message.kwargs)
+        return pointer_of(db, session_id)
+
+    return finish
 
 
 def test_the_stage_functions_are_the_owners_alone(db: Any, database_url: str) -> None:
