@@ -23,7 +23,7 @@ from core.errors import InvalidMessageError
 from extraction import stages
 from extraction.stages import Delivery, Send, StageDeps
 from schema import load
-from schema.messages import MESSAGE_SCHEMAS, ActorName, Queue
+from schema.messages import MESSAGE_SCHEMAS, ActorName, Queue, quick_load
 
 #: A stage as a runner calls it: the validated message, and the delivery it is an attempt of.
 StageCall = Callable[[StageDeps, Mapping[str, Any], Delivery | None], list[Send]]
@@ -41,6 +41,9 @@ class Route:
     def load(self, kwargs: Mapping[str, Any]) -> dict[str, Any]:
         """The message validated (UUIDs parsed), or InvalidMessageError naming every bad field:
         retrying cannot fix it, so it dead-letters at once."""
+        quick = quick_load(self.actor, kwargs)
+        if quick is not None:
+            return quick
         return dict(load(self.schema, dict(kwargs), what=f"{self.actor} message"))
 
     def run(

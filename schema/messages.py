@@ -10,7 +10,10 @@ so it goes to the dead-letter queue at once. The persisted extraction result has
 
 from __future__ import annotations
 
+import uuid
+from collections.abc import Mapping
 from enum import StrEnum
+from typing import Any
 
 from marshmallow import RAISE, Schema, fields, validate
 
@@ -77,6 +80,44 @@ MESSAGE_SCHEMAS: dict[str, type[Schema]] = {
     ActorName.POINTER: TurnMessageSchema,
 }
 
+#: actor name -> (its UUID fields, its integer fields with their least value), for
+#: :func:`quick_load`: the message schemas above, field for field.
+_QUICK_FIELDS: dict[str, tuple[tuple[str, ...], tuple[tuple[str, int], ...]]] = {
+    ActorName.EXTRACT: (("org_id", "session_id"), (("turn_index", 1),)),
+    ActorName.WRITE: (("org_id", "session_id"), (("turn_index", 1), ("ordinal", 0))),
+    ActorName.POINTER: (("org_id", "session_id"), (("turn_index", 1),)),
+}
+
+
+def quick_load(actor_name: str, data: Mapping[str, Any]) -> dict[str, Any] | None:
+    """What the actor's schema loads from ``data`` when it is a usual message of a turn or a
+    slot (exactly its fields, each id a string ``uuid.UUID`` reads, each integer an ``int``
+    in range), without marshmallow's machinery (a tenth of its cost); None for anything else
+    (a scan's message included), which the schema then loads or refuses, naming each bad
+    field as it always did."""
+    shape = _QUICK_FIELDS.get(actor_name)
+    if shape is None:
+        return None
+    ids, integers = shape
+    if len(data) != len(ids) + len(integers):
+        return None
+    loaded: dict[str, Any] = {}
+    try:
+        for name in ids:
+            value = data[name]
+            if type(value) is not str:
+                return None
+            loaded[name] = uuid.UUID(value)
+        for name, least in integers:
+            value = data[name]
+            if type(value) is not int or value < least:
+                return None
+            loaded[name] = value
+    except (KeyError, ValueError):
+        return None
+    return loaded
+
+
 __all__ = [
     "MESSAGE_SCHEMAS",
     "ActorName",
@@ -84,4 +125,5 @@ __all__ = [
     "ScanMessageSchema",
     "SlotMessageSchema",
     "TurnMessageSchema",
+    "quick_load",
 ]
