@@ -112,13 +112,19 @@ def stage_actor(
 
     def declare(signature_of: Callable[P, None]) -> dramatiq.Actor[P, None]:
         signature = inspect.signature(signature_of)
+        names = frozenset(signature.parameters)
 
         def deliver(*args: Any, **kwargs: Any) -> None:
-            try:
-                bound = signature.bind(*args, **kwargs)
-            except TypeError as exc:
-                raise InvalidMessageError(f"invalid {route.actor} message: {exc}") from exc
-            sent = run_delivery(route, runtime, route.load(bound.arguments))
+            # A message sent by name with exactly the signature's names (what the pipeline
+            # sends) binds to itself; anything else is bound by the signature, whose errors
+            # say what is wrong.
+            arguments = kwargs if not args and kwargs.keys() == names else None
+            if arguments is None:
+                try:
+                    arguments = signature.bind(*args, **kwargs).arguments
+                except TypeError as exc:
+                    raise InvalidMessageError(f"invalid {route.actor} message: {exc}") from exc
+            sent = run_delivery(route, runtime, route.load(arguments))
             if after is not None:
                 after(runtime.deps, sent)
 

@@ -105,3 +105,28 @@ def test_an_invalid_message_is_rejected_by_the_shape_check_before_the_actor_runs
     assert record.exception_message.startswith("invalid write_memory message: ordinal")
     # The dead letter's traceback names the schema's complaint, as when the actor raised it.
     assert record.traceback is not None and "InvalidMessageError" in record.traceback
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "complaint"),
+    [
+        ({"org_id": ORG, "session_id": SESSION}, "missing a required argument: 'turn_index'"),
+        (
+            {"org_id": ORG, "session_id": SESSION, "turn_index": 1, "ordinal": 0},
+            "got an unexpected keyword argument 'ordinal'",
+        ),
+    ],
+)
+def test_a_message_whose_names_are_not_the_actors_is_refused_by_its_signature(
+    kwargs: dict[str, Any], complaint: str, deps: FakeDeps, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    ran: list[Any] = []
+    monkeypatch.setattr(stages, "extract_turn", lambda *a, **k: ran.append(a) or [])
+    with stub_worker(deps.settings, deps) as stub:
+        stub.get_actor(ActorName.EXTRACT).send_with_options(kwargs=kwargs)
+        drain(stub)
+        assert len(stub.dead_letters) == 1
+    assert ran == []
+    [record] = deps.mirrored
+    assert record.exception_type == "InvalidMessageError"
+    assert record.exception_message == f"invalid extract_turn message: {complaint}"
