@@ -31,6 +31,7 @@ from uuid import uuid4
 
 import dramatiq
 from dramatiq.brokers.stub import StubBroker
+from dramatiq.encoder import JSONEncoder
 from dramatiq.middleware import (
     AgeLimit,
     CurrentMessage,
@@ -42,6 +43,7 @@ from dramatiq.middleware import (
 
 from core.config import Settings, export_environment
 from core.errors import ConfigError
+from core.fastjson import compact, loads
 from extraction.retry import RedeliveryPolicy
 from extraction.stages import Send
 from schema.messages import Queue
@@ -260,6 +262,24 @@ def _send_batch(redis_broker: GuardedRedisBroker, batch: list[Send]) -> int:
     return len(enqueued)
 
 
+class MessageEncoder(JSONEncoder):
+    """Dramatiq's JSON encoder at orjson's speed: a message is written as
+    :func:`core.fastjson.compact` writes it (``json.dumps``'s JSON, but text outside ASCII
+    kept as UTF-8 rather than escaped: the same document) and read by orjson, what orjson
+    refuses (or would read otherwise) by Dramatiq's own decoder, which raises its
+    ``DecodeError`` as before."""
+
+    def encode(self, data: dict[str, Any]) -> bytes:
+        try:
+            return compact(data)
+        except UnicodeEncodeError:  # a lone surrogate (an exception's text): escaped by json
+            return super().encode(data)
+
+    def decode(self, data: bytes) -> dict[str, Any]:
+        decoded: dict[str, Any] = loads(data, super().decode)
+        return decoded
+
+
 def _initial_broker() -> dramatiq.Broker:
     # Importing the actors must not fail on configuration: the CLI reports configuration errors
     # itself, and a worker reports them (one line, non-zero exit) when its process boots.
@@ -270,11 +290,13 @@ def _initial_broker() -> dramatiq.Broker:
     return make_broker(settings)
 
 
+dramatiq.set_encoder(MessageEncoder())
 broker: dramatiq.Broker = _initial_broker()
 dramatiq.set_broker(broker)
 
 __all__ = [
     "SEND_PIPELINE_SIZE",
+    "MessageEncoder",
     "Queue",
     "TurnBusyRetry",
     "broker",
