@@ -18,7 +18,12 @@ UUIDLike = uuid.UUID | str
 
 def uuid_text(value: UUIDLike) -> str:
     """``value`` as a canonical UUID string (ValueError when it is not a UUID)."""
-    return str(value if isinstance(value, uuid.UUID) else uuid.UUID(str(value)))
+    return str(as_uuid(value))
+
+
+def as_uuid(value: UUIDLike) -> uuid.UUID:
+    """``value`` as a UUID, itself when it is one (ValueError when it is not a UUID)."""
+    return value if isinstance(value, uuid.UUID) else uuid.UUID(str(value))
 
 
 @dataclass(frozen=True)
@@ -31,7 +36,7 @@ class TurnRef:
 
     @classmethod
     def of(cls, org_id: UUIDLike, session_id: UUIDLike, turn_index: int) -> TurnRef:
-        return cls(uuid.UUID(uuid_text(org_id)), uuid.UUID(uuid_text(session_id)), int(turn_index))
+        return cls(as_uuid(org_id), as_uuid(session_id), int(turn_index))
 
     def as_message(self) -> dict[str, Any]:
         return {
@@ -230,5 +235,6 @@ __all__ = [
     "TurnRef",
     "TurnStatus",
     "UUIDLike",
+    "as_uuid",
     "uuid_text",
 ]
