@@ -131,8 +131,13 @@ class OpenAICompatibleProvider:
     ) -> ExtractionResult:
         body = self.request_body(turn, context, related)
         try:
+            # The body written by orjson (a prompt of some kilobytes: a fifth of json.dumps's
+            # time); the headers say it is JSON, as httpx's ``json=`` would.
             response = self._client.post(
-                self.url, json=body, headers=self._headers(), timeout=self.timeout
+                self.url,
+                content=fastjson.dumps(body).encode("utf-8"),
+                headers=self._headers(),
+                timeout=self.timeout,
             )
         except httpx.TimeoutException as exc:
             raise LLMUnavailableError(

@@ -67,3 +67,26 @@ def test_deterministic() -> None:
     context = [make_turn("a", turn_index=1)]
     turn = make_turn("b", turn_index=2)
     assert build_messages(turn, context) == build_messages(turn, context)
+
+
+def test_the_input_hash_is_the_digest_of_its_material_as_json_dumps_writes_it() -> None:
+    """The stored input hashes stay valid: the digest is taken over the bytes json.dumps
+    (sorted keys, compact, UTF-8) writes of the material, whoever writes them."""
+    import hashlib
+    import uuid
+
+    from extraction.prompt import PROMPT_VERSION, input_hash
+
+    turn = make_turn('Dana \u2014 "allergic" 🥜 \x00\ud7ff', turn_index=3, completion="Ok")
+    context = [make_turn(f"context {i} é", turn_index=i) for i in (1, 2)]
+    scope = (uuid.uuid4(), uuid.uuid4(), None)
+    material = {
+        "scope": [None if part is None else str(part) for part in scope],
+        "prompt_version": PROMPT_VERSION,
+        "provider": "openai",
+        "model": "gpt-4o-mini",
+        "messages": build_messages(turn, context),
+    }
+    text = json.dumps(material, ensure_ascii=False, sort_keys=True, separators=(",", ":"))
+    expected = hashlib.sha256(text.encode("utf-8")).hexdigest()
+    assert input_hash(scope, "openai", "gpt-4o-mini", turn, context) == expected
