@@ -80,12 +80,39 @@ MESSAGE_SCHEMAS: dict[str, type[Schema]] = {
     ActorName.POINTER: TurnMessageSchema,
 }
 
-#: actor name -> (its UUID fields, its integer fields with their least value), for
-#: :func:`quick_load`: the message schemas above, field for field.
-_QUICK_FIELDS: dict[str, tuple[tuple[str, ...], tuple[tuple[str, int], ...]]] = {
-    ActorName.EXTRACT: (("org_id", "session_id"), (("turn_index", 1),)),
-    ActorName.WRITE: (("org_id", "session_id"), (("turn_index", 1), ("ordinal", 0))),
-    ActorName.POINTER: (("org_id", "session_id"), (("turn_index", 1),)),
+
+def _quick_shape(
+    schema: type[Schema],
+) -> tuple[tuple[str, ...], tuple[tuple[str, int], ...]] | None:
+    """A message schema's (required UUID fields, required integer fields with their least
+    value), read from its fields; None when it has any other kind of field (then
+    :func:`quick_load` leaves its messages to it)."""
+    ids: list[str] = []
+    integers: list[tuple[str, int]] = []
+    for name, field in schema().fields.items():
+        checks = list(field.validators)
+        if type(field) is fields.UUID and field.required and not checks:
+            ids.append(name)
+            continue
+        if type(field) is StrictInteger and field.required and len(checks) == 1:
+            (check,) = checks
+            if (
+                type(check) is validate.Range
+                and isinstance(check.min, int)
+                and check.min_inclusive
+                and check.max is None
+            ):
+                integers.append((name, check.min))
+                continue
+        return None
+    return tuple(ids), tuple(integers)
+
+
+#: actor name -> the shape :func:`quick_load` reads, derived from the schemas above.
+_QUICK_FIELDS = {
+    name: shape
+    for name, schema in MESSAGE_SCHEMAS.items()
+    if (shape := _quick_shape(schema)) is not None
 }
 
 
