@@ -34,7 +34,6 @@ import logging
 import math
 import uuid
 from collections.abc import Callable
-from dataclasses import replace
 from typing import Any, TypeAlias
 
 from marshmallow import ValidationError
@@ -69,7 +68,7 @@ from memories.scope import AGENT_WIDE, ReadScope, UserRef
 from memories.store import MemoryRow, MemoryStore, NewMemory, WriteOutcome
 from memories.users import UserService
 from memories.validation import quick_load_create
-from memories.vectors import EmbeddingStore, unit_literal
+from memories.vectors import EmbeddingStore, unit_array_literal, unit_literal
 from schema.memory import MemoryCreateSchema
 
 log = logging.getLogger(__name__)
@@ -78,13 +77,28 @@ log = logging.getLogger(__name__)
 CREATE_SCHEMA = MemoryCreateSchema()
 
 
-def new_memory(validated: dict[str, Any], key: str | None) -> NewMemory:
+#: Makes the model and ``real[]`` text of a content's vector in the request (None: none).
+EmbedContent: TypeAlias = Callable[[str], tuple[str, str] | None]
+
+
+def new_memory(
+    validated: dict[str, Any], key: str | None, embed: EmbedContent | None = None
+) -> NewMemory:
     """The write of a validated body, with its content hash and request fingerprint. The
     ``embedding`` is not part of the fingerprint (:func:`canonical_request` leaves it out), so
-    a body with a vector and the same body without one are the same request."""
+    a body with a vector and the same body without one are the same request. ``embed``: for
+    a body without a vector (or with one of no direction), the vector made in the request."""
     canonical = canonical_request(validated)
     embedding = validated.get("embedding")
-    vector = unit_literal(embedding["vector"]) if embedding else None
+    model: str | None = None
+    vector: str | None = None
+    if embedding:
+        vector = unit_literal(embedding["vector"])
+        model = embedding["model"] if vector else None
+    if vector is None and embed is not None:
+        made = embed(validated["content"])
+        if made is not None:
+            model, vector = made
     source = canonical["source"] or {}
     return NewMemory(
         agent_id=validated["agent_id"],
@@ -100,7 +114,7 @@ def new_memory(validated: dict[str, Any], key: str | None) -> NewMemory:
         user_id=validated.get("user_id"),
         supersedes=tuple(dict.fromkeys(validated.get("supersedes") or ())),
         skip_stale=validated.get("stale_supersedes") == "skip",
-        embedding_model=embedding["model"] if embedding and vector else None,
+        embedding_model=model,
         embedding=vector,
     )
 
@@ -178,7 +192,7 @@ class MemoryService:
             exists, owner = self.session_user(org_id, validated["source"]["session_id"])
             if not exists or owner != principal.user_id:
                 return Invalid(UNKNOWN_SESSION)
-        new = self._embed_in_process(new_memory(validated, key))
+        new = new_memory(validated, key, self._embed_in_process)
         outcome = self._create(org_id, new)
         self._count(outcome)
         if isinstance(outcome, Created) and new.embedding is None and self.pending is not None:
@@ -217,31 +231,33 @@ class MemoryService:
             return
         self._registered = self.embeddings.register(self.embedder.model, self.embedder.dimension)
 
-    def _embed_in_process(self, new: NewMemory) -> NewMemory:
+    def _embed_in_process(self, content: str) -> tuple[str, str] | None:
         """With an in-process embedder (``EMBEDDINGS_PROVIDER=local``: no network, about
-        0.1 ms), the vector of a memory written without one, so that it goes in with the row:
-        one statement and one commit instead of a second of each after the insert. (The
-        vector is not part of the fingerprint; in a batch after the commit it would cost the
-        same CPU: the tokenizer, the arithmetic and the vector's text are paid per vector.)
-        A remote embedder is called after the commit, with the other writes of the moment
-        (:attr:`pending`), so that no write waits for an endpoint. Either way a failure
-        leaves the memory lexical, never fails it."""
-        if new.embedding is not None or self.embedder is None:
-            return new
+        0.1 ms), the model and ``real[]`` text of the vector of a memory written without one,
+        so that it goes in with the row: one statement and one commit instead of a second of
+        each after the insert. (The vector is not part of the fingerprint; in a batch after
+        the commit it would cost the same CPU: the tokenizer, the arithmetic and the vector's
+        text are paid per vector.) The model's array is already of length 1 in ``real``
+        precision, the values ``embed`` gives: it is written as it is. A remote embedder is
+        called after the commit, with the other writes of the moment (:attr:`pending`), so
+        that no write waits for an endpoint. Either way a failure leaves the memory lexical,
+        never fails it. None: nothing to store with the row (:data:`EmbedContent`)."""
+        if self.embedder is None:
+            return None
         if not getattr(self.embedder, "in_process", False):
-            return new
+            return None
         embed_array = getattr(self.embedder, "embed_array", None)
         try:
             if embed_array is not None:
-                vector = embed_array(new.content)
+                literal = unit_array_literal(embed_array(content))
             else:
-                (vector,) = self.embedder.embed([new.content])
+                (vector,) = self.embedder.embed([content])
+                literal = unit_literal(vector)
         except EmbeddingsUnavailable:
-            return new  # stored lexical; the batch after the commit tries again
-        unit = unit_literal(vector)
-        if unit is None:
-            return new
-        return replace(new, embedding_model=self.embedder.model, embedding=unit)
+            return None  # stored lexical; the batch after the commit tries again
+        if literal is None:
+            return None
+        return self.embedder.model, literal
 
     def get(
         self, org_id: uuid.UUID, memory_id: uuid.UUID, scope: ReadScope = AGENT_WIDE

@@ -127,6 +127,15 @@ def unit_vector(vector: Sequence[float]) -> tuple[float, ...] | None:
     return result
 
 
+def unit_array_literal(unit: Any) -> str | None:
+    """The ``real[]`` text of an embedder's float32 array already scaled to length 1 (the
+    local model's ``embed_array``), written as it is: the values ``embed`` gives and a
+    client would send. None for an all-zero array (no direction), as :func:`unit_vector`."""
+    if not unit.any():
+        return None
+    return _reals_literal(unit)
+
+
 def unit_literal(vector: Any) -> str | None:
     """``vector_literal(unit_vector(vector))`` in one pass, for a write's vector (a list of
     floats, or an embedder's array): the same text, without the tuple of Python floats and

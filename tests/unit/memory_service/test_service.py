@@ -382,10 +382,12 @@ def test_the_local_models_vector_goes_in_with_the_row_as_its_real_text(
     idem: IdempotencyStore, metrics: Metrics
 ) -> None:
     """A memory written without a vector gets the local model's, made in the request: the
-    ``real[]`` text the write sends is the one its components give (embedded as a list,
-    scaled, written), made in one pass from the model's array."""
+    ``real[]`` text the write sends holds the very values ``embed`` gives (already of length
+    1)."""
+    import numpy as np
+
     from embeddings.local import LocalEmbedder
-    from memories.vectors import unit_vector, vector_literal
+    from memories.vectors import unit_array_literal, vector_literal
 
     memories = RecordingMemories()
     embedder = LocalEmbedder()
@@ -397,4 +399,10 @@ def test_the_local_models_vector_goes_in_with_the_row_as_its_real_text(
     for new, content in ((first, contents[0]), (second, contents[1])):
         (vector,) = embedder.embed([content])
         assert new.embedding_model == embedder.model
-        assert new.embedding == vector_literal(unit_vector(vector) or ())
+        assert new.embedding == vector_literal(vector)
+        assert isinstance(new.embedding, str)
+        stored = np.array(new.embedding.strip("{}").split(","), dtype=np.float32)
+        assert stored.tolist() == vector
+        assert abs(float(np.dot(stored.astype(np.float64), stored)) - 1.0) < 1e-6
+    # An array with no direction (a text with no known token) is written without a vector.
+    assert unit_array_literal(np.zeros(256, dtype=np.float32)) is None
