@@ -6,9 +6,8 @@ without a vector is stored and answered first (its 201 does not wait for the end
 :class:`PendingVectors` then embeds it with the others written in the same moment, in one
 embedder request, and stores their vectors in one statement per org (``put_embeddings``): a
 request's round trip and a statement's fixed work once a batch instead of once a memory. (The
-in-process model embeds in the request, with the row: in a batch its per-vector work, the
-tokenizer, the arithmetic and the vector's text, cost the same; it comes here only when that
-failed.)
+in-process model embeds in the request, with the row: stored here, a vector cost Postgres more
+than the web saved, docs/benchmarks.md; it comes here only when that failed.)
 
 A batch is taken when a write finds the thread idle, after at most :data:`LINGER_SECONDS`
 (writes arriving meanwhile join it), at once when a read waits for it (:meth:`flush`) or when

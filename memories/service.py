@@ -232,31 +232,30 @@ class MemoryService:
         self._registered = self.embeddings.register(self.embedder.model, self.embedder.dimension)
 
     def _embed_in_process(self, content: str) -> tuple[str, str] | None:
-        """With an in-process embedder (``EMBEDDINGS_PROVIDER=local``: no network, about
-        0.1 ms), the model and ``real[]`` text of the vector of a memory written without one,
-        so that it goes in with the row: one statement and one commit instead of a second of
-        each after the insert. (The vector is not part of the fingerprint; in a batch after
-        the commit it would cost the same CPU: the tokenizer, the arithmetic and the vector's
-        text are paid per vector.) The model's array is already of length 1 in ``real``
-        precision, the values ``embed`` gives: it is written as it is. A remote embedder is
+        """With an in-process embedder (``EMBEDDINGS_PROVIDER=local``: no network), the model
+        and ``real[]`` text of the vector of a memory written without one, so that it goes in
+        with the row: one statement and one commit instead of a second of each after the
+        insert. The model's array is already of length 1 in ``real`` precision, the values
+        ``embed`` gives: it is written as it is. (In a batch after the commit the web would
+        spend less a vector, its caches warm for the batch, but storing the batch cost
+        Postgres more than this insert saves: docs/benchmarks.md.) A remote embedder is
         called after the commit, with the other writes of the moment (:attr:`pending`), so
         that no write waits for an endpoint. Either way a failure leaves the memory lexical,
         never fails it. None: nothing to store with the row (:data:`EmbedContent`)."""
-        if self.embedder is None:
+        embed_array = (
+            getattr(self.embedder, "embed_array", None)
+            if getattr(self.embedder, "in_process", False)
+            else None
+        )
+        if embed_array is None:
             return None
-        if not getattr(self.embedder, "in_process", False):
-            return None
-        embed_array = getattr(self.embedder, "embed_array", None)
         try:
-            if embed_array is not None:
-                literal = unit_array_literal(embed_array(content))
-            else:
-                (vector,) = self.embedder.embed([content])
-                literal = unit_literal(vector)
+            literal = unit_array_literal(embed_array(content))
         except EmbeddingsUnavailable:
             return None  # stored lexical; the batch after the commit tries again
         if literal is None:
             return None
+        assert self.embedder is not None
         return self.embedder.model, literal
 
     def get(
